@@ -1,0 +1,34 @@
+# DockFlow: `make demo` and `make test` do all set-up on a fresh machine (see README.md).
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+export RAY_AUTH_MODE ?= disabled
+export RAY_USAGE_STATS_ENABLED ?= 0
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: setup demo test lint bench-dock clean
+
+setup: $(STAMP)
+
+# uv installs the pinned set in seconds; torch comes from the local CPU wheel (/opt/wheels) via constraints.txt.
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q uv
+	$(BIN)/uv pip install --python $(BIN)/python --find-links /opt/wheels -c constraints.txt -e ".[dev,bench]"
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/dockflow train configs/grpo_arith.yaml
+
+test: setup
+	$(BIN)/python -m pytest -q tests
+
+lint: setup
+	$(BIN)/ruff check dockflow tests benchmarks
+
+bench-dock: setup
+	$(BIN)/python benchmarks/dock.py --out runs/bench_dock.json
+
+clean:
+	rm -rf runs .pytest_cache

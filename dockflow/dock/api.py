@@ -1,0 +1,112 @@
+"""The transfer dock's client API: the only thing workers and stages import from ``dockflow.dock``.
+
+A dock holds one global batch of samples (G prompts x N responses, ``capacity`` samples). Each sample
+has a global index in ``[0, capacity)``; the samples of prompt ``g`` are the group ``[g*N, (g+1)*N)``.
+Producers ``put`` column data for some indices; consumers (worker states such as ``actor_update``)
+``get`` indices whose requested columns are ready and that they have not consumed yet. The backends
+(distributed warehouses + controllers, or one centralized buffer) sit behind this interface.
+
+    dock = create_dock(DockSpec(columns={"responses": torch.long, "rewards": torch.float32},
+                                capacity=256, group_size=8))
+    dock.register_consumer("reward", ["responses"])
+    dock.put([0, 1], TensorDict({"responses": r}, batch_size=[2]), meta={"prompt_id": [0, 0]})
+    batch = dock.get("reward", batch_size=2)          # DockBatch(indices=[0, 1], data=..., meta=...)
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from tensordict import TensorDict
+
+# Per-sample metadata the dock keeps beside the data (scalars, moved instead of data).
+META_KEYS = ("prompt_id", "response_length", "policy_version", "age")
+
+
+class DockError(RuntimeError):
+    """Base class of transfer-dock failures."""
+
+
+class DockTimeout(DockError):
+    """A get could not be satisfied in time; the message names consumer, columns and readiness."""
+
+
+class DockUnavailable(DockError):
+    """A warehouse or controller died, or the dock could not be placed on the cluster."""
+
+
+@dataclass(frozen=True)
+class DockSpec:
+    """What a dock holds: its column schema and the shape of the global batch."""
+
+    columns: Mapping[str, torch.dtype]
+    capacity: int
+    group_size: int = 1
+    backend: Literal["distributed", "centralized"] = "distributed"
+    num_warehouses: int | None = None  # None: one per alive Ray node
+    name: str = "dock"  # prefix of the named Ray actors
+    namespace: str | None = None  # Ray namespace of the actors; None = the current one
+    get_timeout_s: float = 300.0
+
+
+@dataclass
+class DockBatch:
+    """What a get returns: global indices (ascending), the requested columns, and their metadata."""
+
+    indices: list[int]
+    data: TensorDict
+    meta: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+class TransferDock(ABC):
+    """Client of a transfer dock. Picklable: pass it to Ray actors, which then talk to the backend."""
+
+    spec: DockSpec
+
+    @abstractmethod
+    def register_consumer(self, consumer: str, columns: Sequence[str]) -> None:
+        """Declare a worker state and the columns it reads (creates its controller)."""
+
+    @abstractmethod
+    def put(
+        self,
+        indices: Sequence[int],
+        data: TensorDict,
+        meta: Mapping[str, Sequence[int] | torch.Tensor] | None = None,
+    ) -> None:
+        """Write columns for ``indices``; ``data.batch_size[0] == len(indices)``; meta keys from META_KEYS."""
+
+    @abstractmethod
+    def get(
+        self,
+        consumer: str,
+        batch_size: int,
+        columns: Sequence[str] | None = None,
+        *,
+        whole_groups: bool = False,
+        timeout_s: float | None = None,
+    ) -> DockBatch:
+        """Block until ``batch_size`` unconsumed samples have ``columns`` ready, mark them consumed, return them.
+
+        Returns the lowest ready indices, ascending, so a producer that writes in index order gives every
+        consumer the same batches run after run. ``whole_groups`` returns only complete GRPO groups.
+        """
+
+    @abstractmethod
+    def reset(self, keep: Sequence[int] = ()) -> None:
+        """Start a new iteration: drop all data and readiness, except the samples in ``keep``."""
+
+    @abstractmethod
+    def stats(self) -> dict[str, Any]:
+        """Counters: puts, gets, bytes in/out per process, ready/consumed per consumer."""
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Kill the dock's actors."""
