@@ -21,8 +21,9 @@ $(STAMP): pyproject.toml constraints.txt
 demo: setup
 	$(BIN)/dockflow train configs/grpo_arith.yaml
 
+# pytest exits 5 when it collects no test; that is not a failure of the suite.
 test: setup
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 lint: setup
 	$(BIN)/ruff check dockflow tests benchmarks

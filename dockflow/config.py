@@ -110,6 +110,7 @@ class TrainConfig(_Section):
     micro_batch_size: int = Field(64, ge=1, description="Samples per forward/backward (gradient accumulation).")
     grad_clip: float = Field(1.0, gt=0.0, description="Max global gradient norm.")
     infer_batch_size: int = Field(64, ge=1, description="Samples per forward in log-prob inference.")
+    stage_timeout_s: float = Field(1800.0, gt=0.0, description="Seconds one stage may take before the run fails.")
 
 
 class DockConfig(_Section):

@@ -1,0 +1,50 @@
+"""Datasets for RL post-training: the synthetic arithmetic task, user JSONL/Parquet files, templates.
+
+One entry point builds every split a run needs::
+
+    task = load_task(cfg.data, seed=cfg.run.seed)
+    task.train, task.labeled, task.val, task.test     # lists of Example(prompt, answer)
+"""
+
+from __future__ import annotations
+
+from dockflow.config import DataConfig
+from dockflow.data.arithmetic import generate_arithmetic
+from dockflow.data.example import Example, TaskData
+from dockflow.data.loaders import DatasetError, load_examples
+from dockflow.data.templates import TemplateError, apply_template, check_template
+
+__all__ = [
+    "DatasetError",
+    "Example",
+    "TaskData",
+    "TemplateError",
+    "apply_template",
+    "check_template",
+    "load_task",
+]
+
+
+def _file_task(cfg: DataConfig) -> TaskData:
+    """Val = the first ``num_val`` rows of the train file (held out of train); labeled = the next ``num_labeled``."""
+    if not cfg.train_path:
+        raise DatasetError("data.source is 'file' but data.train_path is not set: give a JSONL or Parquet path")
+    if not cfg.test_path:
+        raise DatasetError("data.source is 'file' but data.test_path is not set: give a held-out JSONL or Parquet path")
+    rows = load_examples(cfg.train_path)
+    n_val, n_lab = cfg.arithmetic.num_val, cfg.arithmetic.num_labeled
+    if n_val >= len(rows):
+        raise DatasetError(
+            f"{cfg.train_path} has {len(rows)} rows, not more than data.arithmetic.num_val={n_val}: "
+            "lower num_val so that train rows remain"
+        )
+    val, train = rows[:n_val], rows[n_val:]
+    return TaskData(train=train, labeled=train[:n_lab], val=val, test=load_examples(cfg.test_path))
+
+
+def load_task(cfg: DataConfig, seed: int) -> TaskData:
+    """All splits for ``cfg`` (synthetic arithmetic or user files); deterministic given ``seed``."""
+    check_template(cfg.prompt_template)
+    if cfg.source == "arithmetic":
+        return generate_arithmetic(cfg.arithmetic, seed)
+    return _file_task(cfg)

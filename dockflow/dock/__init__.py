@@ -1,0 +1,75 @@
+"""The transfer dock: the sample flow between worker states (MindSpeed RL's distributed transfer dock).
+
+Workers import only this package: ``create_dock(DockSpec(...))`` returns a picklable ``TransferDock`` client
+for the distributed backend (warehouses + controllers) or the centralized baseline.
+
+Names are imported lazily (PEP 562) so that the dock's actors, which import submodules of this package,
+do not pay for torch and tensordict.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dockflow.dock.api import (
+        META_KEYS,
+        DockBatch,
+        DockError,
+        DockInvalid,
+        DockSpec,
+        DockTimeout,
+        DockUnavailable,
+        TransferDock,
+    )
+    from dockflow.dock.samplers import balanced_partitions, concat_batches, split_balanced, split_groups
+
+_EXPORTS = {
+    "META_KEYS": "dockflow.dock.errors",
+    "DockError": "dockflow.dock.errors",
+    "DockInvalid": "dockflow.dock.errors",
+    "DockTimeout": "dockflow.dock.errors",
+    "DockUnavailable": "dockflow.dock.errors",
+    "DockBatch": "dockflow.dock.api",
+    "DockSpec": "dockflow.dock.api",
+    "TransferDock": "dockflow.dock.api",
+    "balanced_partitions": "dockflow.dock.samplers",
+    "concat_batches": "dockflow.dock.samplers",
+    "split_balanced": "dockflow.dock.samplers",
+    "split_groups": "dockflow.dock.samplers",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'dockflow.dock' has no attribute {name!r}")
+
+
+def create_dock(spec: DockSpec) -> TransferDock:
+    """Start the dock's actors on the current Ray cluster (``ray.init`` first) and return its client."""
+    if spec.backend == "centralized":
+        from dockflow.dock.centralized import CentralizedDock
+
+        return CentralizedDock.create(spec)
+    from dockflow.dock.distributed import DistributedDock
+
+    return DistributedDock.create(spec)
+
+
+__all__ = [
+    "META_KEYS",
+    "DockBatch",
+    "DockError",
+    "DockInvalid",
+    "DockSpec",
+    "DockTimeout",
+    "DockUnavailable",
+    "TransferDock",
+    "balanced_partitions",
+    "concat_batches",
+    "create_dock",
+    "split_balanced",
+    "split_groups",
+]

@@ -18,25 +18,25 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-from tensordict import TensorDict
 
-# Per-sample metadata the dock keeps beside the data (scalars, moved instead of data).
-META_KEYS = ("prompt_id", "response_length", "policy_version", "age")
+from dockflow.dock.errors import META_KEYS, DockError, DockInvalid, DockTimeout, DockUnavailable
 
+if TYPE_CHECKING:  # the actors import this module; keep tensordict (slow to import) out of them
+    from tensordict import TensorDict
 
-class DockError(RuntimeError):
-    """Base class of transfer-dock failures."""
-
-
-class DockTimeout(DockError):
-    """A get could not be satisfied in time; the message names consumer, columns and readiness."""
-
-
-class DockUnavailable(DockError):
-    """A warehouse or controller died, or the dock could not be placed on the cluster."""
+__all__ = [
+    "META_KEYS",
+    "DockBatch",
+    "DockError",
+    "DockInvalid",
+    "DockSpec",
+    "DockTimeout",
+    "DockUnavailable",
+    "TransferDock",
+]
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,31 @@ class DockSpec:
     name: str = "dock"  # prefix of the named Ray actors
     namespace: str | None = None  # Ray namespace of the actors; None = the current one
     get_timeout_s: float = 300.0
+    # Additions beyond the first contract (all optional):
+    warehouse_nodes: Sequence[str] | None = None  # Ray node ids, warehouse i on warehouse_nodes[i]
+    rpc_timeout_s: float = 60.0  # bound on puts, reads, resets, stats
+    start_timeout_s: float = 180.0  # bound on actor start-up (a new Python process per actor)
+
+    def __post_init__(self) -> None:
+        if self.capacity <= 0 or self.group_size <= 0 or self.capacity % self.group_size:
+            raise DockInvalid(
+                f"capacity ({self.capacity}) must be a positive multiple of group_size ({self.group_size})"
+            )
+        if self.backend not in ("distributed", "centralized"):
+            raise DockInvalid(f"backend must be 'distributed' or 'centralized', not {self.backend!r}")
+        if not self.columns:
+            raise DockInvalid("a dock needs at least one column")
+        for column, dtype in self.columns.items():
+            if not isinstance(dtype, torch.dtype):
+                raise DockInvalid(f"column {column!r}: dtype must be a torch.dtype, not {dtype!r}")
+        if self.num_warehouses is not None and self.num_warehouses <= 0:
+            raise DockInvalid(f"num_warehouses must be positive, not {self.num_warehouses}")
+        if self.warehouse_nodes is not None and self.num_warehouses not in (None, len(self.warehouse_nodes)):
+            raise DockInvalid("num_warehouses and len(warehouse_nodes) disagree")
+
+    @property
+    def num_groups(self) -> int:
+        return self.capacity // self.group_size
 
 
 @dataclass
@@ -71,8 +96,12 @@ class TransferDock(ABC):
     spec: DockSpec
 
     @abstractmethod
-    def register_consumer(self, consumer: str, columns: Sequence[str]) -> None:
-        """Declare a worker state and the columns it reads (creates its controller)."""
+    def register_consumer(self, consumer: str, columns: Sequence[str], node_id: str | None = None) -> None:
+        """Declare a worker state and the columns it reads (creates its controller).
+
+        ``node_id``: the Ray node the controller is placed on (next to the consumer); None = the
+        caller's node. Registering the same consumer again with the same columns is a no-op.
+        """
 
     @abstractmethod
     def put(

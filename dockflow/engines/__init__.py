@@ -1,0 +1,44 @@
+"""Engines: one interface for generation, one for training; backends are picked by device kind.
+
+``create_engines`` is the only constructor the workers call. Today's backends: transformers
+generation and plain-torch training on CPU (or one CUDA device). vLLM / FSDP2 / MindSpeed backends plug
+in here behind the same interfaces (see docs/engines.md).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from dockflow.engines.base import GenerationEngine, LossFn, SamplingParams, TrainingEngine
+from dockflow.engines.hf_generation import HFGenerationEngine, decode_responses, first_eos_mask
+from dockflow.engines.logprobs import batched_log_probs, response_log_probs
+from dockflow.engines.torch_training import TorchTrainingEngine
+
+__all__ = [
+    "GenerationEngine",
+    "HFGenerationEngine",
+    "LossFn",
+    "SamplingParams",
+    "TorchTrainingEngine",
+    "TrainingEngine",
+    "batched_log_probs",
+    "create_engines",
+    "decode_responses",
+    "first_eos_mask",
+    "response_log_probs",
+]
+
+
+def create_engines(cfg, model: nn.Module, tokenizer, device: str = "cpu") -> tuple[TrainingEngine, GenerationEngine]:
+    """Training and generation engines over one policy module (colocated: generation shares its weights)."""
+    train = TorchTrainingEngine(
+        model,
+        lr=cfg.train.lr,
+        weight_decay=cfg.train.weight_decay,
+        grad_clip=cfg.train.grad_clip,
+        infer_batch_size=cfg.train.infer_batch_size,
+        temperature=cfg.rollout.temperature,
+        device=device,
+    )
+    gen = HFGenerationEngine(model, tokenizer, device=device, batch_size=cfg.rollout.batch_size)
+    return train, gen

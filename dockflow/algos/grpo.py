@@ -1,0 +1,80 @@
+"""GRPO: group-normalised advantages and the clipped policy loss with a KL penalty to the reference.
+
+For each prompt, N responses form a group. A response's advantage is its reward minus the group mean,
+divided by the group std (Shao et al., 2024, DeepSeekMath). The loss is PPO's clipped surrogate on the
+per-token importance ratio against the behaviour policy, plus ``kl_coef`` times a KL estimate to the
+reference policy, averaged over all response tokens of the mini-batch (token-level mean).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dockflow.algos.kl import KLEstimator, kl_penalty
+from dockflow.algos.utils import masked_mean
+
+
+def grpo_advantages(
+    rewards: torch.Tensor, group_size: int, norm_by_std: bool = True, eps: float = 1e-6
+) -> torch.Tensor:
+    """Per-sample advantages from per-sample rewards laid out group by group ([G*N] -> [G*N]).
+
+    A group whose rewards are all equal carries no signal and gets advantage 0 for every member.
+    """
+    if rewards.ndim != 1 or rewards.numel() % group_size:
+        raise ValueError(f"rewards must be 1-D with a multiple of group_size={group_size} entries, got {tuple(rewards.shape)}")
+    grouped = rewards.float().view(-1, group_size)
+    centred = grouped - grouped.mean(dim=1, keepdim=True)
+    if norm_by_std and group_size > 1:
+        centred = centred / (grouped.std(dim=1, keepdim=True) + eps)
+    return centred.reshape(-1)
+
+
+@dataclass
+class PolicyLossOutput:
+    loss: torch.Tensor
+    pg_loss: torch.Tensor
+    kl: torch.Tensor
+    clip_fraction: torch.Tensor
+    approx_kl_old: torch.Tensor
+
+
+def clipped_policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_eps: float = 0.2,
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: KLEstimator = "k3",
+    token_denom: float | None = None,
+) -> PolicyLossOutput:
+    """GRPO loss on [B, R] token tensors; ``advantages`` is per sample [B] or per token [B, R].
+
+    ``token_denom`` is the number of response tokens in the whole mini-batch when this call sees one
+    micro-batch of it, so that summed micro-batch gradients equal the mini-batch token-level mean.
+    """
+    mask = response_mask.to(logp.dtype)
+    adv = advantages.unsqueeze(-1) if advantages.ndim == 1 else advantages
+    log_ratio = logp - old_logp
+    ratio = torch.exp(log_ratio.clamp(-20.0, 20.0))
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)
+    pg_tok = torch.maximum(unclipped, clipped)
+    if kl_coef > 0.0:
+        if ref_logp is None:
+            raise ValueError("kl_coef > 0 needs ref_logp (the reference worker's log-probs)")
+        kl_tok = kl_penalty(logp, ref_logp, kl_estimator)
+    else:
+        kl_tok = torch.zeros_like(logp)
+    loss = masked_mean(pg_tok + kl_coef * kl_tok, mask, token_denom)
+    # Reported values are means over this call's tokens, whatever token_denom is.
+    with torch.no_grad():
+        pg_loss = masked_mean(pg_tok, mask)
+        kl = masked_mean(kl_tok, mask)
+        clip_fraction = masked_mean((clipped > unclipped).to(logp.dtype), mask)
+        approx_kl_old = masked_mean(0.5 * log_ratio.square(), mask)
+    return PolicyLossOutput(loss, pg_loss, kl, clip_fraction, approx_kl_old)

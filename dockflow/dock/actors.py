@@ -1,0 +1,275 @@
+"""The dock's thin Ray actors: a controller per consumer and a warehouse per shard (distributed backend),
+and the one central buffer of the centralized baseline.
+
+They wrap ``ControllerState`` and ``WarehouseStore``; data moves as numpy arrays (see ``wire.py``), and the
+only things a warehouse tells controllers are indices, column names and metadata scalars. Nothing here
+imports torch, so each actor process starts in a few seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import ray
+
+from dockflow.dock.controller import ControllerState
+from dockflow.dock.errors import DockInvalid, DockUnavailable
+from dockflow.dock.longpoll import take_when_ready
+from dockflow.dock.sharding import ShardMap
+from dockflow.dock.warehouse import WarehouseStore
+
+
+def nbytes(arrays: Mapping[str, np.ndarray]) -> int:
+    return sum(a.nbytes for a in arrays.values())
+
+
+def _where() -> dict[str, Any]:
+    return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+
+
+@ray.remote
+class ControllerActor:
+    """Ready/consumed metadata of one consumer; gets long-poll here until enough samples are ready."""
+
+    def __init__(
+        self, consumer: str, all_columns: Sequence[str], capacity: int, group_size: int, columns: Sequence[str]
+    ) -> None:
+        self.state = ControllerState(consumer, all_columns, capacity, group_size, columns)
+        self.cond = asyncio.Condition()
+        self.meta_bytes_in = 0
+        self.meta_bytes_out = 0
+
+    async def ready(self) -> dict[str, Any]:
+        return _where()
+
+    async def columns(self) -> tuple[str, ...]:
+        return self.state.columns
+
+    async def mark_ready(
+        self, indices: np.ndarray, columns: Sequence[str], meta: Mapping[str, np.ndarray] | None
+    ) -> None:
+        async with self.cond:
+            self.state.mark_ready(indices, columns, meta)
+            self.cond.notify_all()
+        self.meta_bytes_in += indices.nbytes + nbytes(meta or {})
+
+    async def take(
+        self, batch_size: int, columns: Sequence[str], whole_groups: bool, timeout_s: float
+    ) -> tuple[str, Any, Any]:
+        """("ok", indices, meta) or ("timeout", readiness message, None)."""
+        self.state.validate(batch_size, columns, whole_groups)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        chosen = await take_when_ready(
+            self.cond, lambda: self.state.take(batch_size, columns, whole_groups), timeout_s
+        )
+        if chosen is None:
+            readiness = self.state.readiness(batch_size, columns, whole_groups)
+            return "timeout", readiness.message(loop.time() - started), None
+        meta = self.state.meta.take(chosen)
+        self.meta_bytes_out += chosen.nbytes + nbytes(meta)
+        return "ok", chosen, meta
+
+    async def reset(self, keep: np.ndarray) -> None:
+        async with self.cond:
+            self.state.reset(keep)
+            self.cond.notify_all()
+
+    async def stats(self) -> dict[str, Any]:
+        return {
+            **_where(),
+            **self.state.stats(),
+            "columns": list(self.state.columns),
+            "meta_bytes_in": self.meta_bytes_in,
+            "meta_bytes_out": self.meta_bytes_out,
+            "bytes_in": 0,  # a controller never sees sample data
+            "bytes_out": 0,
+        }
+
+
+@ray.remote
+class WarehouseActor:
+    """Column data of one shard. A put stores rows here, then tells every controller what became ready."""
+
+    def __init__(
+        self,
+        columns: Mapping[str, str],  # column -> numpy wire dtype
+        shard_map: ShardMap,
+        shard: int,
+        shape_keeper: Any | None,
+    ) -> None:
+        self.store = WarehouseStore(columns, shard_map, shard)
+        self.shape_keeper = shape_keeper  # warehouse 0 decides per-sample shapes for all; None on itself
+        self.claimed: dict[str, tuple[int, ...]] = {}
+        self.controllers: dict[str, Any] = {}
+        self.bytes_by_peer: dict[str, int] = defaultdict(int)
+        self.meta_bytes_out = 0
+
+    async def ready(self) -> dict[str, Any]:
+        return _where()
+
+    async def ping(self) -> bool:
+        return True
+
+    async def claim_shapes(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+        """(Warehouse 0) the shape of each column this iteration: the first claim wins."""
+        for column, shape in shapes.items():
+            self.claimed.setdefault(column, tuple(shape))
+        return {c: self.claimed[c] for c in shapes}
+
+    async def add_controller(self, consumer: str, controller: Any) -> None:
+        """Send the new controller what is already ready, then include it in every later notification."""
+        if consumer in self.controllers:
+            return
+        ready, meta = self.store.snapshot()
+        refs = [controller.mark_ready.remote(self.store.owned, [], meta)]
+        refs += [controller.mark_ready.remote(idx, [c], None) for c, idx in ready.items() if len(idx)]
+        self.controllers[consumer] = controller  # same event-loop step: no put can slip in between
+        await self._notified(refs, [consumer] * len(refs))
+
+    async def consumers(self) -> dict[str, Any]:
+        return dict(self.controllers)
+
+    async def _notified(self, refs: list[ray.ObjectRef], consumers: list[str]) -> None:
+        results = await asyncio.gather(*refs, return_exceptions=True)
+        for consumer, result in zip(consumers, results, strict=True):
+            if isinstance(result, Exception):
+                raise DockUnavailable(
+                    f"warehouse {self.store.shard} could not notify the controller of consumer "
+                    f"{consumer!r}: {type(result).__name__}: {result}"
+                )
+
+    async def put(
+        self, indices: np.ndarray, arrays: Mapping[str, np.ndarray], meta: Mapping[str, np.ndarray], peer: str
+    ) -> None:
+        unknown = sorted(set(arrays) - set(self.store.dtypes))
+        if unknown:
+            raise DockInvalid(f"unknown columns {unknown}; the dock has {list(self.store.dtypes)}")
+        new = {c: tuple(a.shape[1:]) for c, a in arrays.items() if c not in self.store.shapes}
+        if new:
+            keeper = self.shape_keeper
+            fixed = await keeper.claim_shapes.remote(new) if keeper is not None else await self.claim_shapes(new)
+            for column, shape in fixed.items():
+                self.store.fix_shape(column, shape)
+        self.store.write(indices, arrays, meta)
+        self.bytes_by_peer[peer] += nbytes(arrays)
+        consumers = list(self.controllers)
+        columns = list(arrays)
+        refs = [self.controllers[c].mark_ready.remote(indices, columns, meta) for c in consumers]
+        self.meta_bytes_out += len(refs) * (indices.nbytes + nbytes(meta))
+        await self._notified(refs, consumers)
+
+    async def read(self, indices: np.ndarray, columns: Sequence[str], peer: str) -> dict[str, np.ndarray]:
+        arrays = self.store.read(indices, columns)
+        self.bytes_by_peer[peer] += nbytes(arrays)
+        return arrays
+
+    async def reset(self, keep: np.ndarray) -> None:
+        self.store.reset(keep)
+        if len(keep) == 0:
+            self.claimed.clear()
+
+    async def stats(self) -> dict[str, Any]:
+        store = self.store
+        return {
+            **_where(),
+            "shard": store.shard,
+            "owned": len(store.owned),
+            "writes": store.writes,
+            "reads": store.reads,
+            "bytes_in": store.bytes_in,
+            "bytes_out": store.bytes_out,
+            "bytes_by_peer": dict(self.bytes_by_peer),
+            "meta_bytes_out": self.meta_bytes_out,
+            "stored_bytes": store.nbytes(),
+            "ready": {c: int(b[store.owned].sum()) for c, b in store.ready.items()},
+            "controllers": sorted(self.controllers),
+        }
+
+
+@ray.remote
+class CentralBufferActor:
+    """All samples, all consumers, one process."""
+
+    def __init__(self, columns: Mapping[str, str], capacity: int, group_size: int) -> None:
+        self.store = WarehouseStore(columns, ShardMap(capacity, group_size, 1), 0)
+        self.consumers: dict[str, ControllerState] = {}
+        self.cond = asyncio.Condition()
+        self.bytes_by_peer: dict[str, int] = defaultdict(int)
+
+    async def ready(self) -> dict[str, Any]:
+        return _where()
+
+    async def register(self, consumer: str, columns: Sequence[str]) -> None:
+        if consumer in self.consumers:
+            if self.consumers[consumer].columns != tuple(columns):
+                raise DockInvalid(
+                    f"consumer {consumer!r} is already registered with columns {list(self.consumers[consumer].columns)}"
+                )
+            return
+        store = self.store
+        state = ControllerState(consumer, list(store.dtypes), store.shard_map.capacity, store.shard_map.group_size, columns)
+        ready, meta = store.snapshot()
+        state.mark_ready(store.owned, [], meta)
+        for column, indices in ready.items():
+            state.mark_ready(indices, [column])
+        self.consumers[consumer] = state
+
+    async def columns(self, consumer: str) -> tuple[str, ...]:
+        return self._state(consumer).columns
+
+    def _state(self, consumer: str) -> ControllerState:
+        if consumer not in self.consumers:
+            raise DockInvalid(f"consumer {consumer!r} is not registered")
+        return self.consumers[consumer]
+
+    async def put(
+        self, indices: np.ndarray, arrays: Mapping[str, np.ndarray], meta: Mapping[str, np.ndarray], peer: str
+    ) -> None:
+        async with self.cond:
+            self.store.write(indices, arrays, meta)
+            for state in self.consumers.values():
+                state.mark_ready(indices, list(arrays), meta)
+            self.cond.notify_all()
+        self.bytes_by_peer[peer] += nbytes(arrays)
+
+    async def get(
+        self, consumer: str, batch_size: int, columns: Sequence[str], whole_groups: bool, timeout_s: float, peer: str
+    ) -> tuple[str, Any, Any, Any]:
+        """("ok", indices, arrays, meta) or ("timeout", message, None, None)."""
+        state = self._state(consumer)
+        state.validate(batch_size, columns, whole_groups)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        chosen = await take_when_ready(self.cond, lambda: state.take(batch_size, columns, whole_groups), timeout_s)
+        if chosen is None:
+            message = state.readiness(batch_size, columns, whole_groups).message(loop.time() - started)
+            return "timeout", message, None, None
+        arrays = self.store.read(chosen, columns)
+        self.bytes_by_peer[peer] += nbytes(arrays)
+        return "ok", chosen, arrays, state.meta.take(chosen)
+
+    async def reset(self, keep: np.ndarray) -> None:
+        async with self.cond:
+            self.store.reset(keep)
+            for state in self.consumers.values():
+                state.reset(keep)
+            self.cond.notify_all()
+
+    async def stats(self) -> dict[str, Any]:
+        store = self.store
+        return {
+            **_where(),
+            "writes": store.writes,
+            "reads": store.reads,
+            "bytes_in": store.bytes_in,
+            "bytes_out": store.bytes_out,
+            "bytes_by_peer": dict(self.bytes_by_peer),
+            "stored_bytes": store.nbytes(),
+            "controllers": {c: s.stats() for c, s in self.consumers.items()},
+        }

@@ -1,0 +1,116 @@
+"""Client of the centralized baseline (the paper's conventional replay buffer, its "MSRLB" ablation): one
+actor (``CentralBufferActor`` in ``actors.py``) holds all data and every consumer's bookkeeping, reusing
+``WarehouseStore`` (one shard = the whole batch) and ``ControllerState`` (one per consumer); every byte of
+every put and get passes through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import ray
+import torch
+from tensordict import TensorDict
+
+from dockflow.dock import placement, validation
+from dockflow.dock.actors import CentralBufferActor
+from dockflow.dock.api import DockBatch, DockSpec, DockTimeout, DockUnavailable, TransferDock
+from dockflow.dock.rpc import call, peer_id
+from dockflow.dock.wire import from_wire, tensors_to_wire, wire_dtypes
+
+_GRACE_S = 10.0  # slack on top of the buffer's own get timeout before the client gives up on it
+
+
+class CentralizedDock(TransferDock):
+    """Client of the centralized buffer: the same API, one actor behind it."""
+
+    def __init__(self, spec: DockSpec, buffer: Any, node_id: str) -> None:
+        self.spec = spec
+        self.buffer = buffer
+        self.node_id = node_id
+        self._columns: dict[str, tuple[str, ...]] = {}  # consumer -> registered columns (never change)
+
+    @classmethod
+    def create(cls, spec: DockSpec) -> CentralizedDock:
+        node = spec.warehouse_nodes[0] if spec.warehouse_nodes else placement.alive_nodes()[0]
+        placement.require_alive([node], f"the buffer of dock {spec.name!r}")
+        name = f"{spec.name}/buffer"
+        placement.refuse_existing(name, spec.namespace)
+        buffer = CentralBufferActor.options(**placement.pinned(node, name, spec.namespace)).remote(
+            wire_dtypes(spec.columns), spec.capacity, spec.group_size
+        )
+        try:
+            placement.wait_ready({name: buffer.ready.remote()}, spec.start_timeout_s)
+        except DockUnavailable:
+            ray.kill(buffer)
+            raise
+        return cls(spec, buffer, node)
+
+    def register_consumer(self, consumer: str, columns: Sequence[str], node_id: str | None = None) -> None:
+        columns = validation.check_columns(self.spec, consumer, columns)
+        call([self.buffer.register.remote(consumer, list(columns))], self.spec.rpc_timeout_s,
+             f"registering consumer {consumer!r}")
+        self._columns[consumer] = columns
+
+    def put(
+        self,
+        indices: Sequence[int],
+        data: TensorDict,
+        meta: Mapping[str, Sequence[int] | torch.Tensor] | None = None,
+    ) -> None:
+        index, tensors, meta_arrays = validation.check_put(self.spec, indices, data, meta)
+        if len(index) == 0:
+            return
+        ref = self.buffer.put.remote(index, tensors_to_wire(tensors), meta_arrays, peer_id())
+        call([ref], self.spec.rpc_timeout_s, f"put of {len(index)} samples")
+
+    def get(
+        self,
+        consumer: str,
+        batch_size: int,
+        columns: Sequence[str] | None = None,
+        *,
+        whole_groups: bool = False,
+        timeout_s: float | None = None,
+    ) -> DockBatch:
+        what = f"get by consumer {consumer!r}"
+        if columns is None:
+            if consumer not in self._columns:
+                ref = self.buffer.columns.remote(consumer)
+                self._columns[consumer] = tuple(call([ref], self.spec.rpc_timeout_s, what)[0])
+            columns = self._columns[consumer]
+        columns = list(columns)
+        validation.check_get(self.spec, consumer, batch_size, columns, whole_groups)
+        timeout = self.spec.get_timeout_s if timeout_s is None else timeout_s
+        ref = self.buffer.get.remote(consumer, batch_size, columns, whole_groups, timeout, peer_id())
+        status, indices, arrays, meta = call([ref], timeout + _GRACE_S, what)[0]
+        if status != "ok":
+            raise DockTimeout(indices)
+        data = {c: from_wire(arrays[c], self.spec.columns[c]).clone() for c in columns}
+        return DockBatch(
+            indices=indices.tolist(),
+            data=TensorDict(data, batch_size=[len(indices)]),
+            meta={k: torch.from_numpy(v) for k, v in meta.items()},
+        )
+
+    def reset(self, keep: Sequence[int] = ()) -> None:
+        kept = validation.check_indices(self.spec, keep, "reset")
+        call([self.buffer.reset.remote(kept)], self.spec.rpc_timeout_s, "reset")
+
+    def stats(self) -> dict[str, Any]:
+        buffer = call([self.buffer.stats.remote()], self.spec.rpc_timeout_s, "stats")[0]
+        controllers = buffer.pop("controllers")
+        return {
+            "backend": "centralized",
+            "capacity": self.spec.capacity,
+            "group_size": self.spec.group_size,
+            "buffer": buffer,
+            "controllers": controllers,
+            "puts": buffer["writes"],
+            "gets": sum(c["gets"] for c in controllers.values()),
+            "busiest_bytes": buffer["bytes_in"] + buffer["bytes_out"],
+        }
+
+    def shutdown(self) -> None:
+        ray.kill(self.buffer, no_restart=True)

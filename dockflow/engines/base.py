@@ -1,0 +1,81 @@
+"""The engine interfaces: one for generation, one for training. Stages and workers see only these.
+
+A backend (transformers on CPU today; vLLM / FSDP2 / MindSpeed where present) implements them and is
+chosen by ``dockflow.engines.create_*``. Tensors crossing these interfaces are plain torch tensors in a
+TensorDict with the layout below, so no backend type leaks into the stages.
+
+Rollout layout (B sequences, prompt width P, response width R = max_new_tokens):
+    input_ids       [B, P+R] long   left-padded prompt, then the response, right-padded
+    attention_mask  [B, P+R] long   1 on real prompt tokens and on response tokens up to and incl. EOS
+    responses       [B, R]   long   the generated tokens (pad after EOS)
+    response_mask   [B, R]   long   1 on generated tokens up to and including EOS
+    prompt_length   [B]      long   real prompt tokens
+    response_length [B]      long   real response tokens (incl. EOS)
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample responses."""
+
+    max_new_tokens: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    greedy: bool = False
+    n: int = 1  # responses per prompt, laid out contiguously (a GRPO group)
+
+
+class GenerationEngine(ABC):
+    """Turns prompts into rollouts in the layout above."""
+
+    @abstractmethod
+    def generate(
+        self, prompts: list[str], params: SamplingParams, seed: int, prompt_width: int | None = None
+    ) -> TensorDict:
+        """Sample ``params.n`` responses per prompt; ``prompt_width`` pads prompts to a fixed width."""
+
+    @abstractmethod
+    def decode(self, responses: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
+        """Response tokens to text, without padding and special tokens."""
+
+    @abstractmethod
+    def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+        """Take new policy weights (the reshard target)."""
+
+
+LossFn = Callable[[torch.Tensor, TensorDict, float], tuple[torch.Tensor, dict[str, float]]]
+"""(response log-probs [b, R], micro-batch, token count of the mini-batch) -> (loss, metrics)."""
+
+
+class TrainingEngine(ABC):
+    """Holds the trainable model and its optimizer."""
+
+    @abstractmethod
+    def log_probs(self, batch: TensorDict) -> torch.Tensor:
+        """Per-token log-probs of ``batch['responses']`` under the current weights, no grad: [B, R]."""
+
+    @abstractmethod
+    def train_mini_batch(self, batch: TensorDict, loss_fn: LossFn, micro_batch_size: int) -> dict[str, float]:
+        """One optimizer step over ``batch`` with gradient accumulation; returns averaged metrics."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """Model and optimizer state for a checkpoint."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output exactly."""
+
+    @abstractmethod
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Current weights, for resharding into a generation engine."""

@@ -1,0 +1,120 @@
+"""Generation with transformers' ``generate`` (batched, KV cache, temperature / top-p, stop at EOS).
+
+This is the CPU backend of :class:`GenerationEngine`; it shares the policy module with the training
+engine when both live in one worker (colocated), so loading weights is a copy into the same tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from dockflow.engines.base import GenerationEngine, SamplingParams
+
+
+def first_eos_mask(tokens: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """1 on tokens up to and including the first EOS of each row (all of the row if it has none)."""
+    is_eos = tokens == eos_id
+    after_eos = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
+    return (~after_eos).long()
+
+
+def decode_responses(tokenizer, responses: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
+    """Response tokens to text, keeping masked-in tokens and dropping special ones (EOS)."""
+    return [
+        tokenizer.decode(row[mask.bool()].tolist(), skip_special_tokens=True)
+        for row, mask in zip(responses, response_mask, strict=True)
+    ]
+
+
+class HFGenerationEngine(GenerationEngine):
+    """Batched sampling with ``model.generate`` on one device."""
+
+    def __init__(self, model: nn.Module, tokenizer, device: str | torch.device = "cpu", batch_size: int = 256):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.batch_size = batch_size
+        if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
+            raise ValueError("the tokenizer needs pad and eos tokens for batched generation")
+
+    def _encode_prompts(self, prompts: list[str], width: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        # Special tokens as the tokenizer adds them (e.g. BOS), exactly as SFT saw its prompts.
+        ids = [self.tokenizer(p)["input_ids"] for p in prompts]
+        longest = max(len(x) for x in ids)
+        width = longest if width is None else width
+        if longest > width:
+            raise ValueError(f"a prompt has {longest} tokens, more than the prompt width {width}")
+        pad = self.tokenizer.pad_token_id
+        input_ids = torch.full((len(ids), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(ids), width), dtype=torch.long)
+        for i, row in enumerate(ids):
+            if row:
+                input_ids[i, width - len(row):] = torch.tensor(row)
+                mask[i, width - len(row):] = 1
+        return input_ids, mask
+
+    def prompt_width(self, prompts: list[str]) -> int:
+        """Token width that fits every prompt."""
+        return max(len(self.tokenizer(p)["input_ids"]) for p in prompts)
+
+    @torch.no_grad()
+    def generate(
+        self, prompts: list[str], params: SamplingParams, seed: int, prompt_width: int | None = None
+    ) -> TensorDict:
+        prompt_ids, prompt_mask = self._encode_prompts(prompts, prompt_width)
+        prompt_ids = prompt_ids.repeat_interleave(params.n, dim=0)
+        prompt_mask = prompt_mask.repeat_interleave(params.n, dim=0)
+        width_r = params.max_new_tokens
+        pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        responses = torch.full((prompt_ids.shape[0], width_r), pad, dtype=torch.long)
+        gen = torch.Generator().manual_seed(seed)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, prompt_ids.shape[0], self.batch_size):
+                sl = slice(start, start + self.batch_size)
+                # generate() samples from the global RNG; seed it per chunk from our own generator.
+                torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
+                out = self.model.generate(
+                    input_ids=prompt_ids[sl].to(self.device),
+                    attention_mask=prompt_mask[sl].to(self.device),
+                    max_new_tokens=width_r,
+                    do_sample=not params.greedy,
+                    temperature=None if params.greedy else params.temperature,
+                    top_p=None if params.greedy else params.top_p,
+                    top_k=None,
+                    pad_token_id=pad,
+                    eos_token_id=eos,
+                )
+                new = out[:, prompt_ids.shape[1]:].cpu()
+                responses[sl, : new.shape[1]] = new
+        finally:
+            self.model.train(was_training)
+        response_mask = first_eos_mask(responses, eos)
+        responses = torch.where(response_mask.bool(), responses, torch.full_like(responses, pad))
+        return TensorDict(
+            {
+                "input_ids": torch.cat([prompt_ids, responses], dim=1),
+                "attention_mask": torch.cat([prompt_mask, response_mask], dim=1),
+                "responses": responses,
+                "response_mask": response_mask,
+                "prompt_length": prompt_mask.sum(-1),
+                "response_length": response_mask.sum(-1),
+            },
+            batch_size=[prompt_ids.shape[0]],
+        )
+
+    def decode(self, responses: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
+        return decode_responses(self.tokenizer, responses, response_mask)
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.model.named_parameters())
+        for name, tensor in weights:
+            target = params[name]
+            if target.data_ptr() != tensor.data_ptr():
+                target.copy_(tensor)

@@ -1,0 +1,82 @@
+"""Training on one process with plain torch: AdamW, gradient accumulation, global-norm clipping.
+
+This is the DP=1 backend of :class:`TrainingEngine`. Micro-batches of a mini-batch each contribute
+``loss * 1`` with the loss already normalised by the mini-batch token count (see ``LossFn``), so the
+summed gradient equals that of one token-level mean over the whole mini-batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from dockflow.engines.base import LossFn, TrainingEngine
+from dockflow.engines.logprobs import batched_log_probs, response_log_probs
+
+
+class TorchTrainingEngine(TrainingEngine):
+    """A model and its AdamW optimizer on one device."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        lr: float,
+        weight_decay: float = 0.0,
+        grad_clip: float = 1.0,
+        infer_batch_size: int = 64,
+        temperature: float = 1.0,
+        device: str | torch.device = "cpu",
+    ):
+        self.model = model.to(device)
+        self.device = torch.device(device)
+        self.grad_clip = grad_clip
+        self.infer_batch_size = infer_batch_size
+        self.temperature = temperature  # the sampling temperature: log-probs must match the behaviour policy
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+
+    def _forward(self, batch: TensorDict) -> torch.Tensor:
+        return response_log_probs(
+            self.model,
+            batch["input_ids"].to(self.device),
+            batch["attention_mask"].to(self.device),
+            batch["responses"].shape[1],
+            self.temperature,
+        )
+
+    def log_probs(self, batch: TensorDict) -> torch.Tensor:
+        return batched_log_probs(self.model, batch, self.infer_batch_size, self.temperature)
+
+    def train_mini_batch(self, batch: TensorDict, loss_fn: LossFn, micro_batch_size: int) -> dict[str, float]:
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        tokens = float(batch["response_mask"].sum().clamp(min=1))
+        out: dict[str, float] = {}
+        for i in range(0, batch.batch_size[0], micro_batch_size):
+            micro = batch[i : i + micro_batch_size]
+            logp = self._forward(micro)
+            loss, metrics = loss_fn(logp, micro, tokens)
+            loss.backward()
+            share = float(micro["response_mask"].sum()) / tokens  # metrics are token means of the micro-batch
+            for k, v in metrics.items():
+                out[k] = out.get(k, 0.0) + v * share
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        out["grad_norm"] = float(grad_norm)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, p in self.model.named_parameters():
+            yield name, p.detach()

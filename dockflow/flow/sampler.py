@@ -1,0 +1,37 @@
+"""Which train prompts each iteration uses: a seeded permutation per epoch, a pure function of the step.
+
+Being stateless, a resumed run picks exactly the prompts an uninterrupted run would have picked; the
+data position (``iteration * G``) is still saved in checkpoints for the record.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class PromptSampler:
+    """Prompt indices of iteration ``i``: consecutive slices of per-epoch permutations of the train set."""
+
+    def __init__(self, num_prompts: int, per_iteration: int, seed: int):
+        if num_prompts < 1:
+            raise ValueError("the train split is empty: no prompts to sample")
+        self.num_prompts = num_prompts
+        self.per_iteration = per_iteration
+        self.seed = seed
+
+    def _epoch_order(self, epoch: int) -> torch.Tensor:
+        return torch.randperm(self.num_prompts, generator=torch.Generator().manual_seed(self.seed * 7919 + epoch))
+
+    def indices(self, iteration: int) -> list[int]:
+        out: list[int] = []
+        pos = iteration * self.per_iteration
+        while len(out) < self.per_iteration:
+            epoch, offset = divmod(pos, self.num_prompts)
+            take = min(self.per_iteration - len(out), self.num_prompts - offset)
+            out.extend(self._epoch_order(epoch)[offset : offset + take].tolist())
+            pos += take
+        return out
+
+    def position(self, iteration: int) -> int:
+        """Prompts consumed before ``iteration``."""
+        return iteration * self.per_iteration

@@ -1,0 +1,37 @@
+"""Wait for named Ray tasks with a deadline; errors say which stage, which iteration, and why."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+class StageError(RuntimeError):
+    """A stage failed, timed out, or its worker died."""
+
+
+def wait_stages(refs: dict[str, Any], timeout_s: float, iteration: int) -> dict[str, Any]:
+    """``{stage: ObjectRef}`` -> ``{stage: result}``; raise StageError naming the stage on failure or timeout."""
+    import ray
+
+    by_ref = {r: name for name, r in refs.items()}
+    pending = list(refs.values())
+    results: dict[str, Any] = {}
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            names = sorted(by_ref[r] for r in pending)
+            for r in pending:
+                ray.cancel(r, force=False)
+            raise StageError(f"iteration {iteration}: stage(s) {names} did not finish within {timeout_s:.0f}s")
+        done, pending = ray.wait(pending, num_returns=1, timeout=left)
+        for r in done:
+            name = by_ref[r]
+            try:
+                results[name] = ray.get(r)
+            except ray.exceptions.RayActorError as exc:
+                raise StageError(f"iteration {iteration}: the worker running stage '{name}' died: {exc}") from None
+            except ray.exceptions.RayTaskError as exc:
+                raise StageError(f"iteration {iteration}: stage '{name}' failed: {exc.cause!r}") from exc.cause
+    return results

@@ -1,0 +1,174 @@
+"""Build, save and load causal LMs: the tiny Qwen2 policy, or any local Hugging Face model directory.
+
+Nothing is downloaded: the tiny model is built from a ``Qwen2Config`` and the local character tokenizer;
+``load_model_and_tokenizer`` reads only local files (``local_files_only=True``).
+
+    tok = build_char_tokenizer()
+    model = build_tiny_model(cfg.model.tiny, tok, seed=0)
+    save_pretrained_dir(model, tok, "runs/x/model")
+    model, tok = load_model_and_tokenizer("runs/x/model", dtype="float32")
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from dockflow.config import TinyModelConfig
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
+class ModelFilesError(FileNotFoundError):
+    """A model directory lacks files it needs; the message names the directory and the files."""
+
+
+def _dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    except KeyError:
+        raise ValueError(f"model dtype '{dtype}' is not supported: use float32, bfloat16 or float16") from None
+
+
+def tiny_model_config(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerBase) -> Qwen2Config:
+    """The ``Qwen2Config`` of the tiny policy; vocabulary and special ids come from ``tokenizer``."""
+    if cfg.hidden_size % cfg.num_heads or cfg.num_heads % cfg.num_kv_heads:
+        raise ValueError(
+            f"model.tiny: hidden_size={cfg.hidden_size} must be divisible by num_heads={cfg.num_heads}, "
+            f"and num_heads by num_kv_heads={cfg.num_kv_heads}"
+        )
+    return Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        intermediate_size=cfg.intermediate_size,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        dtype="float32",
+    )
+
+
+def build_tiny_model(
+    cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerBase, seed: int, dtype: str | torch.dtype = "float32"
+) -> Qwen2ForCausalLM:
+    """A freshly initialised tiny Qwen2 causal LM; the init depends only on ``seed`` (global RNG untouched)."""
+    config = tiny_model_config(cfg, tokenizer)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    model = model.to(_dtype(dtype))
+    _set_generation_ids(model, tokenizer)
+    return model
+
+
+def _set_generation_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    gen = model.generation_config
+    gen.pad_token_id = tokenizer.pad_token_id
+    gen.eos_token_id = tokenizer.eos_token_id
+    if tokenizer.bos_token_id is not None:
+        gen.bos_token_id = tokenizer.bos_token_id
+
+
+def save_pretrained_dir(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    path: str | Path,
+    extra_files: dict[str, str] | None = None,
+) -> Path:
+    """Save model + tokenizer (+ ``extra_files``: name -> text) as one HF directory, atomically.
+
+    Everything is written to a sibling temp dir that is then renamed; an existing ``path`` is replaced.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+            os.replace(path, old / "x")
+            os.replace(tmp, path)
+            _rmtree(old)
+        else:
+            os.replace(tmp, path)
+    finally:
+        _rmtree(tmp)
+    return path
+
+
+def _rmtree(p: Path) -> None:
+    shutil.rmtree(p, ignore_errors=True)
+
+
+def missing_model_files(path: str | Path) -> list[str]:
+    """What a loadable causal-LM directory lacks: 'config.json', weights, tokenizer files (empty if none)."""
+    p = Path(path)
+    missing = []
+    if not (p / "config.json").is_file():
+        missing.append("config.json")
+    if not any((p / f).is_file() for f in WEIGHT_FILES) and not any(p.glob("*.safetensors")):
+        missing.append("weights (" + " or ".join(WEIGHT_FILES[:1] + WEIGHT_FILES[2:3]) + ")")
+    if not any((p / f).is_file() for f in TOKENIZER_FILES):
+        missing.append("tokenizer (" + " or ".join(TOKENIZER_FILES) + ")")
+    return missing
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """Load only the tokenizer of a local HF directory: left padding, EOS as pad if it has no pad token."""
+    p = Path(path)
+    if not p.is_dir() or not any((p / f).is_file() for f in TOKENIZER_FILES):
+        raise ModelFilesError(
+            f"no tokenizer in '{p}': it needs one of {', '.join(TOKENIZER_FILES)} (save one with save_pretrained)"
+        )
+    tokenizer = AutoTokenizer.from_pretrained(p, local_files_only=True)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ModelFilesError(f"tokenizer in '{p}' has neither a pad nor an eos token; add one to its config")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model_and_tokenizer(
+    path: str | Path, dtype: str | torch.dtype = "float32"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load any local HF causal-LM directory (tiny policy or e.g. a downloaded Qwen2.5-0.5B).
+
+    The tokenizer pads on the left; if it has no pad token, EOS is used as pad.
+    """
+    p = Path(path)
+    if not p.is_dir():
+        raise ModelFilesError(f"model directory '{p}' does not exist: set model.path to a local HF model directory")
+    missing = missing_model_files(p)
+    if missing:
+        raise ModelFilesError(
+            f"model directory '{p}' is missing {', '.join(missing)}: it must hold a complete Hugging Face "
+            "causal-LM checkpoint (save one with save_pretrained or download it first)"
+        )
+    tokenizer = load_tokenizer(p)
+    model = AutoModelForCausalLM.from_pretrained(p, local_files_only=True, dtype=_dtype(dtype))
+    _set_generation_ids(model, tokenizer)
+    return model, tokenizer

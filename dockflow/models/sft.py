@@ -1,0 +1,225 @@
+"""SFT warm start: teach the policy the answer format on the scarce labeled subset before RL.
+
+Teacher forcing on ``task.labeled`` (loss on the answer tokens and EOS only), greedy accuracy on
+``task.val`` every ``sft.eval_every_epochs`` epochs, early stop after ``sft.patience`` validations
+without a new best, keep the best weights. The result is an HF model directory in
+``sft.cache_dir/<key>``, where the key hashes everything the result depends on (model, data, template,
+SFT settings, seed, response length, file contents); a later call with the same inputs returns it at
+once (``cached=True``). The directory is written to a temp dir and renamed, so a crash never leaves a
+half-written cache entry.
+
+    result = sft_warm_start(cfg, run_dir)
+    model, tok = load_model_and_tokenizer(result.model_dir)
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from dockflow.config import Config
+from dockflow.data import Example, apply_template, load_task
+from dockflow.models.evaluation import greedy_accuracy
+from dockflow.models.factory import build_tiny_model, load_model_and_tokenizer, save_pretrained_dir
+from dockflow.models.tokenizer import build_char_tokenizer
+
+# Bump when the training procedure changes, so old cache entries are not reused.
+SFT_VERSION = 1
+RESULT_FILE = "sft_result.json"
+
+
+@dataclass
+class SFTResult:
+    """Where the warm-started model is, its best validation accuracy, per-validation history, cache hit."""
+
+    model_dir: Path
+    val_accuracy: float
+    history: list[dict[str, Any]] = field(default_factory=list)
+    cached: bool = False
+
+
+def _file_digest(path: str | None) -> str | None:
+    if not path or not Path(path).is_file():
+        return None
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sft_cache_key(cfg: Config) -> str:
+    """Hash of every input the SFT result depends on."""
+    model = cfg.model.model_dump()
+    if cfg.model.path:
+        model["path"] = str(Path(cfg.model.path).resolve())
+        model.pop("tiny")
+    key = {
+        "version": SFT_VERSION,
+        "seed": cfg.run.seed,
+        "model": model,
+        "data": cfg.data.model_dump(),
+        "data_files": [_file_digest(cfg.data.train_path), _file_digest(cfg.data.test_path)]
+        if cfg.data.source == "file"
+        else None,
+        "sft": cfg.sft.model_dump(exclude={"cache_dir"}),
+        "max_new_tokens": cfg.rollout.max_new_tokens,
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _initial_model(cfg: Config) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    if cfg.model.path:
+        return load_model_and_tokenizer(cfg.model.path, dtype=cfg.model.dtype)
+    tokenizer = build_char_tokenizer()
+    return build_tiny_model(cfg.model.tiny, tokenizer, seed=cfg.run.seed, dtype=cfg.model.dtype), tokenizer
+
+
+def encode_sft_batch(
+    tokenizer: PreTrainedTokenizerBase, examples: list[Example], template: str
+) -> dict[str, torch.Tensor]:
+    """Right-padded ``input_ids``/``attention_mask``/``labels``; labels are -100 except answer + EOS."""
+    rows = []
+    for ex in examples:
+        prompt = tokenizer(apply_template(template, ex.prompt))["input_ids"]
+        answer = tokenizer(ex.answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append((prompt + answer, [-100] * len(prompt) + answer))
+    width = max(len(ids) for ids, _ in rows)
+    pad = tokenizer.pad_token_id
+    input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in rows])
+    labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in rows])
+    mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows])
+    return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
+
+
+def _train_epoch(
+    model: PreTrainedModel,
+    opt: torch.optim.Optimizer,
+    batches: list[dict[str, torch.Tensor]],
+) -> float:
+    model.train()
+    total = 0.0
+    for batch in batches:
+        loss = model(**batch).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        total += loss.item()
+    return total / max(len(batches), 1)
+
+
+def _make_batches(
+    tokenizer: PreTrainedTokenizerBase, examples: list[Example], template: str, batch_size: int, gen: torch.Generator
+) -> list[dict[str, torch.Tensor]]:
+    perm = torch.randperm(len(examples), generator=gen).tolist()
+    chunks = [perm[i : i + batch_size] for i in range(0, len(perm), batch_size)]
+    return [encode_sft_batch(tokenizer, [examples[j] for j in c], template) for c in chunks]
+
+
+def train_sft(
+    cfg: Config,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    labeled: list[Example],
+    val: list[Example],
+) -> tuple[float, list[dict[str, Any]]]:
+    """Train ``model`` in place with early stopping; leaves it holding the best weights.
+
+    Returns (best validation accuracy, history of ``{epoch, loss, val_accuracy, seconds}`` per validation).
+    """
+    s, template = cfg.sft, cfg.data.prompt_template
+    gen = torch.Generator().manual_seed(cfg.run.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.0)
+
+    def evaluate() -> float:
+        return greedy_accuracy(
+            model, tokenizer, val, cfg.eval.batch_size, cfg.rollout.max_new_tokens, template
+        )
+
+    start = time.perf_counter()
+    best_acc, best_state, bad = evaluate(), copy.deepcopy(model.state_dict()), 0
+    history: list[dict[str, Any]] = [{"epoch": 0, "loss": None, "val_accuracy": best_acc, "seconds": 0.0}]
+    epochs = s.max_epochs if (s.enabled and labeled) else 0
+    bar = tqdm(range(1, epochs + 1), desc="sft", unit="epoch", leave=False)
+    for epoch in bar:
+        batches = _make_batches(tokenizer, labeled, template, s.batch_size, gen)
+        loss = _train_epoch(model, opt, batches)
+        bar.set_postfix(loss=f"{loss:.3f}", best=f"{best_acc:.3f}")
+        if epoch % s.eval_every_epochs and epoch != epochs:
+            continue
+        acc = evaluate()
+        history.append(
+            {"epoch": epoch, "loss": loss, "val_accuracy": acc, "seconds": round(time.perf_counter() - start, 2)}
+        )
+        if acc > best_acc:
+            best_acc, best_state, bad = acc, copy.deepcopy(model.state_dict()), 0
+        else:
+            bad += 1
+            if bad >= s.patience:
+                break
+    bar.close()
+    model.load_state_dict(best_state)
+    return best_acc, history
+
+
+def sft_warm_start(cfg: Config, run_dir: str | Path) -> SFTResult:
+    """Warm-start the policy (or return the cached result) and write a summary to ``run_dir/sft.json``.
+
+    With ``sft.enabled: false`` the initial model is evaluated and saved as is, so callers always get a
+    model directory.
+    """
+    final = Path(cfg.sft.cache_dir) / sft_cache_key(cfg)
+    if (final / RESULT_FILE).is_file():
+        saved = json.loads((final / RESULT_FILE).read_text())
+        result = SFTResult(final, saved["val_accuracy"], saved["history"], cached=True)
+    else:
+        task = load_task(cfg.data, cfg.run.seed)
+        model, tokenizer = _initial_model(cfg)
+        val_acc, history = train_sft(cfg, model, tokenizer, task.labeled, task.val)
+        summary = {"val_accuracy": val_acc, "history": history, "key": final.name}
+        save_pretrained_dir(model, tokenizer, final, extra_files={RESULT_FILE: json.dumps(summary, indent=1)})
+        result = SFTResult(final, val_acc, history, cached=False)
+    run = Path(run_dir)
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "sft.json").write_text(json.dumps({**asdict(result), "model_dir": str(result.model_dir)}, indent=1))
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m dockflow.models.sft [CONFIG.yaml] [key=value ...]``: run (or reuse) SFT, print accuracies."""
+    import sys
+
+    from dockflow.config import load_config
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    path = args.pop(0) if args and "=" not in args[0] else None
+    cfg = load_config(path, args)
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    start = time.perf_counter()
+    result = sft_warm_start(cfg, Path(cfg.run.output_dir) / cfg.run.name)
+    seconds = time.perf_counter() - start
+    model, tokenizer = load_model_and_tokenizer(result.model_dir, dtype=cfg.model.dtype)
+    test = load_task(cfg.data, cfg.run.seed).test[: cfg.eval.num_prompts]
+    test_acc = greedy_accuracy(
+        model, tokenizer, test, cfg.eval.batch_size, cfg.rollout.max_new_tokens, cfg.data.prompt_template
+    )
+    for h in result.history:
+        print(f"epoch {h['epoch']:4d}  loss {h['loss'] or float('nan'):.4f}  val {h['val_accuracy']:.3f}  t {h['seconds']}s")
+    print(
+        f"model_dir={result.model_dir} cached={result.cached} sft_seconds={seconds:.1f} "
+        f"val_accuracy={result.val_accuracy:.3f} test_accuracy={test_acc:.3f} (n={len(test)})"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""Terminal tables for the end of a run: held-out accuracy at each evaluation and reward per iteration."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _reward_window(rewards: list[float], lo: int, hi: int) -> str:
+    window = rewards[lo:hi]
+    return f"{sum(window) / len(window):.3f}" if window else "-"
+
+
+def print_train_summary(summary: dict[str, Any], console: Console | None = None) -> None:
+    """Accuracy before/after RL, then one row per evaluation with the mean reward since the previous one."""
+    console = console or Console()
+    rewards = summary.get("reward_per_iteration", [])
+    table = Table(title=f"DockFlow run '{summary['run_name']}': held-out accuracy (greedy) and reward")
+    table.add_column("iteration", justify="right")
+    table.add_column("held-out accuracy", justify="right")
+    table.add_column("mean reward (iterations since last row)", justify="right")
+    prev = 0
+    for e in summary.get("evals", []):
+        it = e["iteration"]
+        label = "0 (SFT plateau)" if it == 0 else str(it)
+        table.add_row(label, f"{e['accuracy']:.3f}", _reward_window(rewards, prev, it) if it else "-")
+        prev = it
+    console.print(table)
+    before, after = summary.get("accuracy_before"), summary.get("accuracy_after")
+    totals = Table(show_header=False, title="summary")
+    totals.add_row("accuracy before RL (SFT plateau)", "-" if before is None else f"{before:.3f}")
+    totals.add_row("accuracy after RL", "-" if after is None else f"{after:.3f}")
+    if before is not None and after is not None:
+        totals.add_row("gain (points)", f"{100 * (after - before):+.1f}")
+    totals.add_row("iterations", str(summary["iterations"]))
+    totals.add_row("throughput (Eq. 5, tokens/s/device)", f"{summary['throughput_tps']:.1f}")
+    totals.add_row("seconds per iteration", f"{summary.get('seconds_per_iteration', 0.0):.3f}")
+    totals.add_row("wall seconds", f"{summary['wall_seconds']:.1f}")
+    totals.add_row("MLflow run id", str(summary["mlflow_run_id"]))
+    console.print(totals)

@@ -1,0 +1,174 @@
+"""Checkpoint layout shared by every backend: names, part records, the manifest, streaming checksums.
+
+A checkpoint of step 10 is a folder (local) or key prefix (object store) ``step-000010/`` holding:
+
+- ``<name>.pt``: one part per writer (``torch.save`` of a state dict, RNG states, any object);
+- ``<name>.pt.json``: the part's record (size + sha256), written by the part's writer right after the part;
+- ``manifest.json``: written last, by ``commit``; a checkpoint is committed iff its manifest exists.
+
+Nothing here touches storage; the backends do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+PART_SUFFIX = ".pt"
+RECORD_SUFFIX = ".pt.json"
+
+_STEP_RE = re.compile(r"^step-(\d{6,})$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be written, committed or read; the message names the path and what to do."""
+
+
+def step_dirname(step: int) -> str:
+    """``10 -> 'step-000010'`` (zero-padded so that names sort like steps)."""
+    check_step(step)
+    return f"step-{step:06d}"
+
+
+def parse_step_dirname(name: str) -> int | None:
+    """``'step-000010' -> 10``; None for names that are not checkpoint folders."""
+    m = _STEP_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def check_step(step: int) -> int:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise CheckpointError(f"checkpoint step must be a non-negative int, got {step!r}")
+    return step
+
+
+def check_part_name(name: str) -> str:
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise CheckpointError(
+            f"invalid checkpoint part name {name!r}: use letters, digits, '_', '-', '.' "
+            "(e.g. 'actor', 'optimizer.rank0'), starting with a letter or digit"
+        )
+    return name
+
+
+def part_filename(name: str) -> str:
+    return name + PART_SUFFIX
+
+
+def record_filename(name: str) -> str:
+    return name + RECORD_SUFFIX
+
+
+@dataclass(frozen=True)
+class PartInfo:
+    """What the manifest records of one part."""
+
+    name: str
+    size: int
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": part_filename(self.name), "size": self.size, "sha256": self.sha256}
+
+    @classmethod
+    def from_dict(cls, name: str, d: dict[str, Any]) -> PartInfo:
+        return cls(name=name, size=int(d["size"]), sha256=str(d["sha256"]))
+
+
+@dataclass
+class Manifest:
+    """The commit record of one checkpoint: its step, the caller's metadata and every part."""
+
+    step: int
+    meta: dict[str, Any]
+    parts: dict[str, PartInfo]
+    created_unix: float = field(default_factory=time.time)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "format_version": FORMAT_VERSION,
+                "step": self.step,
+                "created_unix": self.created_unix,
+                "meta": self.meta,
+                "parts": {n: p.to_dict() for n, p in sorted(self.parts.items())},
+            },
+            indent=1,
+        )
+
+    @classmethod
+    def from_json(cls, text: str, where: str) -> Manifest:
+        """Parse a manifest; ``where`` (its path) goes into the error message."""
+        try:
+            d = json.loads(text)
+            if d.get("format_version") != FORMAT_VERSION:
+                raise ValueError(f"format_version {d.get('format_version')!r}, expected {FORMAT_VERSION}")
+            parts = {n: PartInfo.from_dict(n, p) for n, p in d["parts"].items()}
+            return cls(step=int(d["step"]), meta=dict(d["meta"]), parts=parts, created_unix=float(d["created_unix"]))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CheckpointError(f"manifest {where} is unreadable ({exc}): delete that checkpoint") from None
+
+
+def record_json(info: PartInfo) -> str:
+    return json.dumps(info.to_dict())
+
+
+def parse_record(text: str, name: str, where: str) -> PartInfo:
+    try:
+        return PartInfo.from_dict(name, json.loads(text))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"part record {where} is unreadable ({exc}): write part '{name}' again") from None
+
+
+def meta_json_check(meta: dict[str, Any]) -> dict[str, Any]:
+    """Checkpoint metadata must be a JSON-serializable dict (it lives in the manifest)."""
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"checkpoint meta must be a dict, got {type(meta).__name__}")
+    for key, value in meta.items():
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(
+                f"checkpoint meta key {key!r} is not JSON-serializable ({exc}): store it as a part instead"
+            ) from None
+    return meta
+
+
+class HashingWriter:
+    """Write-only file wrapper that counts bytes and computes sha256 as ``torch.save`` streams into it."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self._f = f
+        self._h = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self._h.update(data)
+        self.size += len(data)
+        return self._f.write(data)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    @property
+    def sha256(self) -> str:
+        return self._h.hexdigest()
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> tuple[int, str]:
+    """(size, sha256 hex) of a file, read in chunks."""
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+            size += len(block)
+    return size, h.hexdigest()

@@ -1,0 +1,241 @@
+"""One MLflow run of a DockFlow run: params, metrics, artifacts, status.
+
+    with Tracker.start(cfg.tracking, run_dir, cfg.run.name, params=cfg.flat(), tags={"algo": "grpo"}) as tr:
+        tr.log_metrics({"train/reward_mean": 0.4, "timing/iteration_s": 2.1}, step=it)
+        tr.log_artifact(run_dir / "curves.png")
+    # leaving the block ends the run FINISHED, or FAILED if an exception escaped
+
+Only ``MlflowClient`` calls with explicit run ids are used, never MLflow's global active run, so several trackers
+can live in one process and Ray workers are unaffected. Metric names follow ``train/...``, ``eval/...``,
+``timing/...`` (see docs/storage_and_tracking.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BATCH
+
+from dockflow.config import TrackingConfig
+from dockflow.tracking.store import (
+    TrackingError,
+    apply_http_env_defaults,
+    default_artifact_location,
+    explain,
+    resolve_tracking_uri,
+)
+
+log = logging.getLogger(__name__)
+
+RunStatus = Literal["FINISHED", "FAILED", "KILLED"]
+
+
+def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested dicts become dotted keys; values become strings cut to MLflow's limit (with a warning)."""
+    out: dict[str, str] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten_params(value, name + "."))
+            continue
+        text = str(value)
+        if len(text) > MAX_PARAM_VAL_LENGTH:
+            log.warning("param %s is %d chars; MLflow keeps %d, truncating", name, len(text), MAX_PARAM_VAL_LENGTH)
+            text = text[: MAX_PARAM_VAL_LENGTH - 3] + "..."
+        out[name] = text
+    return out
+
+
+def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def _experiment_id(client: MlflowClient, name: str, artifact_location: str | None) -> str:
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        try:
+            return client.create_experiment(name, artifact_location=artifact_location)
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":  # another process created it just now
+                raise
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+    if exp.lifecycle_stage != "active":
+        raise TrackingError(
+            f"MLflow experiment '{name}' at {client.tracking_uri} is deleted: restore it "
+            f"(mlflow experiments restore --experiment-id {exp.experiment_id}) or set tracking.experiment"
+        )
+    return exp.experiment_id
+
+
+def _reopen(client: MlflowClient, run_id: str) -> None:
+    try:
+        client.get_run(run_id)
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        raise TrackingError(
+            f"MLflow run {run_id} does not exist in {client.tracking_uri}: resume with the tracking.uri that "
+            "holds it, or start a new run (run_id=None)"
+        ) from None
+    client.update_run(run_id, status="RUNNING")
+
+
+class Tracker:
+    """An open MLflow run; create it with ``Tracker.start``."""
+
+    def __init__(self, client: MlflowClient, run_id: str, experiment_id: str) -> None:
+        self._client = client
+        self.run_id = run_id
+        self.experiment_id = experiment_id
+        self.ended = False
+
+    @property
+    def tracking_uri(self) -> str:
+        return self._client.tracking_uri
+
+    @classmethod
+    def start(
+        cls,
+        cfg: TrackingConfig,
+        run_dir: str | Path,
+        run_name: str,
+        params: Mapping[str, Any] | None = None,
+        tags: Mapping[str, str] | None = None,
+        run_id: str | None = None,
+    ) -> Tracker:
+        """Open a new run (or reopen ``run_id`` when resuming) and log ``params`` (nested dicts are flattened).
+
+        Raises TrackingError naming the URI when the store or server cannot be used."""
+        uri = resolve_tracking_uri(cfg.uri, run_dir)
+        apply_http_env_defaults()
+        all_tags = {"dockflow.run_dir": str(Path(run_dir).absolute()), **{k: str(v) for k, v in (tags or {}).items()}}
+        try:
+            client = MlflowClient(tracking_uri=uri)
+        except Exception as exc:
+            raise TrackingError(
+                f"tracking.uri '{uri}' cannot be used ({str(exc).strip().splitlines()[0][:300]}): use "
+                "http(s)://host:port, sqlite:///path/to/mlflow.db, or null for a local store in the run directory"
+            ) from exc
+        try:
+            exp_id = _experiment_id(client, cfg.experiment, default_artifact_location(uri))
+            if run_id is None:
+                run = client.create_run(exp_id, run_name=run_name, tags=all_tags)
+                run_id = run.info.run_id
+            else:
+                _reopen(client, run_id)
+        except TrackingError:
+            raise
+        except Exception as exc:  # MLflow wraps connection errors inconsistently (MlflowException, requests, OSError)
+            raise explain(uri, exc) from exc
+        tracker = cls(client, run_id, exp_id)
+        if params:
+            tracker.log_params(params)
+        return tracker
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            err = explain(self.tracking_uri, exc)
+            raise TrackingError(f"{what} for run {self.run_id}: {err}") from exc
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        """Log params in batches. Params already on the run (when resuming) are kept: MLflow cannot change them,
+        so a changed value is a warning and the old one stays."""
+        flat = flatten_params(params)
+        existing = self._call("reading params", self._client.get_run, self.run_id).data.params
+        for key in sorted(k for k in flat if k in existing and existing[k] != flat[k]):
+            log.warning("param %s changed (%r -> %r) but MLflow params are immutable; keeping the old value",
+                        key, existing[key], flat[key])
+        todo = [Param(k, v) for k, v in flat.items() if k not in existing]
+        for batch in _chunks(todo, MAX_PARAMS_TAGS_PER_BATCH):
+            self._call("logging params", self._client.log_batch, self.run_id, params=batch)
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        batch = [RunTag(k, str(v)) for k, v in tags.items()]
+        for chunk in _chunks(batch, MAX_PARAMS_TAGS_PER_BATCH):
+            self._call("setting tags", self._client.log_batch, self.run_id, tags=chunk)
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> int:
+        """Log scalar metrics at ``step``; non-finite values are skipped with a warning. Returns the number logged."""
+        now = int(time.time() * 1000)
+        batch = []
+        for key, value in metrics.items():
+            try:
+                x = float(value)
+            except (TypeError, ValueError):
+                raise TypeError(f"metric {key!r} must be a number, got {type(value).__name__}") from None
+            if not math.isfinite(x):
+                log.warning("metric %s is %s at step %d; not logged", key, x, step)
+                continue
+            batch.append(Metric(key, x, now, int(step)))
+        for chunk in _chunks(batch, MAX_METRICS_PER_BATCH):
+            self._call("logging metrics", self._client.log_batch, self.run_id, metrics=chunk)
+        return len(batch)
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        """Upload a file (or a directory's files) into the run's artifacts, under ``artifact_path``."""
+        p = Path(path)
+        if not p.exists():
+            raise TrackingError(f"artifact {p} does not exist: write it before logging it")
+        fn = self._client.log_artifacts if p.is_dir() else self._client.log_artifact
+        self._call(f"logging artifact {p}", fn, self.run_id, str(p), artifact_path)
+
+    def log_dict(self, data: Mapping[str, Any], artifact_file: str) -> None:
+        """Store a dict as a JSON (``.json``) or YAML (``.yaml``) artifact."""
+        self._call(f"logging {artifact_file}", self._client.log_dict, self.run_id, dict(data), artifact_file)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self._call(f"logging {artifact_file}", self._client.log_text, self.run_id, text, artifact_file)
+
+    def metric_history(self, key: str) -> list[tuple[int, float]]:
+        """``[(step, value), ...]`` of one metric of this run, by step."""
+        return read_metric_history(self.tracking_uri, self.run_id, key)
+
+    def end(self, status: RunStatus = "FINISHED") -> None:
+        """Mark the run ended; later calls do nothing."""
+        if self.ended:
+            return
+        self._call("ending the run", self._client.set_terminated, self.run_id, status)
+        self.ended = True
+
+    def __enter__(self) -> Tracker:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None:
+            status: RunStatus = "FINISHED"
+        elif issubclass(exc_type, KeyboardInterrupt):
+            status = "KILLED"
+        else:
+            status = "FAILED"
+        try:
+            self.end(status)
+        except TrackingError as err:
+            if exc_type is None:
+                raise
+            log.warning("could not mark run %s %s: %s", self.run_id, status, err)
+
+
+def read_metric_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
+    """``[(step, value), ...]`` of metric ``key`` of run ``run_id`` in the store at ``uri``, sorted by step."""
+    apply_http_env_defaults()
+    try:
+        hist = MlflowClient(tracking_uri=uri).get_metric_history(run_id, key)
+    except Exception as exc:
+        raise explain(uri, exc) from exc
+    return [(m.step, m.value) for m in sorted(hist, key=lambda m: (m.step, m.timestamp))]

@@ -1,0 +1,86 @@
+"""Where MLflow data goes: resolve the tracking URI, bound HTTP waits, and word the errors.
+
+``tracking.uri: null`` means a SQLite store in the run directory (``sqlite:///<run_dir>/mlflow.db``, artifacts in
+``<run_dir>/mlartifacts``). MLflow 3.17 refuses its file store (``./mlruns``) unless
+``MLFLOW_ALLOW_FILE_STORE=true``, so SQLite is the local default. View it with
+``mlflow ui --backend-store-uri sqlite:///<run_dir>/mlflow.db``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from mlflow.exceptions import MlflowException
+
+# HTTP bounds for a tracking server, applied when the user has not set them: an unreachable server fails in
+# seconds instead of MLflow's default of minutes (120 s timeout, 7 retries with exponential backoff).
+HTTP_ENV_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+}
+
+# MLflow error codes that mean "could not get through" rather than "the request itself is wrong".
+_TRANSPORT_CODES = {"INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED"}
+
+
+class TrackingError(RuntimeError):
+    """MLflow tracking failed; the message names the tracking URI and what to do."""
+
+
+def resolve_tracking_uri(uri: str | None, run_dir: str | Path) -> str:
+    """The configured URI, or the local SQLite store of the run directory (created if needed)."""
+    if uri:
+        return uri
+    run_dir = Path(run_dir).absolute()
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TrackingError(
+            f"cannot create run directory '{run_dir}' for the local MLflow store ({exc}): "
+            "set run.output_dir to a writable directory, or tracking.uri to a tracking server"
+        ) from None
+    return f"sqlite:///{run_dir / 'mlflow.db'}"
+
+
+def default_artifact_location(uri: str) -> str | None:
+    """For a SQLite store, artifacts live beside the database; other stores choose their own."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    db = Path(uri[len("sqlite:///") :])
+    return (db.parent / "mlartifacts").absolute().as_uri()
+
+
+def is_remote(uri: str) -> bool:
+    return uri.startswith(("http://", "https://"))
+
+
+def apply_http_env_defaults() -> None:
+    """Bound MLflow's HTTP waits unless the user set these variables (MLflow reads them per request)."""
+    for key, value in HTTP_ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
+def explain(uri: str, exc: BaseException) -> TrackingError:
+    """A TrackingError that names the URI, MLflow's reason (first line) and what to do."""
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if len(reason) > 400:
+        reason = reason[:400] + "..."
+    if isinstance(exc, MlflowException) and exc.error_code not in _TRANSPORT_CODES:
+        return TrackingError(
+            f"MLflow at {uri} rejected the request ({exc.error_code}: {reason}): fix the value it names "
+            "(MLflow limits key names, lengths and batch sizes)"
+        )
+    if is_remote(uri):
+        timeout = os.environ.get("MLFLOW_HTTP_REQUEST_TIMEOUT", "?")
+        retries = os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "?")
+        return TrackingError(
+            f"MLflow tracking server {uri} failed ({reason}; timeout {timeout}s, {retries} retries): "
+            f"check that the server is running and reachable (curl {uri}/health), fix tracking.uri, "
+            "or set tracking.uri: null to use a local store in the run directory"
+        )
+    return TrackingError(
+        f"MLflow store {uri} failed ({reason}): check that its path is writable and was not created by a "
+        "newer MLflow, or set tracking.uri to another store or a tracking server"
+    )

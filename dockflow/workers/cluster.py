@@ -1,0 +1,42 @@
+"""Connect to a Ray cluster, or start the embedded local one (auth disabled, no dashboard)."""
+
+from __future__ import annotations
+
+import os
+
+from dockflow.config import RayConfig
+
+
+class ClusterError(RuntimeError):
+    """Ray could not be started or reached; the message says which address and what to do."""
+
+
+def connect(cfg: RayConfig, namespace: str) -> None:
+    """``ray.init`` for this run: join ``cfg.address`` when set, else start a local cluster."""
+    # Ray 2.60 turns token auth on by default; the embedded local cluster runs without it.
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import ray
+
+    if ray.is_initialized():
+        return
+    kwargs: dict = {"namespace": namespace, "log_to_driver": True, "include_dashboard": False}
+    if cfg.address:
+        kwargs.pop("include_dashboard")
+        try:
+            ray.init(address=cfg.address, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - Ray raises several types for an unreachable head
+            raise ClusterError(
+                f"cannot reach the Ray cluster at ray.address={cfg.address!r}: {exc}. "
+                "Check the address (ray://host:10001 or host:6379), or set ray.address: null to start a local one."
+            ) from None
+        return
+    ray.init(num_cpus=cfg.num_cpus, **kwargs)
+
+
+def disconnect() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()

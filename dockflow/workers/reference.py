@@ -1,0 +1,37 @@
+"""The reference worker: a frozen copy of the starting policy that scores responses for the KL penalty."""
+
+from __future__ import annotations
+
+import time
+
+from tensordict import TensorDict
+
+from dockflow.config import Config
+from dockflow.dock import TransferDock
+from dockflow.engines import batched_log_probs
+from dockflow.models import load_model_and_tokenizer
+from dockflow.workers.consume import consume
+from dockflow.workers.runtime import init_worker_process
+
+
+class ReferenceWorker:
+    """Reads rollouts from the dock, writes ``ref_log_prob``."""
+
+    def __init__(self, cfg: Config, model_dir: str, dock: TransferDock):
+        init_worker_process(cfg.ray.torch_threads, cfg.run.seed)
+        self.cfg = cfg
+        self.dock = dock
+        self.model, _ = load_model_and_tokenizer(model_dir, dtype=cfg.model.dtype)
+        self.model.requires_grad_(False)
+
+    def ready(self) -> bool:
+        return True
+
+    def compute_ref_log_prob(self, iteration: int) -> dict[str, float]:
+        start = time.perf_counter()
+        cols = ["input_ids", "attention_mask", "responses"]
+        bs = self.cfg.train.infer_batch_size
+        for batch in consume(self.dock, "ref_infer", cols, self.cfg.global_batch, bs):
+            logp = batched_log_probs(self.model, batch.data, bs, self.cfg.rollout.temperature)
+            self.dock.put(batch.indices, TensorDict({"ref_log_prob": logp}, batch_size=[len(batch)]))
+        return {"timing/ref_log_prob_s": time.perf_counter() - start}

@@ -1,0 +1,97 @@
+"""ControllerState bookkeeping: readiness, lowest-first takes, whole groups, impossible requests, reset."""
+
+import numpy as np
+import pytest
+
+from dockflow.dock.api import DockInvalid
+from dockflow.dock.controller import ControllerState
+
+COLUMNS = ["prompts", "responses", "rewards"]
+
+
+def state(capacity: int = 16, group_size: int = 4, columns=("responses",)) -> ControllerState:
+    return ControllerState("reward", COLUMNS, capacity, group_size, list(columns))
+
+
+def test_take_returns_lowest_ready_ascending_and_marks_consumed():
+    s = state()
+    s.mark_ready(np.array([9, 3, 5, 1]), ["responses"])
+    assert s.take(3, ["responses"]).tolist() == [1, 3, 5]
+    assert s.take(2, ["responses"]) is None  # only 9 left
+    s.mark_ready(np.array([0]), ["responses"])
+    assert s.take(2, ["responses"]).tolist() == [0, 9]
+    assert s.consumed.sum() == 5
+
+
+def test_take_needs_every_requested_column():
+    s = state()
+    s.mark_ready(np.arange(4), ["responses"])
+    s.mark_ready(np.array([2, 3]), ["rewards"])
+    assert s.take(3, ["responses", "rewards"]) is None
+    assert s.take(2, ["responses", "rewards"]).tolist() == [2, 3]
+    assert s.take(2, ["responses"]).tolist() == [0, 1]
+
+
+def test_whole_groups_only_returns_complete_untouched_groups():
+    s = state()
+    s.mark_ready(np.array([0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11]), ["responses"])  # group 0 lacks 3
+    assert s.take(8, ["responses"], whole_groups=True).tolist() == list(range(4, 12))
+    assert s.take(4, ["responses"], whole_groups=True) is None
+    s.mark_ready(np.array([3]), ["responses"])
+    assert s.take(4, ["responses"], whole_groups=True).tolist() == [0, 1, 2, 3]
+
+
+def test_partly_consumed_group_is_never_returned_whole():
+    s = state()
+    s.mark_ready(np.arange(8), ["responses"])
+    assert s.take(1, ["responses"]).tolist() == [0]
+    assert s.take(4, ["responses"], whole_groups=True).tolist() == [4, 5, 6, 7]
+    with pytest.raises(DockInvalid, match="can never arrive"):
+        s.validate(12, ["responses"], whole_groups=True)  # groups 1-3 are untouched: 12 samples
+
+
+def test_validate_rejects_impossible_requests():
+    s = state()
+    with pytest.raises(DockInvalid, match="multiple of group_size"):
+        s.validate(6, ["responses"], whole_groups=True)
+    with pytest.raises(DockInvalid, match="unknown columns"):
+        s.validate(2, ["logits"], whole_groups=False)
+    with pytest.raises(DockInvalid, match="positive"):
+        s.validate(0, ["responses"], whole_groups=False)
+    s.mark_ready(np.arange(10), ["responses"])
+    s.take(10, ["responses"])
+    s.validate(6, ["responses"], whole_groups=False)
+    with pytest.raises(DockInvalid, match="only 6 .* never arrive"):
+        s.validate(7, ["responses"], whole_groups=False)
+
+
+def test_readiness_names_missing_columns_and_counts():
+    s = state()
+    s.mark_ready(np.arange(6), ["responses"])
+    s.mark_ready(np.arange(2), ["rewards"])
+    s.take(1, ["responses", "rewards"])
+    r = s.readiness(4, ["responses", "rewards"], whole_groups=False)
+    assert (r.ready, r.consumed) == (1, 1)
+    assert r.missing == {"responses": 10, "rewards": 14}
+    message = r.message(2.0)
+    assert "'reward'" in message and "rewards (missing for 14)" in message and "only 1 samples" in message
+
+
+def test_metadata_defaults_updates_and_reset_keep():
+    s = state()
+    assert s.meta.take(np.array([0, 5]))["prompt_id"].tolist() == [0, 1]
+    s.mark_ready(np.array([5, 6]), ["responses"], {"response_length": np.array([7, 9]), "policy_version": np.array([2, 2])})
+    taken = s.meta.take(np.array([5, 6]))
+    assert taken["response_length"].tolist() == [7, 9] and taken["policy_version"].tolist() == [2, 2]
+    s.take(2, ["responses"])
+    s.reset(np.array([6]))
+    assert not s.consumed.any()
+    assert np.flatnonzero(s.ready["responses"]).tolist() == [6]
+    kept = s.meta.take(np.array([5, 6]))
+    assert kept["response_length"].tolist() == [-1, 9]
+    assert kept["age"].tolist() == [0, 1]
+
+
+def test_capacity_must_hold_whole_groups():
+    with pytest.raises(DockInvalid):
+        ControllerState("x", COLUMNS, 10, 4)

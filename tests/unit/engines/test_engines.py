@@ -1,0 +1,83 @@
+"""Generation layout, log-prob consistency and the training step of the CPU engines, on a tiny model."""
+
+import pytest
+import torch
+
+from dockflow.config import Config
+from dockflow.engines import SamplingParams, create_engines, first_eos_mask
+from dockflow.engines.logprobs import position_ids_from_mask
+from dockflow.models import build_char_tokenizer, build_tiny_model
+
+PROMPTS = ["What is 12 + 7?\nAnswer: ", "What is 3 - 45?\nAnswer: ", "What is 1 + 1?\nAnswer: "]
+
+
+@pytest.fixture(scope="module")
+def engines():
+    cfg = Config()
+    tok = build_char_tokenizer()
+    model = build_tiny_model(cfg.model.tiny, tok, seed=0)
+    return (*create_engines(cfg, model, tok), tok)
+
+
+def test_first_eos_mask_by_hand():
+    tokens = torch.tensor([[5, 2, 9, 9], [5, 6, 7, 8], [2, 9, 2, 9]])
+    assert first_eos_mask(tokens, eos_id=2).tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+
+
+def test_rollout_layout(engines):
+    _, gen, tok = engines
+    out = gen.generate(PROMPTS, SamplingParams(max_new_tokens=6, n=4), seed=3, prompt_width=30)
+    assert out.batch_size[0] == 12
+    assert out["input_ids"].shape == (12, 36) and out["responses"].shape == (12, 6)
+    mask = out["response_mask"]
+    assert torch.equal(out["input_ids"][:, 30:], out["responses"])
+    assert torch.equal(out["attention_mask"][:, 30:], mask)
+    assert torch.equal(out["response_length"], mask.sum(-1))
+    # masked-out response positions hold padding; masks are a prefix of ones
+    assert (out["responses"][mask == 0] == tok.pad_token_id).all()
+    assert (mask[:, 1:] <= mask[:, :-1]).all()
+    # the group layout: rows 0..3 share prompt 0
+    assert torch.equal(out["input_ids"][0, :30], out["input_ids"][3, :30])
+
+
+def test_sampling_is_seeded(engines):
+    _, gen, _ = engines
+    p = SamplingParams(max_new_tokens=6, n=4)
+    a, b, c = (gen.generate(PROMPTS, p, seed=s) for s in (1, 1, 2))
+    assert torch.equal(a["responses"], b["responses"])
+    assert not torch.equal(a["responses"], c["responses"])
+
+
+def test_log_probs_match_greedy_choice(engines):
+    train, gen, _ = engines
+    out = gen.generate(PROMPTS, SamplingParams(max_new_tokens=6, greedy=True), seed=0)
+    model = train.model
+    with torch.no_grad():
+        logits = model(
+            input_ids=out["input_ids"],
+            attention_mask=out["attention_mask"],
+            position_ids=position_ids_from_mask(out["attention_mask"]),
+        ).logits[:, -7:-1]
+    best = logits.log_softmax(-1).max(-1).values
+    lp = train.log_probs(out)
+    m = out["response_mask"].bool()
+    assert torch.allclose(lp[m], best[m], atol=1e-5)
+
+
+def test_train_step_changes_parameters_and_accumulates(engines):
+    train, gen, _ = engines
+    out = gen.generate(PROMPTS, SamplingParams(max_new_tokens=6, n=4), seed=5)
+    out["old_log_prob"] = train.log_probs(out)
+    out["advantages"] = torch.randn(12)
+    before = {n: p.detach().clone() for n, p in train.model.named_parameters()}
+
+    def loss_fn(logp, micro, tokens):
+        from dockflow.algos import clipped_policy_loss
+
+        res = clipped_policy_loss(logp, micro["old_log_prob"], micro["advantages"], micro["response_mask"], token_denom=tokens)
+        return res.loss, {"pg": float(res.pg_loss)}
+
+    metrics = train.train_mini_batch(out, loss_fn, micro_batch_size=4)
+    assert metrics["grad_norm"] > 0
+    changed = [n for n, p in train.model.named_parameters() if not torch.equal(p, before[n])]
+    assert len(changed) == len(before)

@@ -1,0 +1,113 @@
+"""SFT warm start on a very small budget: it learns, early-stops, caches, and reuses the cache."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from dockflow.config import Config, load_config
+from dockflow.data import Example
+from dockflow.models import build_tiny_model, load_model_and_tokenizer
+from dockflow.models.evaluation import greedy_accuracy, greedy_responses
+from dockflow.models.sft import encode_sft_batch, sft_cache_key, sft_warm_start, train_sft
+
+SMALL = [
+    "model.tiny.hidden_size=32",
+    "model.tiny.num_layers=2",
+    "model.tiny.num_heads=2",
+    "model.tiny.num_kv_heads=1",
+    "model.tiny.intermediate_size=64",
+    "data.arithmetic.digits=1",
+    "data.arithmetic.num_train=40",
+    "data.arithmetic.num_labeled=8",
+    "data.arithmetic.num_val=8",
+    "data.arithmetic.num_test=8",
+    "rollout.max_new_tokens=4",
+]
+
+
+def _cfg(tmp_path: Path, *extra: str) -> Config:
+    return load_config(None, [*SMALL, f"sft.cache_dir={tmp_path / 'cache'}", *extra])
+
+
+def test_labels_cover_only_answer_and_eos(char_tok) -> None:
+    batch = encode_sft_batch(char_tok, [Example("What is 1 + 2?", "3"), Example("Hi?", "-10")], "Q: {prompt}")
+    ids, labels, mask = batch["input_ids"], batch["labels"], batch["attention_mask"]
+    assert ids.shape == labels.shape == mask.shape
+    first = labels[0][labels[0] != -100].tolist()
+    assert char_tok.decode(first[:-1]) == "3" and first[-1] == char_tok.eos_token_id
+    second = labels[1][labels[1] != -100].tolist()
+    assert char_tok.decode(second[:-1]) == "-10"
+    assert mask[1].tolist()[-1] == 0 and ids[1].tolist()[-1] == char_tok.pad_token_id  # right-padded
+
+
+def test_training_lowers_loss_and_reaches_full_train_accuracy(tmp_path: Path, micro_cfg, char_tok) -> None:
+    cfg = _cfg(tmp_path, "sft.lr=0.02", "sft.batch_size=4", "sft.max_epochs=40", "sft.eval_every_epochs=10")
+    examples = [Example(f"What is {a} + {b}?", str(a + b)) for a, b in [(1, 2), (3, 4), (5, 0), (2, 2)]]
+    model = build_tiny_model(micro_cfg, char_tok, seed=0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    acc, history = train_sft(cfg, model, char_tok, examples, examples)
+    losses = [h["loss"] for h in history[1:]]
+    assert losses[-1] < 0.5 * losses[0]
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert acc == 1.0 == greedy_accuracy(model, char_tok, examples, 2, 4, cfg.data.prompt_template)
+    wrong = [Example(e.prompt, str(int(e.answer) + 1)) for e in examples]
+    assert greedy_accuracy(model, char_tok, wrong, 3, 4, cfg.data.prompt_template) == 0.0
+    prompts = [e.prompt for e in examples]
+    batched = greedy_responses(model, char_tok, prompts, batch_size=4, max_new_tokens=4)
+    assert batched == [greedy_responses(model, char_tok, [p], 1, 4)[0] for p in prompts]
+    assert batched == [e.answer for e in examples]
+
+
+def test_early_stop_keeps_best_weights(tmp_path: Path, micro_cfg, char_tok) -> None:
+    cfg = _cfg(tmp_path, "sft.lr=0.0", "sft.max_epochs=50", "sft.eval_every_epochs=1", "sft.patience=2")
+    examples = [Example("What is 1 + 2?", "3")]
+    model = build_tiny_model(micro_cfg, char_tok, seed=0)
+    _, history = train_sft(cfg, model, char_tok, examples, examples)
+    assert [h["epoch"] for h in history] == [0, 1, 2]  # lr 0 never improves: stop after patience=2
+
+
+def test_warm_start_caches_and_second_call_hits(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, "sft.max_epochs=2", "sft.eval_every_epochs=1", "sft.batch_size=4")
+    first = sft_warm_start(cfg, tmp_path / "run1")
+    assert not first.cached and first.model_dir.parent == tmp_path / "cache"
+    assert [h["epoch"] for h in first.history] == [0, 1, 2]
+    assert json.loads((tmp_path / "run1" / "sft.json").read_text())["cached"] is False
+    model, tok = load_model_and_tokenizer(first.model_dir)
+    assert model.config.hidden_size == 32
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [first.model_dir.name]  # no temp dirs
+
+    mtime = (first.model_dir / "model.safetensors").stat().st_mtime_ns
+    second = sft_warm_start(cfg, tmp_path / "run2")
+    assert second.cached and second.model_dir == first.model_dir
+    assert (second.val_accuracy, second.history) == (first.val_accuracy, first.history)
+    assert (first.model_dir / "model.safetensors").stat().st_mtime_ns == mtime
+
+
+def test_cache_key_covers_inputs(tmp_path: Path) -> None:
+    base = sft_cache_key(_cfg(tmp_path))
+    assert sft_cache_key(_cfg(tmp_path)) == base
+    assert sft_cache_key(load_config(None, [*SMALL, "sft.cache_dir=/elsewhere"])) == base
+    changes = (
+        "run.seed=1",
+        "sft.lr=0.5",
+        "data.prompt_template='Q: {prompt}'",
+        "model.tiny.num_layers=3",
+        "data.arithmetic.num_labeled=4",
+        "rollout.max_new_tokens=5",
+    )
+    for change in changes:
+        assert sft_cache_key(_cfg(tmp_path, change)) != base, change
+
+
+@pytest.mark.parametrize("content", ['{"prompt": "a?", "answer": 1}\n', '{"prompt": "a?", "answer": 2}\n'])
+def test_cache_key_covers_file_contents(tmp_path: Path, content: str) -> None:
+    train = tmp_path / "train.jsonl"
+    train.write_text('{"prompt": "a?", "answer": 1}\n')
+    files = ["data.source=file", f"data.train_path={train}", f"data.test_path={train}"]
+    before = sft_cache_key(_cfg(tmp_path, *files))
+    train.write_text(content)
+    assert (sft_cache_key(_cfg(tmp_path, *files)) == before) == ("1" in content)

@@ -1,0 +1,81 @@
+"""Config loading: the example YAML is complete, overrides apply, bad keys and values name themselves."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dockflow.config import Config, ConfigError, load_config, parse_overrides
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "configs" / "grpo_arith.yaml"
+
+
+def test_example_config_loads_and_is_headed_by_its_command():
+    cfg = load_config(EXAMPLE)
+    assert cfg.global_batch == cfg.rollout.prompts_per_iter * cfg.rollout.group_size
+    assert EXAMPLE.read_text().startswith("# Run: dockflow train configs/grpo_arith.yaml")
+
+
+def test_example_yaml_writes_every_key():
+    raw = yaml.safe_load(EXAMPLE.read_text())
+    written = set(Config.model_validate(raw).flat())
+    flat_raw = set()
+
+    def walk(d, prefix=""):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+            else:
+                flat_raw.add(prefix + k)
+
+    walk(raw)
+    assert written == flat_raw, f"keys missing from the example YAML: {sorted(written - flat_raw)}"
+
+
+def test_overrides_are_typed_and_nested():
+    cfg = load_config(EXAMPLE, ["train.iterations=7", "rollout.temperature=0.5", "data.arithmetic.ops=[+]"])
+    assert cfg.train.iterations == 7 and cfg.rollout.temperature == 0.5 and cfg.data.arithmetic.ops == ["+"]
+    assert parse_overrides(["a.b=null"]) == {"a": {"b": None}}
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("train.iteratons=3", "unknown config key 'train.iteratons' (did you mean 'train.iterations'?)"),
+        ("rolout.temperature=1", "unknown config key 'rolout' (did you mean 'rollout'?)"),
+        ("rollout.temperature=-1", "invalid value for 'rollout.temperature'"),
+        ("train.iterations=many", "invalid value for 'train.iterations'"),
+        ("noequals", "not of the form section.key=value"),
+        ("train.micro_batch_size=3", "micro_batch_size=3 must divide"),
+    ],
+)
+def test_bad_overrides_name_the_key(override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(EXAMPLE, [override])
+    assert message in str(err.value)
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("run: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_cli_exits_nonzero_with_one_line():
+    proc = subprocess.run(
+        [sys.executable, "-m", "dockflow.cli", "train", str(EXAMPLE), "train.iteratons=3"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "dockflow train: error: unknown config key 'train.iteratons' (did you mean 'train.iterations'?)"
+    ]

@@ -1,0 +1,118 @@
+"""Tracker against the local SQLite store: params, metrics, artifacts, run status, resume, errors."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import mlflow
+import pytest
+from mlflow.tracking import MlflowClient
+
+from dockflow.config import TrackingConfig
+from dockflow.tracking import Tracker, TrackingError, read_metric_history
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Tracker]:
+    """One run in the default store (creating a SQLite store costs seconds, so the module shares it)."""
+    run_dir = tmp_path_factory.mktemp("run")
+    tracker = Tracker.start(TrackingConfig(), run_dir, "unit", params={"run": {"seed": 3}}, tags={"kind": "unit"})
+    yield run_dir, tracker
+    tracker.end()
+
+
+def test_default_store_is_sqlite_in_run_dir(default_run: tuple[Path, Tracker]) -> None:
+    run_dir, tracker = default_run
+    assert tracker.tracking_uri == f"sqlite:///{run_dir.absolute() / 'mlflow.db'}"
+    assert (run_dir / "mlflow.db").is_file()
+    run = MlflowClient(tracker.tracking_uri).get_run(tracker.run_id)
+    assert run.info.run_name == "unit" and run.info.status == "RUNNING"
+    assert run.data.params["run.seed"] == "3"
+    assert run.data.tags["kind"] == "unit"
+    (run_dir / "curves.png").write_bytes(b"\x89PNG fake")
+    tracker.log_artifact(run_dir / "curves.png")
+    tracker.log_dict({"accuracy": 0.5}, "summary.json")
+    tracker.log_text("hello", "notes/hello.txt")
+    art = run_dir / "mlartifacts" / tracker.run_id / "artifacts"
+    assert (art / "curves.png").read_bytes() == b"\x89PNG fake"
+    assert (art / "summary.json").read_text().strip().startswith("{")
+    assert (art / "notes" / "hello.txt").read_text() == "hello"
+    with pytest.raises(TrackingError, match="does not exist"):
+        tracker.log_artifact(run_dir / "missing.png")
+
+
+def test_params_in_batches_and_truncated(default_run: tuple[Path, Tracker], caplog: pytest.LogCaptureFixture) -> None:
+    run_dir, first = default_run
+    params = {f"section{i // 50}.key{i}": i for i in range(250)}  # more than one 100-param batch
+    params["long"] = "x" * 7000
+    cfg = TrackingConfig(uri=first.tracking_uri)
+    with caplog.at_level(logging.WARNING), Tracker.start(cfg, run_dir, "p", params) as tr:
+        got = MlflowClient(tr.tracking_uri).get_run(tr.run_id).data.params
+    assert len(got) == 251
+    assert got["section4.key249"] == "249"
+    assert len(got["long"]) == 6000 and got["long"].endswith("...")
+    assert "truncating" in caplog.text
+
+
+def test_metrics_skip_non_finite(default_run: tuple[Path, Tracker], caplog: pytest.LogCaptureFixture) -> None:
+    _, tracker = default_run
+    with caplog.at_level(logging.WARNING):
+        assert tracker.log_metrics({"train/reward_mean": 0.25, "train/loss": float("nan")}, step=1) == 1
+        assert tracker.log_metrics({"train/reward_mean": 0.5, "timing/iter_s": float("inf")}, step=2) == 1
+    assert "train/loss is nan at step 1" in caplog.text and "timing/iter_s is inf" in caplog.text
+    assert tracker.metric_history("train/reward_mean") == [(1, 0.25), (2, 0.5)]
+    assert read_metric_history(tracker.tracking_uri, tracker.run_id, "train/loss") == []
+    with pytest.raises(TypeError, match="'train/x' must be a number"):
+        tracker.log_metrics({"train/x": "high"}, step=3)
+
+
+def test_trackers_coexist_without_global_state(default_run: tuple[Path, Tracker]) -> None:
+    run_dir, first = default_run
+    cfg = TrackingConfig(uri=first.tracking_uri)
+    a = Tracker.start(cfg, run_dir, "a")
+    with pytest.raises(RuntimeError, match="boom"), Tracker.start(cfg, run_dir, "b") as b:
+        a.log_metrics({"eval/accuracy": 0.1}, step=0)
+        b.log_metrics({"eval/accuracy": 0.9}, step=0)
+        raise RuntimeError("boom")
+    a.end()
+    a.end()  # a second end is a no-op
+    assert mlflow.active_run() is None
+    client = MlflowClient(first.tracking_uri)
+    assert a.run_id != b.run_id
+    assert client.get_run(a.run_id).info.status == "FINISHED"
+    assert client.get_run(b.run_id).info.status == "FAILED"
+    assert client.get_run(b.run_id).data.metrics["eval/accuracy"] == 0.9
+
+
+def test_resume_reopens_run(default_run: tuple[Path, Tracker], caplog: pytest.LogCaptureFixture) -> None:
+    run_dir, first = default_run
+    cfg = TrackingConfig(uri=first.tracking_uri)
+    with Tracker.start(cfg, run_dir, "r", params={"train.lr": 0.1}) as tr:
+        tr.log_metrics({"train/reward_mean": 1.0}, step=1)
+    resumed = Tracker.start(cfg, run_dir, "r", params={"train.lr": 0.2, "new": 1}, run_id=tr.run_id)
+    with caplog.at_level(logging.WARNING), resumed as again:
+        assert MlflowClient(cfg.uri).get_run(again.run_id).info.status == "RUNNING"
+        again.log_metrics({"train/reward_mean": 2.0}, step=2)
+    assert "train.lr changed" in caplog.text
+    run = MlflowClient(cfg.uri).get_run(tr.run_id)
+    assert run.data.params["train.lr"] == "0.1" and run.data.params["new"] == "1"
+    assert again.metric_history("train/reward_mean") == [(1, 1.0), (2, 2.0)]
+    assert run.info.status == "FINISHED"
+
+
+def test_bad_uri_errors_name_the_uri(tmp_path: Path) -> None:
+    with pytest.raises(TrackingError, match=r"tracking.uri 'nosuch://x' cannot be used .*use http"):
+        Tracker.start(TrackingConfig(uri="nosuch://x"), tmp_path, "bad")
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(TrackingError, match=r"cannot create run directory .*a_file/run"):
+        Tracker.start(TrackingConfig(), blocker / "run", "bad")
+
+
+def test_rejected_requests_name_the_problem(default_run: tuple[Path, Tracker]) -> None:
+    run_dir, tracker = default_run
+    with pytest.raises(TrackingError, match=r"logging metrics for run \w+: MLflow at sqlite.* rejected the request"):
+        tracker.log_metrics({"train/bad key!": 1.0}, step=0)
+    with pytest.raises(TrackingError, match="run 0123abcd does not exist in sqlite"):
+        Tracker.start(TrackingConfig(uri=tracker.tracking_uri), run_dir, "r", run_id="0123abcd")
