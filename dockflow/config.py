@@ -75,11 +75,11 @@ class ModelConfig(_Section):
 
 class SFTConfig(_Section):
     enabled: bool = Field(True, description="Warm-start the policy with SFT on the labeled subset first.")
-    lr: float = Field(1e-3, description="SFT learning rate.")
-    batch_size: int = Field(64, description="SFT batch size.")
-    max_epochs: int = Field(200, description="Upper bound on SFT epochs.")
-    eval_every_epochs: int = Field(5, description="Validate every this many epochs.")
-    patience: int = Field(4, description="Stop after this many validations without a new best accuracy.")
+    lr: float = Field(1e-3, ge=0.0, description="SFT learning rate (AdamW, no weight decay).")
+    batch_size: int = Field(16, ge=1, description="SFT batch size.")
+    max_epochs: int = Field(150, ge=0, description="Upper bound on SFT epochs.")
+    eval_every_epochs: int = Field(2, ge=1, description="Validate every this many epochs.")
+    patience: int = Field(6, ge=1, description="Stop after this many validations without a new best accuracy.")
     cache_dir: str = Field("runs/cache", description="SFT results are cached here, keyed by everything they depend on.")
 
 

@@ -107,6 +107,7 @@ class WarehouseActor:
         self.shape_keeper = shape_keeper  # warehouse 0 decides per-sample shapes for all; None on itself
         self.claimed: dict[str, tuple[int, ...]] = {}
         self.controllers: dict[str, Any] = {}
+        self.interests: dict[str, set[str]] = {}  # consumer -> the columns it registered
         self.bytes_by_peer: dict[str, int] = defaultdict(int)
         self.meta_bytes_out = 0
 
@@ -122,7 +123,7 @@ class WarehouseActor:
             self.claimed.setdefault(column, tuple(shape))
         return {c: self.claimed[c] for c in shapes}
 
-    async def add_controller(self, consumer: str, controller: Any) -> None:
+    async def add_controller(self, consumer: str, controller: Any, columns: Sequence[str]) -> None:
         """Send the new controller what is already ready, then include it in every later notification."""
         if consumer in self.controllers:
             return
@@ -130,6 +131,7 @@ class WarehouseActor:
         refs = [controller.mark_ready.remote(self.store.owned, [], meta)]
         refs += [controller.mark_ready.remote(idx, [c], None) for c, idx in ready.items() if len(idx)]
         self.controllers[consumer] = controller  # same event-loop step: no put can slip in between
+        self.interests[consumer] = set(columns)
         await self._notified(refs, [consumer] * len(refs))
 
     async def consumers(self) -> dict[str, Any]:
@@ -158,8 +160,9 @@ class WarehouseActor:
                 self.store.fix_shape(column, shape)
         self.store.write(indices, arrays, meta)
         self.bytes_by_peer[peer] += nbytes(arrays)
-        consumers = list(self.controllers)
         columns = list(arrays)
+        # Metadata goes to every controller; readiness only to those whose consumer reads these columns.
+        consumers = [c for c in self.controllers if meta or self.interests[c].intersection(columns)]
         refs = [self.controllers[c].mark_ready.remote(indices, columns, meta) for c in consumers]
         self.meta_bytes_out += len(refs) * (indices.nbytes + nbytes(meta))
         await self._notified(refs, consumers)

@@ -55,6 +55,7 @@ class DockSpec:
     warehouse_nodes: Sequence[str] | None = None  # Ray node ids, warehouse i on warehouse_nodes[i]
     rpc_timeout_s: float = 60.0  # bound on puts, reads, resets, stats
     start_timeout_s: float = 180.0  # bound on actor start-up (a new Python process per actor)
+    shard_block: int | None = None  # samples per block dealt round-robin to warehouses; None: group_size
 
     def __post_init__(self) -> None:
         if self.capacity <= 0 or self.group_size <= 0 or self.capacity % self.group_size:
@@ -70,6 +71,8 @@ class DockSpec:
                 raise DockInvalid(f"column {column!r}: dtype must be a torch.dtype, not {dtype!r}")
         if self.num_warehouses is not None and self.num_warehouses <= 0:
             raise DockInvalid(f"num_warehouses must be positive, not {self.num_warehouses}")
+        if self.shard_block is not None and (self.shard_block <= 0 or self.shard_block % self.group_size):
+            raise DockInvalid(f"shard_block ({self.shard_block}) must be a positive multiple of group_size")
         if self.warehouse_nodes is not None and self.num_warehouses not in (None, len(self.warehouse_nodes)):
             raise DockInvalid("num_warehouses and len(warehouse_nodes) disagree")
 

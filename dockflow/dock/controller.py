@@ -81,6 +81,11 @@ class ControllerState:
     def validate(self, batch_size: int, columns: Sequence[str], whole_groups: bool) -> None:
         """Reject requests that no future put can satisfy (instead of letting them hang)."""
         self._check_columns(columns)
+        unregistered = [c for c in columns if c not in self.columns]
+        if unregistered:
+            raise DockInvalid(
+                f"consumer {self.consumer!r} registered columns {list(self.columns)}, not {unregistered}"
+            )
         if batch_size <= 0:
             raise DockInvalid(f"consumer {self.consumer!r}: batch_size must be positive, not {batch_size}")
         remaining = self.capacity - int(self.consumed.sum())

@@ -35,7 +35,7 @@ class DistributedDock(TransferDock):
 
     def __init__(self, spec: DockSpec, warehouses: list[Any], warehouse_nodes: list[str]) -> None:
         self.spec = spec
-        self.shard_map = ShardMap(spec.capacity, spec.group_size, len(warehouses))
+        self.shard_map = ShardMap(spec.capacity, spec.group_size, len(warehouses), spec.shard_block or 0)
         self.warehouses = warehouses
         self.warehouse_nodes = warehouse_nodes
         self._controllers: dict[str, Any] = {}
@@ -50,7 +50,7 @@ class DistributedDock(TransferDock):
         nodes = [nodes[i % len(nodes)] for i in range(count)]
         names = [cls._warehouse_name(spec, i) for i in range(count)]
         placement.refuse_existing(names[0], spec.namespace)
-        shard_map = ShardMap(spec.capacity, spec.group_size, count)
+        shard_map = ShardMap(spec.capacity, spec.group_size, count, spec.shard_block or 0)
         dtypes = wire_dtypes(spec.columns)
         warehouses: list[Any] = []
         for i, (name, node) in enumerate(zip(names, nodes, strict=True)):
@@ -92,7 +92,7 @@ class DistributedDock(TransferDock):
         except ValueError:  # lost a race with another process registering the same consumer
             return self.register_consumer(consumer, columns, node_id)
         placement.wait_ready({name: controller.ready.remote()}, self.spec.start_timeout_s)
-        call([w.add_controller.remote(consumer, controller) for w in self.warehouses],
+        call([w.add_controller.remote(consumer, controller, list(columns)) for w in self.warehouses],
              self.spec.rpc_timeout_s, f"registering consumer {consumer!r}")
         self._controllers[consumer] = controller
         self._columns[consumer] = columns

@@ -1,7 +1,10 @@
-"""Which warehouse owns which sample: groups are dealt round-robin over the S warehouses.
+"""Which warehouse owns which sample: blocks of ``block`` samples (whole groups) are dealt round-robin over
+the S warehouses.
 
-Whole groups stay in one warehouse (a GRPO group is read from one place), and consecutive groups go to
-different warehouses, so a get of the lowest-indexed samples reads from all warehouses in parallel.
+Whole groups stay in one warehouse (a GRPO group is read from one place). With ``block == group_size``
+consecutive groups go to different warehouses, so one large get reads from all warehouses in parallel; with
+``block`` equal to the workers' micro-batch, each micro-batch put or get is served by one warehouse (fewer
+messages) while consecutive micro-batches still spread over all of them.
 """
 
 from __future__ import annotations
@@ -18,15 +21,20 @@ class ShardMap:
     capacity: int
     group_size: int
     num_shards: int
+    block: int = 0  # samples per dealt block, a multiple of group_size; 0 means group_size
+
+    @property
+    def block_size(self) -> int:
+        return self.block or self.group_size
 
     def owner(self, indices: np.ndarray) -> np.ndarray:
         """Warehouse index of each global index."""
-        return (indices // self.group_size) % self.num_shards
+        return (indices // self.block_size) % self.num_shards
 
     def local_slot(self, indices: np.ndarray) -> np.ndarray:
         """Row of each global index inside its owning warehouse."""
-        group = indices // self.group_size
-        return (group // self.num_shards) * self.group_size + indices % self.group_size
+        block = indices // self.block_size
+        return (block // self.num_shards) * self.block_size + indices % self.block_size
 
     def owned(self, shard: int) -> np.ndarray:
         """All global indices a warehouse owns, ascending."""

@@ -2,7 +2,7 @@
 
 Teacher forcing on ``task.labeled`` (loss on the answer tokens and EOS only), greedy accuracy on
 ``task.val`` every ``sft.eval_every_epochs`` epochs, early stop after ``sft.patience`` validations
-without a new best, keep the best weights. The result is an HF model directory in
+without a new best (or at 100%), keep the best weights. The result is an HF model directory in
 ``sft.cache_dir/<key>``, where the key hashes everything the result depends on (model, data, template,
 SFT settings, seed, response length, file contents); a later call with the same inputs returns it at
 once (``cached=True``). The directory is written to a temp dir and renamed, so a crash never leaves a
@@ -163,6 +163,8 @@ def train_sft(
         )
         if acc > best_acc:
             best_acc, best_state, bad = acc, copy.deepcopy(model.state_dict()), 0
+            if acc >= 1.0:  # nothing left to improve
+                break
         else:
             bad += 1
             if bad >= s.patience:
@@ -214,7 +216,8 @@ def main(argv: list[str] | None = None) -> None:
         model, tokenizer, test, cfg.eval.batch_size, cfg.rollout.max_new_tokens, cfg.data.prompt_template
     )
     for h in result.history:
-        print(f"epoch {h['epoch']:4d}  loss {h['loss'] or float('nan'):.4f}  val {h['val_accuracy']:.3f}  t {h['seconds']}s")
+        loss = "   -  " if h["loss"] is None else f"{h['loss']:.4f}"
+        print(f"epoch {h['epoch']:4d}  loss {loss}  val {h['val_accuracy']:.3f}  t {h['seconds']}s")
     print(
         f"model_dir={result.model_dir} cached={result.cached} sft_seconds={seconds:.1f} "
         f"val_accuracy={result.val_accuracy:.3f} test_accuracy={test_acc:.3f} (n={len(test)})"

@@ -32,7 +32,8 @@ def connect(cfg: RayConfig, namespace: str) -> None:
                 "Check the address (ray://host:10001 or host:6379), or set ray.address: null to start a local one."
             ) from None
         return
-    ray.init(num_cpus=cfg.num_cpus, **kwargs)
+    # address="local": always a fresh cluster of our own, never one that happens to run on this machine.
+    ray.init(address="local", num_cpus=cfg.num_cpus, **kwargs)
 
 
 def disconnect() -> None:

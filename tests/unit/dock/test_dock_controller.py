@@ -95,3 +95,9 @@ def test_metadata_defaults_updates_and_reset_keep():
 def test_capacity_must_hold_whole_groups():
     with pytest.raises(DockInvalid):
         ControllerState("x", COLUMNS, 10, 4)
+
+
+def test_requests_are_limited_to_registered_columns():
+    s = state(columns=("responses",))
+    with pytest.raises(DockInvalid, match="registered columns"):
+        s.validate(2, ["responses", "rewards"], whole_groups=False)

@@ -72,3 +72,12 @@ def test_wire_round_trip_is_bit_exact(dtype):
     t = (torch.randn(4, 3) * 100).to(dtype)
     back = from_wire(to_wire(t), dtype)
     assert back.dtype == dtype and torch.equal(back, t)
+
+
+def test_shard_map_blocks_keep_micro_batches_on_one_warehouse():
+    m = ShardMap(capacity=40, group_size=4, num_shards=2, block=16)
+    idx = np.arange(40)
+    assert m.owner(idx).tolist() == [0] * 16 + [1] * 16 + [0] * 8
+    assert list(m.split(np.arange(16, 32))) == [1]
+    for shard in range(2):
+        assert sorted(m.local_slot(m.owned(shard)).tolist()) == list(range(len(m.owned(shard))))

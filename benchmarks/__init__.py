@@ -1,0 +1,1 @@
+"""Side-by-side measurements; each writes JSON and prints a table."""

@@ -1,0 +1,36 @@
+"""Smoke run of the dock benchmark (``benchmarks/dock.py --quick``): it runs all three backends on a simulated
+4-node cluster and writes one well-formed record per backend. Timings are not asserted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+FIELDS = {"backend", "samples", "seq_tokens", "wall_s", "busiest_bytes", "p50_get_s", "p99_get_s",
+          "tcv_bytes_eq2", "tcv_bytes_eq4"}
+
+
+@pytest.mark.slow
+def test_quick_benchmark_writes_one_record_per_backend(tmp_path):
+    out = tmp_path / "dock.json"
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    run = subprocess.run([sys.executable, "-m", "benchmarks.dock", "--quick", "--out", str(out)],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=580)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.loads(out.read_text())["results"]
+    assert sorted(r["backend"] for r in results) == ["centralized", "dock", "transferqueue"]
+    for record in results:
+        assert FIELDS <= set(record)
+        assert record["wall_s"] > 0 and record["busiest_bytes"] > 0
+        assert 0 < record["p50_get_s"] <= record["p99_get_s"]
+        assert record["tcv_bytes_eq4"] < record["tcv_bytes_eq2"]
+    by_backend = {r["backend"]: r for r in results}
+    # The distributed dock's busiest process moves far less than the centralized buffer (1/S plus metadata).
+    assert by_backend["dock"]["busiest_bytes"] < by_backend["centralized"]["busiest_bytes"] * 0.6
+    assert "busiest MB" in run.stdout
