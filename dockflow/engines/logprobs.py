@@ -1,8 +1,14 @@
-"""Response log-probs from a causal LM, given the rollout layout of ``dockflow.engines.base``."""
+"""Response log-probs from a causal LM, given the rollout layout of ``dockflow.engines.base``.
+
+Rollouts are stored at a fixed width (prompt width P + ``max_new_tokens``); before a forward pass the
+columns that are padding in every row of the batch are cut off (left of the prompts, right of the
+responses), so compute follows the real lengths. The result is padded back to the stored width.
+"""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from tensordict import TensorDict
 from torch import nn
 
@@ -12,6 +18,16 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def trim_columns(attention_mask: torch.Tensor, response_width: int) -> tuple[int, int]:
+    """(first column to keep, response columns to keep): drop all-padding columns at both ends."""
+    prompt_mask = attention_mask[:, :-response_width]
+    used = prompt_mask.any(dim=0).nonzero()
+    first = int(used[0]) if len(used) else prompt_mask.shape[1]
+    resp_used = attention_mask[:, -response_width:].any(dim=0).nonzero()
+    keep_r = int(resp_used[-1]) + 1 if len(resp_used) else 1
+    return first, keep_r
+
+
 def response_log_probs(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -19,19 +35,27 @@ def response_log_probs(
     response_width: int,
     temperature: float = 1.0,
 ) -> torch.Tensor:
-    """Log-prob of each response token ([B, R]); logits are divided by the sampling temperature."""
+    """Log-prob of each response token ([B, R]); logits are divided by the sampling temperature.
+
+    Positions past the longest response of the batch get log-prob 0 (they are masked out anyway).
+    """
+    first, keep_r = trim_columns(attention_mask, response_width)
+    prompt_end = input_ids.shape[1] - response_width
+    ids = input_ids[:, first : prompt_end + keep_r]
+    mask = attention_mask[:, first : prompt_end + keep_r]
     out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
-        logits_to_keep=response_width + 1,
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=position_ids_from_mask(mask),
+        logits_to_keep=keep_r + 1,
         use_cache=False,
     )
     logits = out.logits[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature
-    targets = input_ids[:, -response_width:]
-    return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    targets = ids[:, -keep_r:]
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return F.pad(logp, (0, response_width - keep_r))
 
 
 @torch.no_grad()

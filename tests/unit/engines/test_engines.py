@@ -81,3 +81,12 @@ def test_train_step_changes_parameters_and_accumulates(engines):
     assert metrics["grad_norm"] > 0
     changed = [n for n, p in train.model.named_parameters() if not torch.equal(p, before[n])]
     assert len(changed) == len(before)
+
+
+def test_padding_columns_do_not_change_log_probs(engines):
+    train, gen, _ = engines
+    p = SamplingParams(max_new_tokens=6, n=2)
+    tight = gen.generate(PROMPTS, p, seed=9)
+    loose = gen.generate(PROMPTS, p, seed=9, prompt_width=tight["input_ids"].shape[1] - 6 + 7)
+    assert torch.equal(tight["responses"], loose["responses"])
+    assert torch.allclose(train.log_probs(tight), train.log_probs(loose), atol=1e-5)
