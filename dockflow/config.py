@@ -65,6 +65,9 @@ class TinyModelConfig(_Section):
     num_kv_heads: int = Field(2, description="Key/value heads (GQA).")
     intermediate_size: int = Field(512, description="MLP inner size.")
     max_position_embeddings: int = Field(128, description="Longest sequence the model handles.")
+    tokenizer_merges: int = Field(
+        64, ge=0, description="BPE merges the local tokenizer learns from the train prompts (0 = characters only)."
+    )
 
 
 class ModelConfig(_Section):

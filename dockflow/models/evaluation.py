@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from dockflow.data import Example, apply_template, check_template
+from dockflow.engines import HFGenerationEngine, SamplingParams
 from dockflow.rewards import verify
 
 
-@torch.no_grad()
 def greedy_responses(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -26,29 +25,20 @@ def greedy_responses(
     batch_size: int,
     max_new_tokens: int,
 ) -> list[str]:
-    """Greedy completions of already-templated ``prompts`` (special tokens stripped)."""
+    """Greedy completions of already-templated ``prompts`` (special tokens stripped).
+
+    Runs through the same generation engine as RL rollouts, so SFT validation, RL evaluation and
+    rollouts encode, pad and stop identically.
+    """
     if batch_size < 1 or max_new_tokens < 1:
         raise ValueError(f"batch_size={batch_size} and max_new_tokens={max_new_tokens} must both be >= 1")
-    was_training = model.training
-    model.eval()
-    tokenizer.padding_side = "left"
     device = next(model.parameters()).device
+    engine = HFGenerationEngine(model, tokenizer, device=device, batch_size=batch_size)
+    params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True)
     out: list[str] = []
-    try:
-        for start in range(0, len(prompts), batch_size):
-            enc = tokenizer(list(prompts[start : start + batch_size]), return_tensors="pt", padding=True)
-            enc = {k: v.to(device) for k, v in enc.items()}
-            gen = model.generate(
-                **enc,
-                do_sample=False,
-                max_new_tokens=max_new_tokens,
-                use_cache=True,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-            )
-            out.extend(tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1] :], skip_special_tokens=True))
-    finally:
-        model.train(was_training)
+    for start in range(0, len(prompts), batch_size):
+        roll = engine.generate(list(prompts[start : start + batch_size]), params, seed=0)
+        out.extend(engine.decode(roll["responses"], roll["response_mask"]))
     return out
 
 

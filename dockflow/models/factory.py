@@ -11,6 +11,7 @@ Nothing is downloaded: the tiny model is built from a ``Qwen2Config`` and the lo
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -22,6 +23,7 @@ from transformers import (
     AutoTokenizer,
     PreTrainedModel,
     PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
@@ -136,6 +138,19 @@ def missing_model_files(path: str | Path) -> list[str]:
     return missing
 
 
+# Tokenizers saved from a plain ``tokenizers`` object. AutoTokenizer would pick the class of the model type
+# (Qwen2Tokenizer for the tiny model), which rebuilds the pipeline and silently drops our pre-tokenizer.
+_GENERIC_TOKENIZER_CLASSES = {"TokenizersBackend", "PreTrainedTokenizerFast"}
+
+
+def _tokenizer_from_dir(p: Path) -> PreTrainedTokenizerBase:
+    config = p / "tokenizer_config.json"
+    cls = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
+    if cls in _GENERIC_TOKENIZER_CLASSES and (p / "tokenizer.json").is_file():
+        return PreTrainedTokenizerFast.from_pretrained(p, local_files_only=True)
+    return AutoTokenizer.from_pretrained(p, local_files_only=True)
+
+
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     """Load only the tokenizer of a local HF directory: left padding, EOS as pad if it has no pad token."""
     p = Path(path)
@@ -143,7 +158,7 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
         raise ModelFilesError(
             f"no tokenizer in '{p}': it needs one of {', '.join(TOKENIZER_FILES)} (save one with save_pretrained)"
         )
-    tokenizer = AutoTokenizer.from_pretrained(p, local_files_only=True)
+    tokenizer = _tokenizer_from_dir(p)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:

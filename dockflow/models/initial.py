@@ -17,8 +17,8 @@ def initial_model(cfg: Config, run_dir: Path) -> tuple[str, dict[str, float]]:
     if cfg.model.path:
         return cfg.model.path, {}
     from dockflow.models.factory import build_tiny_model, save_pretrained_dir
-    from dockflow.models.tokenizer import build_char_tokenizer
+    from dockflow.models.tokenizer import build_task_tokenizer
 
-    tok = build_char_tokenizer()
+    tok = build_task_tokenizer(cfg)
     model = build_tiny_model(cfg.model.tiny, tok, seed=cfg.run.seed)
     return str(save_pretrained_dir(model, tok, run_dir / "initial_model")), {}

@@ -30,7 +30,7 @@ from dockflow.config import Config
 from dockflow.data import Example, apply_template, load_task
 from dockflow.models.evaluation import greedy_accuracy
 from dockflow.models.factory import build_tiny_model, load_model_and_tokenizer, save_pretrained_dir
-from dockflow.models.tokenizer import build_char_tokenizer
+from dockflow.models.tokenizer import build_task_tokenizer
 
 # Bump when the training procedure changes, so old cache entries are not reused.
 SFT_VERSION = 1
@@ -80,7 +80,7 @@ def sft_cache_key(cfg: Config) -> str:
 def _initial_model(cfg: Config) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     if cfg.model.path:
         return load_model_and_tokenizer(cfg.model.path, dtype=cfg.model.dtype)
-    tokenizer = build_char_tokenizer()
+    tokenizer = build_task_tokenizer(cfg)
     return build_tiny_model(cfg.model.tiny, tokenizer, seed=cfg.run.seed, dtype=cfg.model.dtype), tokenizer
 
 

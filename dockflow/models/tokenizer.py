@@ -13,9 +13,12 @@ generation. It saves and loads like any HF tokenizer::
 from __future__ import annotations
 
 import string
+from collections.abc import Iterable
 
-from tokenizers import Tokenizer, decoders, models, processors
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
+
+from dockflow.config import Config
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 EXTRA_CHARS = "\u2212\u00d7\u00f7"  # unicode minus, times, divide
@@ -27,15 +30,43 @@ def char_vocab() -> dict[str, int]:
     return {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *chars])}
 
 
-def build_char_tokenizer() -> PreTrainedTokenizerFast:
-    """The character-level tokenizer as a ``PreTrainedTokenizerFast`` with pad/bos/eos/unk set."""
-    vocab = char_vocab()
+def _char_core() -> Tokenizer:
     # A BPE model without merges and without a pre-tokenizer splits text into single characters.
-    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    return Tokenizer(models.BPE(vocab=char_vocab(), merges=[], unk_token="<unk>"))
+
+
+def _learned_core(corpus: Iterable[str], num_merges: int) -> Tokenizer:
+    """BPE over the character alphabet with ``num_merges`` merges learned from ``corpus``.
+
+    Digits are split off one by one before BPE (as Qwen and LLaMA tokenizers do), so numbers are always
+    spelled digit by digit and only the surrounding words and punctuation merge.
+    """
+    alphabet = [c for c in char_vocab() if c not in SPECIAL_TOKENS]
+    core = Tokenizer(models.BPE(unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Digits(individual_digits=True)
+    trainer = trainers.BpeTrainer(
+        vocab_size=len(SPECIAL_TOKENS) + len(alphabet) + num_merges,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=alphabet,
+        limit_alphabet=len(alphabet),
+        show_progress=False,
+    )
+    core.train_from_iterator(corpus, trainer)
+    return core
+
+
+def build_char_tokenizer(corpus: Iterable[str] | None = None, num_merges: int = 0) -> PreTrainedTokenizerFast:
+    """The character tokenizer as a ``PreTrainedTokenizerFast`` with pad/bos/eos/unk set.
+
+    With a ``corpus`` and ``num_merges > 0`` it also learns that many BPE merges from the corpus (digits
+    never merge), which shortens a templated prompt such as "What is 47 - 85?\nAnswer: " from 26 tokens
+    to about 9 and so cuts the compute of every forward pass.
+    """
+    core = _learned_core(corpus, num_merges) if corpus is not None and num_merges > 0 else _char_core()
     core.add_special_tokens(list(SPECIAL_TOKENS))
     core.decoder = decoders.Fuse()
     core.post_processor = processors.TemplateProcessing(
-        single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", vocab["<bos>"])]
+        single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", core.token_to_id("<bos>"))]
     )
     return PreTrainedTokenizerFast(
         tokenizer_object=core,
@@ -46,3 +77,13 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
         padding_side="left",
         model_max_length=4096,
     )
+
+
+def build_task_tokenizer(cfg: Config) -> PreTrainedTokenizerFast:
+    """The tiny model's tokenizer: characters plus ``model.tiny.tokenizer_merges`` merges learned from the
+    templated train prompts and answers (deterministic: the same config gives the same tokenizer)."""
+    from dockflow.data import apply_template, load_task
+
+    task = load_task(cfg.data, cfg.run.seed)
+    corpus = [apply_template(cfg.data.prompt_template, ex.prompt) + ex.answer for ex in task.train]
+    return build_char_tokenizer(corpus, cfg.model.tiny.tokenizer_merges)

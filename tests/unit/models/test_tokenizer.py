@@ -46,3 +46,16 @@ def test_save_and_load_as_hf_tokenizer(tmp_path: Path) -> None:
         assert loaded.padding_side == "left"
         assert (loaded.pad_token_id, loaded.eos_token_id) == (tok.pad_token_id, tok.eos_token_id)
         assert len(loaded) == len(tok)
+
+
+def test_learned_merges_keep_digits_single_and_survive_save_load(tmp_path):
+    corpus = [f"What is {a} + {b}?\nAnswer: {a + b}" for a in range(30) for b in range(30)]
+    tok = build_char_tokenizer(corpus, num_merges=32)
+    text = "What is 47 + 85?\nAnswer: "
+    ids = tok(text)["input_ids"]
+    assert len(ids) < len(build_char_tokenizer()(text)["input_ids"])
+    assert [t for t in tok.convert_ids_to_tokens(ids) if any(c.isdigit() for c in t)] == ["4", "7", "8", "5"]
+    tok.save_pretrained(tmp_path)
+    again = load_tokenizer(tmp_path)
+    assert again(text)["input_ids"] == ids
+    assert again.decode(ids, skip_special_tokens=True) == text
