@@ -40,9 +40,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from dockflow.report import print_train_summary
 
     cfg = load_config(args.config, args.overrides)
-    bar = tqdm(total=cfg.train.iterations, desc="RL", unit="it", dynamic_ncols=True)
+    bars: list = []  # the RL bar starts with the first iteration, after SFT has printed its own
 
     def progress(step: int, m: dict[str, float]) -> None:
+        if not bars:
+            bars.append(tqdm(total=cfg.train.iterations, initial=step - 1, desc="RL", unit="it", dynamic_ncols=True))
+        bar = bars[0]
         if bar.n < step:
             bar.update(step - bar.n)
         post = {"reward": f"{m['reward/mean']:.3f}", "s/it": f"{m['timing/iteration_s']:.2f}"}
@@ -53,7 +56,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     try:
         summary = train(cfg, resume=args.resume, on_iteration=progress)
     finally:
-        bar.close()
+        for bar in bars:
+            bar.close()
     print_train_summary(summary)
     return 0
 

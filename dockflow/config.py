@@ -35,9 +35,9 @@ class RayConfig(_Section):
     address: str | None = Field(None, description="Ray cluster to join ('auto', 'ray://host:10001'); null starts a local one.")
     num_cpus: int | None = Field(None, description="CPUs of the local cluster; null = all of this machine's.")
     namespace: str | None = Field(None, description="Ray namespace for the run's actors; null = derived from run.name.")
-    actor_cpus: float = Field(1.0, description="CPUs reserved by the actor (policy) worker.")
+    actor_cpus: float = Field(2.0, description="CPUs reserved by the actor (policy) worker.")
     reference_cpus: float = Field(1.0, description="CPUs reserved by the reference worker.")
-    torch_threads: int = Field(1, description="torch intra-op threads per model worker.")
+    torch_threads: int = Field(2, description="torch intra-op threads per model worker.")
     init_timeout_s: float = Field(120.0, description="Seconds to wait for workers to start before failing.")
 
 
@@ -45,7 +45,7 @@ class ArithmeticConfig(_Section):
     digits: int = Field(2, ge=1, le=12, description="Maximum digits of each operand.")
     ops: list[Literal["+", "-"]] = Field(default_factory=lambda: ["+", "-"], description="Operators drawn uniformly.")
     num_train: int = Field(20000, ge=1, description="Prompts in the train split (RL prompts come from here).")
-    num_labeled: int = Field(1000, ge=0, description="Train prompts whose answers SFT may use (labels are scarce).")
+    num_labeled: int = Field(900, ge=0, description="Train prompts whose answers SFT may use (labels are scarce).")
     num_val: int = Field(200, ge=0, description="Labeled validation prompts for SFT early stopping (never the test set).")
     num_test: int = Field(500, ge=1, description="Held-out test prompts for accuracy.")
 
@@ -55,7 +55,7 @@ class DataConfig(_Section):
     arithmetic: ArithmeticConfig = Field(default_factory=ArithmeticConfig)
     train_path: str | None = Field(None, description="JSONL/Parquet with 'prompt' and 'answer' (source: file).")
     test_path: str | None = Field(None, description="Held-out JSONL/Parquet (source: file).")
-    prompt_template: str = Field("{prompt}", description="Template applied to each prompt; '{prompt}' is replaced.")
+    prompt_template: str = Field("{prompt}\nAnswer: ", description="Template applied to each prompt; '{prompt}' is replaced.")
 
 
 class TinyModelConfig(_Section):
@@ -78,8 +78,9 @@ class ModelConfig(_Section):
 
 class SFTConfig(_Section):
     enabled: bool = Field(True, description="Warm-start the policy with SFT on the labeled subset first.")
-    lr: float = Field(1e-3, ge=0.0, description="SFT learning rate (AdamW, no weight decay).")
-    batch_size: int = Field(16, ge=1, description="SFT batch size.")
+    lr: float = Field(2e-3, ge=0.0, description="SFT peak learning rate (AdamW, no weight decay).")
+    warmup_steps: int = Field(100, ge=0, description="Optimizer steps of linear learning-rate warm-up.")
+    batch_size: int = Field(64, ge=1, description="SFT batch size.")
     max_epochs: int = Field(150, ge=0, description="Upper bound on SFT epochs.")
     eval_every_epochs: int = Field(2, ge=1, description="Validate every this many epochs.")
     patience: int = Field(6, ge=1, description="Stop after this many validations without a new best accuracy.")
@@ -105,14 +106,14 @@ class RolloutConfig(_Section):
 
 
 class TrainConfig(_Section):
-    iterations: int = Field(300, ge=0, description="RL iterations.")
-    lr: float = Field(1e-4, gt=0.0, description="Policy learning rate (AdamW).")
+    iterations: int = Field(500, ge=0, description="RL iterations.")
+    lr: float = Field(2e-4, gt=0.0, description="Policy learning rate (AdamW).")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
     epochs: int = Field(1, ge=1, description="Update epochs over each iteration's batch.")
     mini_batch_size: int = Field(256, ge=1, description="Samples per optimizer step.")
-    micro_batch_size: int = Field(64, ge=1, description="Samples per forward/backward (gradient accumulation).")
+    micro_batch_size: int = Field(256, ge=1, description="Samples per forward/backward (gradient accumulation).")
     grad_clip: float = Field(1.0, gt=0.0, description="Max global gradient norm.")
-    infer_batch_size: int = Field(64, ge=1, description="Samples per forward in log-prob inference.")
+    infer_batch_size: int = Field(256, ge=1, description="Samples per forward in log-prob inference.")
     stage_timeout_s: float = Field(1800.0, gt=0.0, description="Seconds one stage may take before the run fails.")
 
 
@@ -123,13 +124,13 @@ class DockConfig(_Section):
 
 
 class EvalConfig(_Section):
-    every: int = Field(50, ge=0, description="Held-out accuracy every this many iterations (0 = only first and last).")
+    every: int = Field(100, ge=0, description="Held-out accuracy every this many iterations (0 = only first and last).")
     num_prompts: int = Field(500, ge=1, description="Held-out prompts per evaluation.")
     batch_size: int = Field(500, ge=1, description="Prompts per greedy generation batch.")
 
 
 class CheckpointConfig(_Section):
-    every: int = Field(0, ge=0, description="Checkpoint every this many iterations (0 = only at the end).")
+    every: int = Field(100, ge=0, description="Checkpoint every this many iterations (0 = only at the end).")
     dir: str | None = Field(None, description="Checkpoint directory; null = <run dir>/checkpoints.")
     keep: int = Field(2, ge=1, description="Keep the last K checkpoints.")
 

@@ -104,6 +104,7 @@ def encode_sft_batch(
 def _train_epoch(
     model: PreTrainedModel,
     opt: torch.optim.Optimizer,
+    sched: torch.optim.lr_scheduler.LRScheduler,
     batches: list[dict[str, torch.Tensor]],
 ) -> float:
     model.train()
@@ -114,6 +115,7 @@ def _train_epoch(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        sched.step()
         total += loss.item()
     return total / max(len(batches), 1)
 
@@ -140,6 +142,8 @@ def train_sft(
     s, template = cfg.sft, cfg.data.prompt_template
     gen = torch.Generator().manual_seed(cfg.run.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.0)
+    # Warm-up matters here: without it the tiny model stalls at a few percent for dozens of epochs.
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / max(s.warmup_steps, 1)))
 
     def evaluate() -> float:
         return greedy_accuracy(
@@ -153,7 +157,7 @@ def train_sft(
     bar = tqdm(range(1, epochs + 1), desc="sft", unit="epoch", leave=False)
     for epoch in bar:
         batches = _make_batches(tokenizer, labeled, template, s.batch_size, gen)
-        loss = _train_epoch(model, opt, batches)
+        loss = _train_epoch(model, opt, sched, batches)
         bar.set_postfix(loss=f"{loss:.3f}", best=f"{best_acc:.3f}")
         if epoch % s.eval_every_epochs and epoch != epochs:
             continue

@@ -79,3 +79,11 @@ def test_cli_exits_nonzero_with_one_line():
     assert proc.stderr.strip().splitlines() == [
         "dockflow train: error: unknown config key 'train.iteratons' (did you mean 'train.iterations'?)"
     ]
+
+
+def test_defaults_equal_the_example_yaml():
+    """No hidden defaults: a key left out of a config means what the example YAML says."""
+    example = load_config(EXAMPLE).flat()
+    defaults = Config().flat()
+    differ = {k: v for k, v in defaults.items() if example[k] != v and k != "run.name"}  # the name is the example's own
+    assert differ == {}
