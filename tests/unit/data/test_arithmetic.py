@@ -43,12 +43,12 @@ def test_answers_are_exact_and_operands_in_range() -> None:
 
 def test_splits_are_disjoint_and_labeled_is_train_prefix() -> None:
     data = load_task(DataConfig(), seed=0)
-    assert (len(data.train), len(data.labeled), len(data.val), len(data.test)) == (20000, 1000, 200, 500)
+    assert (len(data.train), len(data.labeled), len(data.val), len(data.test)) == (20000, 900, 200, 500)
     train, val, test = ({_triple(e.prompt) for e in split} for split in (data.train, data.val, data.test))
     assert not (train & test) and not (train & val) and not (val & test)
     assert len(test) == 500 and len(val) == 200
-    assert data.labeled == data.train[:1000]
-    assert len({_triple(e.prompt) for e in data.labeled}) == 1000
+    assert data.labeled == data.train[:900]
+    assert len({_triple(e.prompt) for e in data.labeled}) == 900
 
 
 def test_test_split_does_not_move_when_other_sizes_change() -> None:

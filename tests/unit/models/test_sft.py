@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dockflow.config import Config, load_config
-from dockflow.data import Example
+from dockflow.data import Example, apply_template
 from dockflow.models import build_tiny_model, load_model_and_tokenizer
 from dockflow.models.evaluation import greedy_accuracy, greedy_responses
 from dockflow.models.sft import encode_sft_batch, sft_cache_key, sft_warm_start, train_sft
@@ -45,7 +45,7 @@ def test_labels_cover_only_answer_and_eos(char_tok) -> None:
 
 
 def test_training_lowers_loss_and_reaches_full_train_accuracy(tmp_path: Path, micro_cfg, char_tok) -> None:
-    budget = ("sft.lr=3e-3", "sft.batch_size=4", "sft.max_epochs=200", "sft.eval_every_epochs=10", "sft.patience=10")
+    budget = ("sft.lr=3e-3", "sft.warmup_steps=0", "sft.batch_size=4", "sft.max_epochs=200", "sft.eval_every_epochs=10", "sft.patience=10")
     cfg = _cfg(tmp_path, *budget)
     examples = [Example(f"What is {a} + {b}?", str(a + b)) for a, b in [(1, 2), (3, 4), (5, 0), (2, 2)]]
     model = build_tiny_model(micro_cfg, char_tok, seed=0)
@@ -58,7 +58,7 @@ def test_training_lowers_loss_and_reaches_full_train_accuracy(tmp_path: Path, mi
     assert acc == 1.0 == greedy_accuracy(model, char_tok, examples, 2, 4, cfg.data.prompt_template)
     wrong = [Example(e.prompt, str(int(e.answer) + 1)) for e in examples]
     assert greedy_accuracy(model, char_tok, wrong, 3, 4, cfg.data.prompt_template) == 0.0
-    prompts = [e.prompt for e in examples]
+    prompts = [apply_template(cfg.data.prompt_template, e.prompt) for e in examples]
     batched = greedy_responses(model, char_tok, prompts, batch_size=4, max_new_tokens=4)
     assert batched == [greedy_responses(model, char_tok, [p], 1, 4)[0] for p in prompts]
     assert batched == [e.answer for e in examples]
