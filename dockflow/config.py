@@ -10,6 +10,7 @@ Unknown or mistyped keys are errors that name the key and the nearest valid one:
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -180,15 +181,16 @@ class Config(_Section):
 
     def flat(self) -> dict[str, Any]:
         """The config as ``{"section.key": value}``, for MLflow params."""
-        return _flatten(self.model_dump())
+        return flatten_dict(self.model_dump())
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten_dict(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings -> ``{"a.b.c": value}``."""
     out: dict[str, Any] = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
+        if isinstance(v, Mapping):
+            out.update(flatten_dict(v, key + "."))
         else:
             out[key] = v
     return out

@@ -25,7 +25,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BATCH
 
-from dockflow.config import TrackingConfig
+from dockflow.config import TrackingConfig, flatten_dict
 from dockflow.tracking.store import (
     TrackingError,
     apply_http_env_defaults,
@@ -42,11 +42,7 @@ RunStatus = Literal["FINISHED", "FAILED", "KILLED"]
 def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     """Nested dicts become dotted keys; values become strings cut to MLflow's limit (with a warning)."""
     out: dict[str, str] = {}
-    for key, value in params.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            out.update(flatten_params(value, name + "."))
-            continue
+    for name, value in flatten_dict(params, prefix).items():
         text = str(value)
         if len(text) > MAX_PARAM_VAL_LENGTH:
             log.warning("param %s is %d chars; MLflow keeps %d, truncating", name, len(text), MAX_PARAM_VAL_LENGTH)
