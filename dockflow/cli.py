@@ -82,7 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return {"train": _cmd_train, "eval": _cmd_eval}[args.command](args)
-    except (ConfigError, FileNotFoundError, ValueError) as exc:
+    except Exception as exc:
+        # Our own errors (config, dataset, model files, cluster, workers, stages, dock, tracking) already say
+        # what is wrong and what to do: one line, no traceback. Anything else is a bug and keeps its traceback.
+        ours = type(exc).__module__.startswith("dockflow.") or isinstance(exc, (ConfigError, FileNotFoundError))
+        if not ours:
+            raise
         print(f"dockflow {args.command}: error: {exc}", file=sys.stderr)
         return 2
 
