@@ -70,6 +70,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     model_dir = Path(args.model) if args.model else run_dir_of(cfg) / "final_model"
+    if not model_dir.is_dir():
+        hint = "pass --model DIR" if args.model else f"train first (dockflow train {args.config}) or pass --model DIR"
+        raise FileNotFoundError(f"model directory '{model_dir}' does not exist: {hint}")
     model, tok = load_model_and_tokenizer(model_dir, dtype=cfg.model.dtype)
     examples = getattr(load_task(cfg.data, cfg.run.seed), args.split)[: args.limit or None]
     acc = greedy_accuracy(model, tok, examples, cfg.eval.batch_size, cfg.rollout.max_new_tokens, cfg.data.prompt_template)

@@ -175,7 +175,3 @@ class ActorWorker:
         self.train_engine.model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         return path
-
-    def weights_digest(self) -> dict[str, float]:
-        """Sum and norm per parameter, to check in tests that the policy changed (no tensors leave)."""
-        return {n: float(p.double().sum()) for n, p in self.train_engine.model.named_parameters()}
