@@ -30,7 +30,7 @@ import torch  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
-NODES = 4
+NODES = 4  # the issue's simulated cluster; --nodes changes it (the smoke test uses 2)
 GROUP = 16  # N responses per prompt
 BYTES = 4  # B: int32 / float32
 META_SCALARS = 4  # M: prompt id, response length, policy version, age
@@ -75,8 +75,9 @@ def tcv_eq4(samples: int, seq: int, consumers: int, warehouses: int) -> int:
 class NodeWorker:
     """The workers of one node: one thread per stage role, all through the same backend client."""
 
-    def setup(self, backend: str, dock: Any, samples: int, seq: int) -> None:
+    def setup(self, backend: str, dock: Any, samples: int, seq: int, num_nodes: int) -> None:
         self.backend, self.dock, self.samples, self.seq = backend, dock, samples, seq
+        self.num_nodes = num_nodes
         self.mb = micro_batch(samples)
         self.rows = {c: torch.ones((self.mb, *s), dtype=DTYPES[c]) for c, s in shapes(seq).items()}
         self.unit_bytes: dict[int, int] = defaultdict(int)  # TransferQueue: bytes per storage unit
@@ -85,7 +86,7 @@ class NodeWorker:
 
             tq.init()
             self.tq = tq.get_client()
-            self.units = NODES
+            self.units = num_nodes
             self.partition = f"flow-{samples}-{seq}"
 
     # -- one backend behind three calls ------------------------------------------------------------
@@ -136,7 +137,7 @@ class NodeWorker:
 
     # -- roles -------------------------------------------------------------------------------------
     def generate(self, rank: int) -> dict[str, Any]:
-        share = self.samples // NODES
+        share = self.samples // self.num_nodes
         for start in range(rank * share, (rank + 1) * share, self.mb):
             self.put_new(start, ["prompts", "responses"])
         return {"gets": []}
@@ -144,7 +145,7 @@ class NodeWorker:
     def consume(self, stage: int) -> dict[str, Any]:
         consumer, reads, writes, whole = STAGES[stage]
         latencies = []
-        for _ in range(self.samples // NODES // self.mb):
+        for _ in range(self.samples // self.num_nodes // self.mb):
             handle, latency = self.get(consumer, reads, whole)
             latencies.append(latency)
             if writes:
@@ -160,14 +161,14 @@ class NodeWorker:
         self.dock = None
 
 
-def start_cluster() -> tuple[Cluster, list[str]]:
+def start_cluster(num_nodes: int) -> tuple[Cluster, list[str]]:
     head = {"num_cpus": 4, "resources": {"bench_node_0": 1}, "include_dashboard": False}
     cluster = Cluster(initialize_head=True, head_node_args=head)
-    for i in range(1, NODES):
+    for i in range(1, num_nodes):
         cluster.add_node(num_cpus=4, resources={f"bench_node_{i}": 1})  # logical CPUs for TransferQueue's actors
     ray.init(address=cluster.address, namespace="dock-benchmark", log_to_driver=False)
     by_resource = {r: n["NodeID"] for n in ray.nodes() if n["Alive"] for r in n["Resources"] if r.startswith("bench_node_")}
-    return cluster, [by_resource[f"bench_node_{i}"] for i in range(NODES)]
+    return cluster, [by_resource[f"bench_node_{i}"] for i in range(num_nodes)]
 
 
 def run_flow(backend: str, samples: int, seq: int, nodes: list[str], workers: list[Any]) -> dict[str, Any]:
@@ -181,8 +182,8 @@ def run_flow(backend: str, samples: int, seq: int, nodes: list[str], workers: li
                         shard_block=micro_batch(samples))  # one warehouse per micro-batch, round-robin
         dock = create_dock(spec)
         for k, (consumer, reads, _, _) in enumerate(STAGES):
-            dock.register_consumer(consumer, reads, node_id=nodes[k % NODES])  # next to one of its ranks
-    ray.get([w.setup.remote(backend, dock, samples, seq) for w in workers])
+            dock.register_consumer(consumer, reads, node_id=nodes[k % len(nodes)])  # next to one of its ranks
+    ray.get([w.setup.remote(backend, dock, samples, seq, len(nodes)) for w in workers])
     started = time.perf_counter()
     calls = [w.generate.remote(rank) for rank, w in enumerate(workers)]
     calls += [w.consume.remote(stage) for w in workers for stage in range(len(STAGES))]
@@ -212,7 +213,7 @@ def run_flow(backend: str, samples: int, seq: int, nodes: list[str], workers: li
         "p99_get_s": round(float(np.percentile(gets, 99)), 5),
         "gets": len(gets),
         "tcv_bytes_eq2": tcv_eq2(samples, seq),
-        "tcv_bytes_eq4": tcv_eq4(samples, seq, len(STAGES), NODES),
+        "tcv_bytes_eq4": tcv_eq4(samples, seq, len(STAGES), len(nodes)),
     }
 
 
@@ -232,10 +233,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="JSON file for the results")
     parser.add_argument("--quick", action="store_true", help="one small size: a smoke run")
     parser.add_argument("--backends", default="centralized,dock,transferqueue")
+    parser.add_argument("--nodes", type=int, default=NODES, help="simulated Ray nodes (one warehouse each)")
     args = parser.parse_args(argv)
     backends = args.backends.split(",")
     sizes = QUICK_SIZES if args.quick else FULL_SIZES
-    cluster, nodes = start_cluster()
+    cluster, nodes = start_cluster(args.nodes)
     results: list[dict[str, Any]] = []
     try:
         if "transferqueue" in backends:
@@ -243,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             from omegaconf import OmegaConf
 
             tq.init(OmegaConf.create({"controller": {"polling_mode": True},
-                                      "backend": {"SimpleStorage": {"num_data_storage_units": NODES}}}))
+                                      "backend": {"SimpleStorage": {"num_data_storage_units": args.nodes}}}))
         workers = [NodeWorker.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
                    for n in nodes]
         for samples, seq in sizes:
@@ -259,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         ray.shutdown()
         cluster.shutdown()
     machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
-               "ray": ray.__version__, "nodes": NODES, "quick": args.quick}
+               "ray": ray.__version__, "nodes": args.nodes, "quick": args.quick}
     with open(args.out, "w") as f:
         json.dump({"machine": machine, "results": results}, f, indent=2)
     print_table(results)

@@ -1,7 +1,9 @@
 """The ``dockflow`` command line.
 
-    dockflow train configs/grpo_arith.yaml [section.key=value ...] [--resume]
-    dockflow eval  configs/grpo_arith.yaml [--model DIR] [--split test] [--limit N] [section.key=value ...]
+    dockflow train   configs/grpo_arith.yaml [section.key=value ...] [--resume]
+    dockflow eval    configs/grpo_arith.yaml [--model DIR] [--split test] [--limit N] [--data FILE.jsonl]
+                     [--k K] [--temperature T] [--mlflow-run RUN_ID] [section.key=value ...]
+    dockflow compare RUN_OR_EXPERIMENT [...] [--tracking-uri URI] [--metrics a,b] [--json]
 
 Errors in the config or inputs print one line naming the problem and exit with status 2.
 """
@@ -12,7 +14,6 @@ import argparse
 import json
 import logging
 import sys
-from pathlib import Path
 
 from dockflow.config import ConfigError, load_config
 
@@ -24,22 +25,32 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("config", help="YAML config, e.g. configs/grpo_arith.yaml")
     t.add_argument("overrides", nargs="*", help="dotted overrides: train.iterations=10")
     t.add_argument("--resume", action="store_true", help="continue from the latest committed checkpoint")
-    e = sub.add_parser("eval", help="greedy held-out accuracy of a model directory")
+    e = sub.add_parser("eval", help="greedy accuracy, pass@k and avg@k of a model directory")
     e.add_argument("config", help="YAML config that defines the data and template")
     e.add_argument("overrides", nargs="*", help="dotted overrides")
     e.add_argument("--model", help="HF model directory (default: the run's final_model)")
     e.add_argument("--split", default="test", choices=["test", "val"], help="which split to score")
     e.add_argument("--limit", type=int, default=None, help="score only the first N prompts")
+    e.add_argument("--data", help="score this JSONL/Parquet file (rows: prompt or problem, answer) instead of a split")
+    e.add_argument("--k", type=int, default=None, help="samples per prompt for pass@k/avg@k (default: eval.pass_k)")
+    e.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: eval.temperature)")
+    e.add_argument("--mlflow-run", help="also log the scores to this MLflow run (tracking.uri of the config)")
+    c = sub.add_parser("compare", help="side-by-side table of MLflow runs: tags, final metrics, differing params")
+    c.add_argument("runs", nargs="+", help="run ids, run names or experiment names")
+    c.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI)")
+    c.add_argument("--metrics", help="comma-separated metric names (default: accuracy, reward, throughput, s/iteration)")
+    c.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return p
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.overrides)  # before the heavy imports: a bad key fails in a second
+
     from tqdm.auto import tqdm
 
     from dockflow.flow.trainer import train
     from dockflow.report import print_train_summary
 
-    cfg = load_config(args.config, args.overrides)
     bars: list = []  # the RL bar starts with the first iteration, after SFT has printed its own
 
     def progress(step: int, m: dict[str, float]) -> None:
@@ -48,7 +59,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         bar = bars[0]
         if bar.n < step:
             bar.update(step - bar.n)
-        post = {"reward": f"{m['reward/mean']:.3f}", "s/it": f"{m['timing/iteration_s']:.2f}"}
+        post = {"s/it": f"{m['timing/iteration_s']:.2f}"}
+        if "reward/mean" in m:  # DPO trains offline and has no reward
+            post["reward"] = f"{m['reward/mean']:.3f}"
         if "eval/test_accuracy" in m:
             post["acc"] = f"{m['eval/test_accuracy']:.3f}"
         bar.set_postfix(post)
@@ -63,20 +76,28 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from dockflow.data import load_task
-    from dockflow.flow.trainer import run_dir_of
-    from dockflow.models import load_model_and_tokenizer
-    from dockflow.models.evaluation import greedy_accuracy
+    from dockflow.eval.run import run_eval
 
-    cfg = load_config(args.config, args.overrides)
-    model_dir = Path(args.model) if args.model else run_dir_of(cfg) / "final_model"
-    if not model_dir.is_dir():
-        hint = "pass --model DIR" if args.model else f"train first (dockflow train {args.config}) or pass --model DIR"
-        raise FileNotFoundError(f"model directory '{model_dir}' does not exist: {hint}")
-    model, tok = load_model_and_tokenizer(model_dir, dtype=cfg.model.dtype)
-    examples = getattr(load_task(cfg.data, cfg.run.seed), args.split)[: args.limit or None]
-    acc = greedy_accuracy(model, tok, examples, cfg.eval.batch_size, cfg.rollout.max_new_tokens, cfg.data.prompt_template)
-    print(json.dumps({"model": str(model_dir), "split": args.split, "prompts": len(examples), "accuracy": acc}))
+    overrides = list(args.overrides)
+    if args.k is not None:
+        overrides.append(f"eval.pass_k={args.k}")
+    if args.temperature is not None:
+        overrides.append(f"eval.temperature={args.temperature}")
+    cfg = load_config(args.config, overrides)
+    result = run_eval(cfg, args.config, args.model, args.split, args.limit, args.data, args.mlflow_run)
+    print(json.dumps(result))
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from dockflow.tracking.compare import DEFAULT_METRICS, compare_runs, print_comparison
+
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else list(DEFAULT_METRICS)
+    cmp = compare_runs(args.runs, args.tracking_uri, metrics)
+    if args.json:
+        print(json.dumps(cmp, indent=2))
+    else:
+        print_comparison(cmp)
     return 0
 
 
@@ -84,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = _parser().parse_args(argv)
     try:
-        return {"train": _cmd_train, "eval": _cmd_eval}[args.command](args)
+        return {"train": _cmd_train, "eval": _cmd_eval, "compare": _cmd_compare}[args.command](args)
     except Exception as exc:
         # Our own errors (config, dataset, model files, cluster, workers, stages, dock, tracking) already say
         # what is wrong and what to do: one line, no traceback. Anything else is a bug and keeps its traceback.

@@ -37,7 +37,8 @@ class RayConfig(_Section):
     num_cpus: int | None = Field(None, description="CPUs of the local cluster; null = all of this machine's.")
     namespace: str | None = Field(None, description="Ray namespace for the run's actors; null = derived from run.name.")
     actor_cpus: float = Field(2.0, description="CPUs reserved by the actor (policy) worker.")
-    reference_cpus: float = Field(1.0, description="CPUs reserved by the reference worker.")
+    reference_cpus: float = Field(1.0, description="CPUs reserved by the reference worker (when one is used).")
+    critic_cpus: float = Field(1.0, description="CPUs reserved by the critic worker (PPO, PF-PPO).")
     torch_threads: int = Field(2, description="torch intra-op threads per model worker.")
     init_timeout_s: float = Field(120.0, description="Seconds to wait for workers to start before failing.")
 
@@ -88,13 +89,82 @@ class SFTConfig(_Section):
     cache_dir: str = Field("runs/cache", description="SFT results are cached here, keyed by everything they depend on.")
 
 
+AlgorithmName = Literal["grpo", "ppo", "dapo", "pf_ppo", "reinforce_pp", "reinforce_pp_baseline", "dpo"]
+
+
+class PPOConfig(_Section):
+    """PPO's critic and GAE (also used by PF-PPO)."""
+
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount over response tokens.")
+    lam: float = Field(0.95, ge=0.0, le=1.0, description="GAE lambda (bias/variance trade-off).")
+    value_clip: float = Field(0.2, gt=0.0, description="Clip range of the value update around the old values.")
+    critic_lr: float = Field(1e-3, gt=0.0, description="Critic learning rate (AdamW).")
+    whiten_advantages: bool = Field(True, description="Normalise GAE advantages over the batch's tokens.")
+
+
+class DAPOConfig(_Section):
+    """DAPO (Yu et al., 2025): clip-higher, overlong shaping, dynamic sampling."""
+
+    clip_eps_high: float = Field(0.28, gt=0.0, description="Upper ratio clip (clip-higher); algorithm.clip_eps is the lower.")
+    overlong_buffer: int = Field(2, ge=0, description="Tokens before max_new_tokens where the overlong penalty ramps up (0 = off).")
+    overlong_penalty: float = Field(1.0, ge=0.0, description="Reward subtracted from a response that hits max_new_tokens.")
+    dynamic_sampling: bool = Field(True, description="Drop groups whose rewards are all equal and sample more prompts.")
+    max_rounds: int = Field(3, ge=1, description="Generation rounds per iteration at most; the last round fills the batch.")
+
+
+class PFPPOConfig(_Section):
+    """PF-PPO (Zhang et al., 2024): train only on responses filtered by reward."""
+
+    keep: int = Field(4, ge=1, description="Responses kept per prompt (of rollout.group_size).")
+    mode: Literal["best_worst", "best", "worst", "reward_weighted"] = Field(
+        "best_worst", description="Which responses a group keeps."
+    )
+    temperature: float = Field(1.0, gt=0.0, description="Softmax temperature of reward_weighted sampling.")
+
+
+class ReinforcePPConfig(_Section):
+    """REINFORCE++ (Hu, 2025): token-level KL in the reward, batch-normalised returns."""
+
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount over response tokens.")
+
+
+class DPOConfig(_Section):
+    """DPO (Rafailov et al., 2023): offline preference pairs against the frozen reference."""
+
+    beta: float = Field(0.1, gt=0.0, description="Inverse temperature of the implicit reward.")
+    label_smoothing: float = Field(0.0, ge=0.0, lt=0.5, description="Conservative DPO: assumed label-noise rate.")
+    pairs_path: str | None = Field(None, description="JSONL of {prompt, chosen, rejected}; null = synthetic pairs from the task.")
+    num_eval_pairs: int = Field(200, ge=1, description="Held-out pairs (from the test split) for the margin metric.")
+
+
 class AlgorithmConfig(_Section):
-    name: Literal["grpo"] = Field("grpo", description="RL algorithm.")
-    clip_eps: float = Field(0.2, description="PPO-style ratio clip epsilon.")
-    kl_coef: float = Field(0.0, ge=0.0, description="Weight of the KL penalty to the reference policy (0 disables it).")
+    """Shared knobs first; each algorithm's own section is read only when ``name`` selects it."""
+
+    name: AlgorithmName = Field("grpo", description="RL algorithm.")
+    clip_eps: float = Field(0.2, description="PPO-style ratio clip epsilon (the lower one under DAPO).")
+    kl_coef: float = Field(
+        0.0, ge=0.0, description="KL to the reference: a loss term (GRPO, DAPO) or a token reward (PPO, PF-PPO, REINFORCE++)."
+    )
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator (Schulman's k1/k2/k3).")
-    norm_adv_by_std: bool = Field(True, description="Divide group-centred rewards by the group std (GRPO).")
+    norm_adv_by_std: bool = Field(True, description="Divide group-centred rewards by the group std (GRPO, DAPO).")
     adv_eps: float = Field(1e-6, description="Added to the std when normalising advantages.")
+    ppo: PPOConfig = Field(default_factory=PPOConfig)
+    dapo: DAPOConfig = Field(default_factory=DAPOConfig)
+    pf_ppo: PFPPOConfig = Field(default_factory=PFPPOConfig)
+    reinforce_pp: ReinforcePPConfig = Field(default_factory=ReinforcePPConfig)
+    dpo: DPOConfig = Field(default_factory=DPOConfig)
+
+
+# Which sub-section of ``algorithm`` each algorithm reads (the example YAML of an algorithm writes only its own).
+ALGORITHM_SECTIONS: dict[str, tuple[str, ...]] = {
+    "grpo": (),
+    "ppo": ("ppo",),
+    "dapo": ("dapo",),
+    "pf_ppo": ("ppo", "pf_ppo"),
+    "reinforce_pp": ("reinforce_pp",),
+    "reinforce_pp_baseline": ("reinforce_pp",),
+    "dpo": ("dpo",),
+}
 
 
 class RolloutConfig(_Section):
@@ -128,17 +198,74 @@ class EvalConfig(_Section):
     every: int = Field(100, ge=0, description="Held-out accuracy every this many iterations (0 = only first and last).")
     num_prompts: int = Field(500, ge=1, description="Held-out prompts per evaluation.")
     batch_size: int = Field(500, ge=1, description="Prompts per greedy generation batch.")
+    pass_k: int = Field(1, ge=1, description="Samples per prompt for pass@k and avg@k (1 = greedy accuracy only).")
+    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature of the pass@k samples.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold of the pass@k samples.")
 
 
 class CheckpointConfig(_Section):
+    """Checkpoint store (``dockflow.storage``): where, how many, and how to reach S3/MinIO.
+
+    S3 credentials are never config keys (configs are logged as MLflow params): they come from the environment
+    (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, or ``MINIO_ROOT_USER``/``MINIO_ROOT_PASSWORD``) or from a
+    mounted Kubernetes Secret directory named by ``DOCKFLOW_S3_SECRET_DIR`` (files ``access-key``, ``secret-key``).
+    """
+
     every: int = Field(100, ge=0, description="Checkpoint every this many iterations (0 = only at the end).")
-    dir: str | None = Field(None, description="Checkpoint directory; null = <run dir>/checkpoints.")
+    dir: str | None = Field(
+        None, description="Checkpoint directory, or s3://bucket/prefix for S3/MinIO; null = <run dir>/checkpoints."
+    )
     keep: int = Field(2, ge=1, description="Keep the last K checkpoints.")
+    keep_best: bool = Field(
+        False, description="Also keep the best committed checkpoint by best_metric (besides the last K)."
+    )
+    best_metric: str | None = Field(
+        None,
+        description="Key of the commit meta that ranks checkpoints for keep_best (the trainer writes 'accuracy', "
+        "the last held-out accuracy); checkpoints whose value is missing or not a number are not candidates.",
+    )
+    best_mode: Literal["max", "min"] = Field("max", description="Whether a higher (max) or lower (min) best_metric is better.")
+    s3_endpoint: str | None = Field(
+        None,
+        description="S3 API endpoint for s3:// dirs: host:port or http(s)://host:port; null = env DOCKFLOW_S3_ENDPOINT, "
+        "then AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, else AWS (s3.amazonaws.com).",
+    )
+    s3_secure: bool | None = Field(
+        None, description="TLS to the S3 endpoint; null = from the endpoint's scheme (http:// off, https:// or none: on)."
+    )
+    s3_region: str | None = Field(
+        None, description="S3 region; null = env AWS_REGION or AWS_DEFAULT_REGION, else asked from the server."
+    )
+    s3_create_bucket: bool = Field(False, description="Create the bucket of an s3:// dir if it does not exist.")
+    s3_attempts: int = Field(
+        4, ge=1, description="Tries per S3 request on transient errors (connection, timeout, HTTP 5xx/429), with backoff."
+    )
+    s3_backoff_s: float = Field(0.5, ge=0, description="Wait before the 2nd try of an S3 request; doubled per try (max 30 s).")
+    s3_connect_timeout_s: float = Field(5.0, gt=0, description="Seconds to wait for a connection to the S3 endpoint.")
+    s3_read_timeout_s: float = Field(60.0, gt=0, description="Seconds an S3 socket read may wait for data.")
+
+    @model_validator(mode="after")
+    def _check_best(self) -> CheckpointConfig:
+        if self.keep_best and not self.best_metric:
+            raise ValueError(
+                "checkpoint.keep_best is true but checkpoint.best_metric is not set: "
+                "name a key of the commit meta (e.g. accuracy)"
+            )
+        return self
+
+
+class FaultToleranceConfig(_Section):
+    restart: bool = Field(
+        False, description="When a worker dies, restart the workers from the last checkpoint instead of failing."
+    )
+    max_restarts: int = Field(2, ge=0, description="Restarts allowed per run before the failure is final.")
 
 
 class TrackingConfig(_Section):
     uri: str | None = Field(None, description="MLflow tracking URI; null = a local store in the run directory.")
     experiment: str = Field("dockflow", description="MLflow experiment name.")
+    system_metrics: bool = Field(False, description="Log CPU, memory, disk, network (and GPU) usage as system/... metrics.")
+    system_metrics_interval_s: float = Field(10.0, gt=0.0, description="Seconds between system metric samples.")
 
 
 class Config(_Section):
@@ -155,6 +282,7 @@ class Config(_Section):
     dock: DockConfig = Field(default_factory=DockConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    fault_tolerance: FaultToleranceConfig = Field(default_factory=FaultToleranceConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     @model_validator(mode="after")
@@ -170,6 +298,18 @@ class Config(_Section):
                 f"train.micro_batch_size={self.train.micro_batch_size} must divide "
                 f"train.mini_batch_size={self.train.mini_batch_size}"
             )
+        alg = self.algorithm
+        if alg.name == "pf_ppo" and alg.pf_ppo.keep > self.rollout.group_size:
+            raise ValueError(
+                f"algorithm.pf_ppo.keep={alg.pf_ppo.keep} must be at most rollout.group_size={self.rollout.group_size}"
+            )
+        if alg.name == "pf_ppo" and (self.rollout.prompts_per_iter * alg.pf_ppo.keep) % self.train.mini_batch_size:
+            raise ValueError(
+                f"train.mini_batch_size={self.train.mini_batch_size} must divide the filtered batch "
+                f"rollout.prompts_per_iter x algorithm.pf_ppo.keep = {self.rollout.prompts_per_iter * alg.pf_ppo.keep}"
+            )
+        if alg.name == "dpo" and self.rollout.group_size != 2:
+            raise ValueError("algorithm.name=dpo trains on (chosen, rejected) pairs: set rollout.group_size: 2")
         if self.data.source == "file" and not self.data.train_path:
             raise ValueError("data.source is 'file' but data.train_path is not set: give a JSONL or Parquet path")
         return self
@@ -178,6 +318,19 @@ class Config(_Section):
     def global_batch(self) -> int:
         """G x N: samples per iteration."""
         return self.rollout.prompts_per_iter * self.rollout.group_size
+
+    @property
+    def train_batch(self) -> int:
+        """Samples the policy update consumes per iteration (PF-PPO keeps only the filtered ones)."""
+        if self.algorithm.name == "pf_ppo":
+            return self.rollout.prompts_per_iter * self.algorithm.pf_ppo.keep
+        return self.global_batch
+
+    @property
+    def rounds(self) -> int:
+        """Generation rounds per iteration at most (DAPO's dynamic sampling), so dock slots = rounds x G x N."""
+        dapo = self.algorithm.dapo
+        return dapo.max_rounds if self.algorithm.name == "dapo" and dapo.dynamic_sampling else 1
 
     def flat(self) -> dict[str, Any]:
         """The config as ``{"section.key": value}``, for MLflow params."""

@@ -1,4 +1,5 @@
-"""Test-wide settings: the local Ray cluster runs without auth or usage stats, tokenizers single-threaded."""
+"""Test-wide settings: the local Ray cluster runs without auth or usage stats, tokenizers single-threaded;
+the S3 test server fixtures (``tests/fixtures/s3_server.py``)."""
 
 import os
 
@@ -6,3 +7,6 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+# S3 test server fixtures: s3_server, s3_env, s3_checkpoint_dir (moto is imported only when one is used).
+from fixtures.s3_server import s3_checkpoint_dir, s3_env, s3_server  # noqa: E402, F401

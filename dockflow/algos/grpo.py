@@ -4,6 +4,10 @@ For each prompt, N responses form a group. A response's advantage is its reward 
 divided by the group std (Shao et al., 2024, DeepSeekMath). The loss is PPO's clipped surrogate on the
 per-token importance ratio against the behaviour policy, plus ``kl_coef`` times a KL estimate to the
 reference policy, averaged over all response tokens of the mini-batch (token-level mean).
+
+Clip-higher (DAPO, Yu et al., 2025): ``clip_eps_high`` decouples the upper bound of the ratio clip from
+the lower one, ``clip(ratio, 1 - clip_eps, 1 + clip_eps_high)``, so low-probability tokens with a positive
+advantage can grow further (against entropy collapse).
 """
 
 from __future__ import annotations
@@ -51,8 +55,12 @@ def clipped_policy_loss(
     kl_coef: float = 0.0,
     kl_estimator: KLEstimator = "k3",
     token_denom: float | None = None,
+    clip_eps_high: float | None = None,
 ) -> PolicyLossOutput:
     """GRPO loss on [B, R] token tensors; ``advantages`` is per sample [B] or per token [B, R].
+
+    The ratio is clipped to ``[1 - clip_eps, 1 + clip_eps_high]``; ``clip_eps_high=None`` means
+    ``clip_eps`` (the symmetric PPO clip).
 
     ``token_denom`` is the number of response tokens in the whole mini-batch when this call sees one
     micro-batch of it, so that summed micro-batch gradients equal the mini-batch token-level mean.
@@ -62,7 +70,8 @@ def clipped_policy_loss(
     log_ratio = logp - old_logp
     ratio = torch.exp(log_ratio.clamp(-20.0, 20.0))
     unclipped = -adv * ratio
-    clipped = -adv * ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)
+    eps_high = clip_eps if clip_eps_high is None else clip_eps_high
+    clipped = -adv * ratio.clamp(1.0 - clip_eps, 1.0 + eps_high)
     pg_tok = torch.maximum(unclipped, clipped)
     if kl_coef > 0.0:
         if ref_logp is None:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from dockflow.dock.api import (
         META_KEYS,
         DockBatch,
+        DockCancelled,
         DockError,
         DockInvalid,
         DockSpec,
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "META_KEYS": "dockflow.dock.errors",
+    "DockCancelled": "dockflow.dock.errors",
     "DockError": "dockflow.dock.errors",
     "DockInvalid": "dockflow.dock.errors",
     "DockTimeout": "dockflow.dock.errors",
@@ -61,6 +63,7 @@ def create_dock(spec: DockSpec) -> TransferDock:
 __all__ = [
     "META_KEYS",
     "DockBatch",
+    "DockCancelled",
     "DockError",
     "DockInvalid",
     "DockSpec",

@@ -32,6 +32,16 @@ def _where() -> dict[str, Any]:
     return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
 
+_CANCELLED = object()  # what a waiting take returns when a reset ends its iteration
+
+
+def _cancelled_message(consumer: str) -> str:
+    return (
+        f"get by {consumer!r} was cancelled: the dock was reset (a new iteration started) while it waited; "
+        "the samples it waited for belong to an iteration that is over"
+    )
+
+
 @ray.remote
 class ControllerActor:
     """Ready/consumed metadata of one consumer; gets long-poll here until enough samples are ready."""
@@ -41,6 +51,8 @@ class ControllerActor:
     ) -> None:
         self.state = ControllerState(consumer, all_columns, capacity, group_size, columns)
         self.cond = asyncio.Condition()
+        self.epoch = 0  # resets so far: a get waiting across a reset is cancelled
+        self.waiting = 0  # gets in progress
         self.meta_bytes_in = 0
         self.meta_bytes_out = 0
 
@@ -61,13 +73,23 @@ class ControllerActor:
     async def take(
         self, batch_size: int, columns: Sequence[str], whole_groups: bool, timeout_s: float
     ) -> tuple[str, Any, Any]:
-        """("ok", indices, meta) or ("timeout", readiness message, None)."""
+        """("ok", indices, meta), ("timeout", readiness message, None), or ("reset", message, None) when a reset
+        ended the iteration this get waited in (its requester may be gone: it must not take the next one's)."""
         self.state.validate(batch_size, columns, whole_groups)
         loop = asyncio.get_running_loop()
         started = loop.time()
-        chosen = await take_when_ready(
-            self.cond, lambda: self.state.take(batch_size, columns, whole_groups), timeout_s
-        )
+        epoch = self.epoch
+        self.waiting += 1
+        try:
+            chosen = await take_when_ready(
+                self.cond,
+                lambda: _CANCELLED if self.epoch != epoch else self.state.take(batch_size, columns, whole_groups),
+                timeout_s,
+            )
+        finally:
+            self.waiting -= 1
+        if chosen is _CANCELLED:
+            return "reset", _cancelled_message(self.state.consumer), None
         if chosen is None:
             readiness = self.state.readiness(batch_size, columns, whole_groups)
             return "timeout", readiness.message(loop.time() - started), None
@@ -78,12 +100,14 @@ class ControllerActor:
     async def reset(self, keep: np.ndarray) -> None:
         async with self.cond:
             self.state.reset(keep)
+            self.epoch += 1
             self.cond.notify_all()
 
     async def stats(self) -> dict[str, Any]:
         return {
             **_where(),
             **self.state.stats(),
+            "waiting_gets": self.waiting,
             "columns": list(self.state.columns),
             "meta_bytes_in": self.meta_bytes_in,
             "meta_bytes_out": self.meta_bytes_out,
@@ -203,6 +227,8 @@ class CentralBufferActor:
         self.store = WarehouseStore(columns, ShardMap(capacity, group_size, 1), 0)
         self.consumers: dict[str, ControllerState] = {}
         self.cond = asyncio.Condition()
+        self.epoch = 0  # resets so far: a get waiting across a reset is cancelled
+        self.waiting: dict[str, int] = defaultdict(int)  # gets in progress per consumer
         self.bytes_by_peer: dict[str, int] = defaultdict(int)
 
     async def ready(self) -> dict[str, Any]:
@@ -244,12 +270,22 @@ class CentralBufferActor:
     async def get(
         self, consumer: str, batch_size: int, columns: Sequence[str], whole_groups: bool, timeout_s: float, peer: str
     ) -> tuple[str, Any, Any, Any]:
-        """("ok", indices, arrays, meta) or ("timeout", message, None, None)."""
+        """("ok", indices, arrays, meta), ("timeout", message, None, None) or ("reset", message, None, None)."""
         state = self._state(consumer)
         state.validate(batch_size, columns, whole_groups)
         loop = asyncio.get_running_loop()
         started = loop.time()
-        chosen = await take_when_ready(self.cond, lambda: state.take(batch_size, columns, whole_groups), timeout_s)
+        epoch = self.epoch
+        self.waiting[consumer] += 1
+        try:
+            chosen = await take_when_ready(
+                self.cond, lambda: _CANCELLED if self.epoch != epoch else state.take(batch_size, columns, whole_groups),
+                timeout_s,
+            )
+        finally:
+            self.waiting[consumer] -= 1
+        if chosen is _CANCELLED:
+            return "reset", _cancelled_message(consumer), None, None
         if chosen is None:
             message = state.readiness(batch_size, columns, whole_groups).message(loop.time() - started)
             return "timeout", message, None, None
@@ -262,6 +298,7 @@ class CentralBufferActor:
             self.store.reset(keep)
             for state in self.consumers.values():
                 state.reset(keep)
+            self.epoch += 1
             self.cond.notify_all()
 
     async def stats(self) -> dict[str, Any]:
@@ -274,5 +311,5 @@ class CentralBufferActor:
             "bytes_out": store.bytes_out,
             "bytes_by_peer": dict(self.bytes_by_peer),
             "stored_bytes": store.nbytes(),
-            "controllers": {c: s.stats() for c, s in self.consumers.items()},
+            "controllers": {c: {**s.stats(), "waiting_gets": self.waiting[c]} for c, s in self.consumers.items()},
         }

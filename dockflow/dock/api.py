@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from dockflow.dock.errors import META_KEYS, DockError, DockInvalid, DockTimeout, DockUnavailable
+from dockflow.dock.errors import (
+    META_KEYS,
+    DockCancelled,
+    DockError,
+    DockInvalid,
+    DockTimeout,
+    DockUnavailable,
+)
 
 if TYPE_CHECKING:  # the actors import this module; keep tensordict (slow to import) out of them
     from tensordict import TensorDict
@@ -30,6 +37,7 @@ if TYPE_CHECKING:  # the actors import this module; keep tensordict (slow to imp
 __all__ = [
     "META_KEYS",
     "DockBatch",
+    "DockCancelled",
     "DockError",
     "DockInvalid",
     "DockSpec",

@@ -15,7 +15,8 @@ from tensordict import TensorDict
 
 from dockflow.dock import placement, validation
 from dockflow.dock.actors import CentralBufferActor
-from dockflow.dock.api import DockBatch, DockSpec, DockTimeout, DockUnavailable, TransferDock
+from dockflow.dock.api import DockBatch, DockSpec, DockUnavailable, TransferDock
+from dockflow.dock.errors import get_failure
 from dockflow.dock.rpc import call, peer_id
 from dockflow.dock.wire import from_wire, tensors_to_wire, wire_dtypes
 
@@ -86,7 +87,7 @@ class CentralizedDock(TransferDock):
         ref = self.buffer.get.remote(consumer, batch_size, columns, whole_groups, timeout, peer_id())
         status, indices, arrays, meta = call([ref], timeout + _GRACE_S, what)[0]
         if status != "ok":
-            raise DockTimeout(indices)
+            raise get_failure(status, indices)
         data = {c: from_wire(arrays[c], self.spec.columns[c]).clone() for c in columns}
         return DockBatch(
             indices=indices.tolist(),

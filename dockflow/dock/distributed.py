@@ -19,7 +19,8 @@ from tensordict import TensorDict
 
 from dockflow.dock import placement, validation
 from dockflow.dock.actors import ControllerActor, WarehouseActor
-from dockflow.dock.api import DockBatch, DockInvalid, DockSpec, DockTimeout, DockUnavailable, TransferDock
+from dockflow.dock.api import DockBatch, DockInvalid, DockSpec, DockUnavailable, TransferDock
+from dockflow.dock.errors import get_failure
 from dockflow.dock.rpc import call, peer_id, unwrap
 from dockflow.dock.sharding import ShardMap
 from dockflow.dock.wire import from_wire, to_wire, wire_dtypes
@@ -165,7 +166,7 @@ class DistributedDock(TransferDock):
         ref = controller.take.remote(batch_size, columns, whole_groups, timeout)
         status, indices, meta = self._await_controller(ref, consumer, timeout)
         if status != "ok":
-            raise DockTimeout(indices)
+            raise get_failure(status, indices)
         data = self._read(indices, columns, consumer)
         return DockBatch(
             indices=indices.tolist(),

@@ -15,6 +15,15 @@ class DockTimeout(DockError):
     """A get could not be satisfied in time; the message names consumer, columns and readiness."""
 
 
+class DockCancelled(DockError):
+    """A waiting get was cancelled by a reset: the iteration it waited for is over (e.g. its producer died)."""
+
+
+def get_failure(status: str, message: str) -> DockError:
+    """The client-side exception of a get that a dock actor answered with a non-"ok" status."""
+    return DockCancelled(message) if status == "reset" else DockTimeout(message)
+
+
 class DockUnavailable(DockError):
     """A warehouse or controller died, or the dock could not be placed on the cluster."""
 

@@ -10,8 +10,13 @@ from __future__ import annotations
 from torch import nn
 
 from dockflow.engines.base import GenerationEngine, LossFn, SamplingParams, TrainingEngine
-from dockflow.engines.hf_generation import HFGenerationEngine, decode_responses, first_eos_mask
-from dockflow.engines.logprobs import batched_log_probs, response_log_probs
+from dockflow.engines.hf_generation import (
+    HFGenerationEngine,
+    decode_responses,
+    encode_rollouts,
+    first_eos_mask,
+)
+from dockflow.engines.logprobs import batched_log_probs, response_log_probs, response_values
 from dockflow.engines.torch_training import TorchTrainingEngine
 
 __all__ = [
@@ -23,9 +28,12 @@ __all__ = [
     "TrainingEngine",
     "batched_log_probs",
     "create_engines",
+    "create_critic_engine",
     "decode_responses",
+    "encode_rollouts",
     "first_eos_mask",
     "response_log_probs",
+    "response_values",
 ]
 
 
@@ -42,3 +50,16 @@ def create_engines(cfg, model: nn.Module, tokenizer, device: str = "cpu") -> tup
     )
     gen = HFGenerationEngine(model, tokenizer, device=device, batch_size=cfg.rollout.batch_size)
     return train, gen
+
+
+def create_critic_engine(cfg, model: nn.Module, device: str = "cpu") -> TrainingEngine:
+    """Training engine of a critic: the same trainer, with the value head's outputs instead of log-probs."""
+    return TorchTrainingEngine(
+        model,
+        lr=cfg.algorithm.ppo.critic_lr,
+        weight_decay=cfg.train.weight_decay,
+        grad_clip=cfg.train.grad_clip,
+        infer_batch_size=cfg.train.infer_batch_size,
+        device=device,
+        response_fn=response_values,
+    )

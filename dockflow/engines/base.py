@@ -54,15 +54,18 @@ class GenerationEngine(ABC):
 
 
 LossFn = Callable[[torch.Tensor, TensorDict, float], tuple[torch.Tensor, dict[str, float]]]
-"""(response log-probs [b, R], micro-batch, token count of the mini-batch) -> (loss, metrics)."""
+"""(per-token outputs [b, R] with grad (log-probs, or values), micro-batch, token count of the mini-batch)
+-> (loss, metrics)."""
 
 
 class TrainingEngine(ABC):
     """Holds the trainable model and its optimizer."""
 
     @abstractmethod
-    def log_probs(self, batch: TensorDict) -> torch.Tensor:
-        """Per-token log-probs of ``batch['responses']`` under the current weights, no grad: [B, R]."""
+    def infer(self, batch: TensorDict) -> torch.Tensor:
+        """The model's per-response-token output under the current weights, no grad: [B, R].
+
+        A policy gives the log-probs of ``batch['responses']``; a critic gives values."""
 
     @abstractmethod
     def train_mini_batch(self, batch: TensorDict, loss_fn: LossFn, micro_batch_size: int) -> dict[str, float]:

@@ -30,6 +30,48 @@ def decode_responses(tokenizer, responses: torch.Tensor, response_mask: torch.Te
     ]
 
 
+def left_pad_prompts(tokenizer, prompts: list[str], width: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompt ids and mask, left-padded to ``width`` (None: the longest prompt)."""
+    # Special tokens as the tokenizer adds them (e.g. BOS), exactly as SFT saw its prompts.
+    ids = [tokenizer(p)["input_ids"] for p in prompts]
+    longest = max(len(x) for x in ids)
+    width = longest if width is None else width
+    if longest > width:
+        raise ValueError(f"a prompt has {longest} tokens, more than the prompt width {width}")
+    input_ids = torch.full((len(ids), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(ids), width), dtype=torch.long)
+    for i, row in enumerate(ids):
+        if row:
+            input_ids[i, width - len(row) :] = torch.tensor(row)
+            mask[i, width - len(row) :] = 1
+    return input_ids, mask
+
+
+def encode_rollouts(tokenizer, prompts: list[str], responses: list[str], response_width: int) -> TensorDict:
+    """Given (prompt, response text) pairs in the rollout layout of ``dockflow.engines.base``, as if generated:
+    each response is its tokens plus EOS, cut at ``response_width`` (then it has no EOS, like a truncated
+    generation). Used to score fixed responses, e.g. DPO's chosen and rejected answers."""
+    prompt_ids, prompt_mask = left_pad_prompts(tokenizer, prompts, None)
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    responses_t = torch.full((len(responses), response_width), pad, dtype=torch.long)
+    response_mask = torch.zeros_like(responses_t)
+    for i, text in enumerate(responses):
+        row = (tokenizer(text, add_special_tokens=False)["input_ids"] + [eos])[:response_width]
+        responses_t[i, : len(row)] = torch.tensor(row)
+        response_mask[i, : len(row)] = 1
+    return TensorDict(
+        {
+            "input_ids": torch.cat([prompt_ids, responses_t], dim=1),
+            "attention_mask": torch.cat([prompt_mask, response_mask], dim=1),
+            "responses": responses_t,
+            "response_mask": response_mask,
+            "prompt_length": prompt_mask.sum(-1),
+            "response_length": response_mask.sum(-1),
+        },
+        batch_size=[len(responses)],
+    )
+
+
 class HFGenerationEngine(GenerationEngine):
     """Batched sampling with ``model.generate`` on one device."""
 
@@ -42,20 +84,7 @@ class HFGenerationEngine(GenerationEngine):
             raise ValueError("the tokenizer needs pad and eos tokens for batched generation")
 
     def _encode_prompts(self, prompts: list[str], width: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-        # Special tokens as the tokenizer adds them (e.g. BOS), exactly as SFT saw its prompts.
-        ids = [self.tokenizer(p)["input_ids"] for p in prompts]
-        longest = max(len(x) for x in ids)
-        width = longest if width is None else width
-        if longest > width:
-            raise ValueError(f"a prompt has {longest} tokens, more than the prompt width {width}")
-        pad = self.tokenizer.pad_token_id
-        input_ids = torch.full((len(ids), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(ids), width), dtype=torch.long)
-        for i, row in enumerate(ids):
-            if row:
-                input_ids[i, width - len(row):] = torch.tensor(row)
-                mask[i, width - len(row):] = 1
-        return input_ids, mask
+        return left_pad_prompts(self.tokenizer, prompts, width)
 
     def prompt_width(self, prompts: list[str]) -> int:
         """Token width that fits every prompt."""

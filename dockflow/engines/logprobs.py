@@ -7,6 +7,9 @@ responses), so compute follows the real lengths. The result is padded back to th
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
@@ -28,6 +31,13 @@ def trim_columns(attention_mask: torch.Tensor, response_width: int) -> tuple[int
     return first, keep_r
 
 
+def _trimmed(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int):
+    """(ids, mask, kept response columns) with the all-padding columns of the batch cut off."""
+    first, keep_r = trim_columns(attention_mask, response_width)
+    end = input_ids.shape[1] - response_width + keep_r
+    return input_ids[:, first:end], attention_mask[:, first:end], keep_r
+
+
 def response_log_probs(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -39,10 +49,7 @@ def response_log_probs(
 
     Positions past the longest response of the batch get log-prob 0 (they are masked out anyway).
     """
-    first, keep_r = trim_columns(attention_mask, response_width)
-    prompt_end = input_ids.shape[1] - response_width
-    ids = input_ids[:, first : prompt_end + keep_r]
-    mask = attention_mask[:, first : prompt_end + keep_r]
+    ids, mask, keep_r = _trimmed(input_ids, attention_mask, response_width)
     out = model(
         input_ids=ids,
         attention_mask=mask,
@@ -58,23 +65,42 @@ def response_log_probs(
     return F.pad(logp, (0, response_width - keep_r))
 
 
+def response_values(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int
+) -> torch.Tensor:
+    """A critic's value of the state before each response token ([B, R]), from a one-label token head
+    (``AutoModelForTokenClassification``): the same positions whose logits predict the token."""
+    ids, mask, keep_r = _trimmed(input_ids, attention_mask, response_width)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False)
+    values = out.logits[:, -keep_r - 1 : -1, 0].float()
+    return F.pad(values, (0, response_width - keep_r))
+
+
+ResponseFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, int], torch.Tensor]
+"""(model, input_ids, attention_mask, response width) -> one value per response token [B, R]."""
+
+
 @torch.no_grad()
-def batched_log_probs(model: nn.Module, batch: TensorDict, chunk: int, temperature: float = 1.0) -> torch.Tensor:
-    """:func:`response_log_probs` over ``batch`` in chunks, in eval mode, on the model's device."""
+def batched_response_outputs(model: nn.Module, batch: TensorDict, chunk: int, fn: ResponseFn) -> torch.Tensor:
+    """``fn`` over ``batch`` in chunks, in eval mode, on the model's device."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     try:
         parts = [
-            response_log_probs(
+            fn(
                 model,
                 batch["input_ids"][i : i + chunk].to(device),
                 batch["attention_mask"][i : i + chunk].to(device),
                 batch["responses"].shape[1],
-                temperature,
             ).cpu()
             for i in range(0, batch.batch_size[0], chunk)
         ]
     finally:
         model.train(was_training)
     return torch.cat(parts)
+
+
+def batched_log_probs(model: nn.Module, batch: TensorDict, chunk: int, temperature: float = 1.0) -> torch.Tensor:
+    """:func:`response_log_probs` over ``batch`` in chunks, without gradients."""
+    return batched_response_outputs(model, batch, chunk, partial(response_log_probs, temperature=temperature))

@@ -8,6 +8,7 @@ summed gradient equals that of one token-level mean over the whole mini-batch.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import torch
@@ -15,7 +16,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from dockflow.engines.base import LossFn, TrainingEngine
-from dockflow.engines.logprobs import batched_log_probs, response_log_probs
+from dockflow.engines.logprobs import ResponseFn, batched_response_outputs, response_log_probs
 
 
 class TorchTrainingEngine(TrainingEngine):
@@ -30,25 +31,23 @@ class TorchTrainingEngine(TrainingEngine):
         infer_batch_size: int = 64,
         temperature: float = 1.0,
         device: str | torch.device = "cpu",
+        response_fn: ResponseFn | None = None,
     ):
         self.model = model.to(device)
         self.device = torch.device(device)
         self.grad_clip = grad_clip
         self.infer_batch_size = infer_batch_size
-        self.temperature = temperature  # the sampling temperature: log-probs must match the behaviour policy
+        # A policy's head gives log-probs at the sampling temperature (they must match the behaviour policy);
+        # a critic passes response_values instead.
+        self.response_fn = response_fn or partial(response_log_probs, temperature=temperature)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
 
     def _forward(self, batch: TensorDict) -> torch.Tensor:
-        return response_log_probs(
-            self.model,
-            batch["input_ids"].to(self.device),
-            batch["attention_mask"].to(self.device),
-            batch["responses"].shape[1],
-            self.temperature,
-        )
+        ids, mask = batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
+        return self.response_fn(self.model, ids, mask, batch["responses"].shape[1])
 
-    def log_probs(self, batch: TensorDict) -> torch.Tensor:
-        return batched_log_probs(self.model, batch, self.infer_batch_size, self.temperature)
+    def infer(self, batch: TensorDict) -> torch.Tensor:
+        return batched_response_outputs(self.model, batch, self.infer_batch_size, self.response_fn)
 
     def train_mini_batch(self, batch: TensorDict, loss_fn: LossFn, micro_batch_size: int) -> dict[str, float]:
         self.model.train()

@@ -1,8 +1,9 @@
-"""The RL stages: generate, infer, update, reshard, evaluate.
+"""The RL stages: generate, score, infer, update, reshard, evaluate.
 
 Each stage function launches its work on the run's workers and returns ``{name: ObjectRef}``; it never
 touches sample data, only iteration numbers and prompt indices. The CLI loop (``dockflow.flow.sync``)
-and the KFP components call these same functions; which driver called them is invisible here.
+and the KFP components call these same functions; which driver called them is invisible here. A stage
+asks only the workers the algorithm has (``Workers`` fields are None otherwise).
 """
 
 from __future__ import annotations
@@ -14,26 +15,40 @@ from dockflow.workers import Workers
 Refs = dict[str, Any]
 
 
-def generate(workers: Workers, iteration: int, prompt_ids: list[int]) -> Refs:
-    """Sample N responses per prompt into the dock."""
-    return {"generate": workers.actor.generate.remote(iteration, prompt_ids)}
+def generate(workers: Workers, iteration: int, prompt_ids: list[int], first_index: int = 0, offline: bool = False) -> Refs:
+    """Sample N responses per prompt into the dock from index ``first_index`` on; ``offline`` (DPO) puts the
+    preference pairs ``prompt_ids`` instead."""
+    if offline:
+        return {"generate": workers.actor.put_pairs.remote(iteration, prompt_ids)}
+    return {"generate": workers.actor.generate.remote(iteration, prompt_ids, first_index)}
 
 
-def infer(workers: Workers, iteration: int) -> Refs:
-    """Rewards, advantages, old log-probs and (with a KL penalty) reference log-probs, streamed off the dock."""
-    refs = {
+def score(workers: Workers, iteration: int, round_index: int = 0, last_round: bool = True) -> Refs:
+    """Rewards and advantages of one generation round, streamed off the dock (none for DPO)."""
+    if workers.reward is None:
+        return {}
+    return {
         "reward": workers.reward.compute_rewards.remote(iteration),
-        "advantage": workers.reward.compute_advantages.remote(iteration),
-        "old_log_prob": workers.actor.compute_old_log_prob.remote(iteration),
+        "advantage": workers.reward.compute_advantages.remote(iteration, round_index, last_round),
     }
+
+
+def infer(workers: Workers, iteration: int, offline: bool = False) -> Refs:
+    """Model inferences: old log-probs, reference log-probs and critic values, for the workers that exist."""
+    refs = {} if offline else {"old_log_prob": workers.actor.compute_old_log_prob.remote(iteration)}
     if workers.reference is not None:
         refs["ref_log_prob"] = workers.reference.compute_ref_log_prob.remote(iteration)
+    if workers.critic is not None:
+        refs["values"] = workers.critic.compute_values.remote(iteration)
     return refs
 
 
 def update(workers: Workers, iteration: int) -> Refs:
-    """Policy update on the iteration's samples."""
-    return {"update": workers.actor.update.remote(iteration)}
+    """Policy (and critic) update on the iteration's samples."""
+    refs = {"update": workers.actor.update.remote(iteration)}
+    if workers.critic is not None:
+        refs["critic_update"] = workers.critic.update.remote(iteration)
+    return refs
 
 
 def reshard(workers: Workers, iteration: int) -> Refs:
@@ -42,5 +57,5 @@ def reshard(workers: Workers, iteration: int) -> Refs:
 
 
 def evaluate(workers: Workers, limit: int) -> Refs:
-    """Greedy held-out accuracy of the current policy."""
+    """Held-out scores of the current policy."""
     return {"evaluate": workers.actor.evaluate.remote("test", limit)}

@@ -1,7 +1,9 @@
-"""The synchronous (on-policy) scheduler: one iteration = generate -> infer -> update -> reshard.
+"""The synchronous (on-policy) scheduler: one iteration = generate -> score/infer -> update -> reshard.
 
 All stages of an iteration are launched at once; the dock's readiness and Ray's per-actor call order
-give the dependencies, so reward and reference scoring stream behind generation with no stage barrier.
+give the dependencies, so scoring and inference stream behind generation with no stage barrier. Under
+DAPO's dynamic sampling, generation and scoring run in rounds first (each round's count of informative
+groups decides whether another is needed), then inference and the update follow.
 """
 
 from __future__ import annotations
@@ -17,24 +19,76 @@ from dockflow.flow.waiting import wait_stages
 from dockflow.workers import Workers
 
 
+def _merge(results: dict[str, dict[str, float]]) -> dict[str, float]:
+    metrics: dict[str, float] = {}
+    for part in results.values():
+        metrics.update(part)
+    return metrics
+
+
+def _sampling_rounds(
+    cfg: Config, workers: Workers, prompt_ids: list[int], iteration: int
+) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """Generate and score rounds of G prompts until G informative groups have advantages (or the last round
+    fills the batch). Returns the last round's scoring metrics and every round's generation metrics."""
+    g = cfg.rollout.prompts_per_iter
+    generated: list[dict[str, float]] = []
+    scored: dict[str, float] = {}
+    for r in range(cfg.rounds):
+        last = r == cfg.rounds - 1
+        refs = stages.generate(workers, iteration, prompt_ids[r * g : (r + 1) * g], first_index=r * cfg.global_batch)
+        refs.update(stages.score(workers, iteration, r, last))
+        res = wait_stages(refs, cfg.train.stage_timeout_s, iteration)
+        generated.append(res.pop("generate"))
+        scored = _merge(res)
+        if scored["dapo/kept_groups"] >= g:
+            break
+    scored["dapo/rounds"] = float(len(generated))
+    return scored, generated
+
+
 def run_iteration(
     cfg: Config, workers: Workers, dock: TransferDock, sampler: PromptSampler, iteration: int, devices: float
 ) -> dict[str, float]:
     """Run one on-policy iteration; returns its metrics (scalars only)."""
     dock.reset()
     start = time.perf_counter()
+    offline = cfg.algorithm.name == "dpo"
+    prompt_ids = sampler.indices(iteration)
+    metrics: dict[str, float] = {}
+    generated: list[dict[str, float]] = []
     refs = {}
-    refs.update(stages.generate(workers, iteration, sampler.indices(iteration)))
-    refs.update(stages.infer(workers, iteration))
+    if cfg.rounds > 1:
+        metrics, generated = _sampling_rounds(cfg, workers, prompt_ids, iteration)
+    else:
+        refs.update(stages.generate(workers, iteration, prompt_ids, offline=offline))
+        refs.update(stages.score(workers, iteration))
+    refs.update(stages.infer(workers, iteration, offline=offline))
     refs.update(stages.update(workers, iteration))
     refs.update(stages.reshard(workers, iteration))
     results = wait_stages(refs, cfg.train.stage_timeout_s, iteration)
+    if "generate" in results:
+        generated.append(results.pop("generate"))
     seconds = time.perf_counter() - start
-    metrics: dict[str, float] = {}
-    for part in results.values():
-        metrics.update(part)
+    metrics.update(_merge(results))
+    metrics.update(_rollout_summary(generated))
     metrics["timing/iteration_s"] = seconds
     metrics["perf/throughput_tps"] = throughput_tps(
-        cfg.global_batch, metrics["rollout/prompt_length"], metrics["rollout/response_length"], devices, seconds
+        cfg.global_batch * len(generated),
+        metrics["rollout/prompt_length"],
+        metrics["rollout/response_length"],
+        devices,
+        seconds,
     )
     return metrics
+
+
+def _rollout_summary(rounds: list[dict[str, float]]) -> dict[str, float]:
+    """Generation metrics over rounds of equal size: mean lengths, total tokens and seconds."""
+    n = len(rounds)
+    return {
+        "rollout/prompt_length": sum(r["rollout/prompt_length"] for r in rounds) / n,
+        "rollout/response_length": sum(r["rollout/response_length"] for r in rounds) / n,
+        "rollout/tokens": sum(r["rollout/tokens"] for r in rounds),
+        "timing/generate_s": sum(r["timing/generate_s"] for r in rounds),
+    }

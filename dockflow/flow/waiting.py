@@ -7,7 +7,11 @@ from typing import Any
 
 
 class StageError(RuntimeError):
-    """A stage failed, timed out, or its worker died."""
+    """A stage failed, timed out, or its worker died (``worker_died``: a restart may help)."""
+
+    def __init__(self, message: str, worker_died: bool = False):
+        super().__init__(message)
+        self.worker_died = worker_died
 
 
 def wait_stages(refs: dict[str, Any], timeout_s: float, iteration: int) -> dict[str, Any]:
@@ -31,7 +35,9 @@ def wait_stages(refs: dict[str, Any], timeout_s: float, iteration: int) -> dict[
             try:
                 results[name] = ray.get(r)
             except ray.exceptions.RayActorError as exc:
-                raise StageError(f"iteration {iteration}: the worker running stage '{name}' died: {exc}") from None
+                raise StageError(
+                    f"iteration {iteration}: the worker running stage '{name}' died: {exc}", worker_died=True
+                ) from None
             except ray.exceptions.RayTaskError as exc:
                 raise StageError(f"iteration {iteration}: stage '{name}' failed: {exc.cause!r}") from exc.cause
     return results

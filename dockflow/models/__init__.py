@@ -11,6 +11,7 @@ from __future__ import annotations
 from dockflow.models.factory import (
     ModelFilesError,
     build_tiny_model,
+    load_critic,
     load_model_and_tokenizer,
     load_tokenizer,
     missing_model_files,
@@ -23,6 +24,7 @@ __all__ = [
     "ModelFilesError",
     "build_char_tokenizer",
     "build_tiny_model",
+    "load_critic",
     "load_model_and_tokenizer",
     "load_tokenizer",
     "missing_model_files",

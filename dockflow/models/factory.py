@@ -19,7 +19,9 @@ from pathlib import Path
 
 import torch
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
+    AutoModelForTokenClassification,
     AutoTokenizer,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -167,14 +169,7 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def load_model_and_tokenizer(
-    path: str | Path, dtype: str | torch.dtype = "float32"
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load any local HF causal-LM directory (tiny policy or e.g. a downloaded Qwen2.5-0.5B).
-
-    The tokenizer pads on the left; if it has no pad token, EOS is used as pad.
-    """
-    p = Path(path)
+def _check_model_dir(p: Path) -> None:
     if not p.is_dir():
         raise ModelFilesError(f"model directory '{p}' does not exist: set model.path to a local HF model directory")
     missing = missing_model_files(p)
@@ -183,7 +178,36 @@ def load_model_and_tokenizer(
             f"model directory '{p}' is missing {', '.join(missing)}: it must hold a complete Hugging Face "
             "causal-LM checkpoint (save one with save_pretrained or download it first)"
         )
+
+
+def load_model_and_tokenizer(
+    path: str | Path, dtype: str | torch.dtype = "float32"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load any local HF causal-LM directory (tiny policy or e.g. a downloaded Qwen2.5-0.5B).
+
+    The tokenizer pads on the left; if it has no pad token, EOS is used as pad.
+    """
+    p = Path(path)
+    _check_model_dir(p)
     tokenizer = load_tokenizer(p)
     model = AutoModelForCausalLM.from_pretrained(p, local_files_only=True, dtype=_dtype(dtype))
     _set_generation_ids(model, tokenizer)
     return model, tokenizer
+
+
+def load_critic(path: str | Path, dtype: str | torch.dtype = "float32") -> PreTrainedModel:
+    """A critic on the policy's architecture: the policy's backbone weights and a new one-output token head.
+
+    The head starts at zero (every value 0), so the first advantages are plain returns rather than noise;
+    dropout is off so that training and inference see the same values.
+    """
+    p = Path(path)
+    _check_model_dir(p)
+    config = AutoConfig.from_pretrained(p, local_files_only=True, num_labels=1)
+    config.classifier_dropout = 0.0
+    critic = AutoModelForTokenClassification.from_pretrained(p, config=config, local_files_only=True, dtype=_dtype(dtype))
+    with torch.no_grad():
+        critic.score.weight.zero_()
+        if critic.score.bias is not None:
+            critic.score.bias.zero_()
+    return critic

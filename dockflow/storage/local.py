@@ -16,27 +16,20 @@ import contextlib
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
-from dockflow.storage.base import CheckpointStore
+from dockflow.storage.base import CheckpointStore, Fetched
 from dockflow.storage.manifest import (
     MANIFEST_NAME,
-    PART_SUFFIX,
-    RECORD_SUFFIX,
     CheckpointError,
     HashingWriter,
-    Manifest,
     PartInfo,
-    check_part_name,
-    meta_json_check,
-    parse_record,
     parse_step_dirname,
     part_filename,
-    record_filename,
-    record_json,
     sha256_file,
     step_dirname,
 )
@@ -71,8 +64,14 @@ def _write_text_atomic(final: Path, text: str) -> None:
 class LocalCheckpointStore(CheckpointStore):
     """Checkpoints as ``<root>/step-NNNNNN/`` folders; see the module docstring."""
 
-    def __init__(self, root: str | Path, keep: int) -> None:
-        super().__init__(keep)
+    def __init__(
+        self,
+        root: str | Path,
+        keep: int,
+        best_metric: str | None = None,
+        best_mode: Literal["max", "min"] = "max",
+    ) -> None:
+        super().__init__(keep, best_metric, best_mode)
         self.root = Path(root)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -85,19 +84,17 @@ class LocalCheckpointStore(CheckpointStore):
                 f"checkpoint directory '{self.root}' is not writable: fix its permissions or set checkpoint.dir"
             )
 
+    def __repr__(self) -> str:
+        return f"LocalCheckpointStore({str(self.root)!r}, keep={self.keep})"
+
     def location(self, step: int | None = None) -> str:
         return str(self.root if step is None else self._dir(step))
 
     def _dir(self, step: int) -> Path:
         return self.root / step_dirname(step)
 
-    def write_part(self, step: int, name: str, obj: Any) -> PartInfo:
-        check_part_name(name)
+    def _save_part(self, step: int, name: str, obj: Any) -> PartInfo:
         d = self._dir(step)
-        if (d / MANIFEST_NAME).exists():
-            raise CheckpointError(
-                f"checkpoint {d} is already committed: write to a new step, or delete this one first"
-            )
         final = d / part_filename(name)
         tmp = _tmp_name(final)
         try:
@@ -107,10 +104,7 @@ class LocalCheckpointStore(CheckpointStore):
                 torch.save(obj, w)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, final)
-            info = PartInfo(name=name, size=w.size, sha256=w.sha256)
-            _write_text_atomic(d / record_filename(name), record_json(info))
-            _fsync_dir(d)
+            os.replace(tmp, final)  # made durable by the directory fsync after the part's record
         except OSError as exc:
             raise CheckpointError(
                 f"cannot write checkpoint part {final} ({exc}): check free space and permissions of {self.root}"
@@ -118,114 +112,43 @@ class LocalCheckpointStore(CheckpointStore):
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
-        return info
+        return PartInfo(name=name, size=w.size, sha256=w.sha256)
 
-    def _written_parts(self, d: Path) -> dict[str, PartInfo]:
-        parts: dict[str, PartInfo] = {}
-        for rec in sorted(d.glob("*" + RECORD_SUFFIX)):
-            if rec.name.startswith("."):
-                continue
-            name = rec.name[: -len(RECORD_SUFFIX)]
-            info = parse_record(rec.read_text(encoding="utf-8"), name, str(rec))
-            part = d / part_filename(name)
-            size = part.stat().st_size if part.exists() else None
-            if size != info.size:
-                raise CheckpointError(
-                    f"checkpoint part {part} is {'missing' if size is None else f'{size} bytes'} but its record "
-                    f"says {info.size} bytes: write part '{name}' of this step again"
-                )
-            parts[name] = info
-        return parts
-
-    def commit(self, step: int, meta: dict[str, Any], parts: list[str] | None = None) -> Manifest:
-        meta_json_check(meta)
+    def _put_text(self, step: int, filename: str, text: str) -> None:
         d = self._dir(step)
-        if (d / MANIFEST_NAME).exists():
-            raise CheckpointError(f"checkpoint {d} is already committed")
-        if not d.is_dir():
-            raise CheckpointError(f"no parts were written for step {step} (no directory {d}): call write_part first")
-        written = self._written_parts(d)
-        expected = parts if parts is not None else sorted(written)
-        # A part file without its record: the writer died between the two, so the part cannot be trusted.
-        unrecorded = sorted(
-            p.name[: -len(PART_SUFFIX)] for p in d.glob("*" + PART_SUFFIX) if not p.name.startswith(".")
-        )
-        unfinished = [n for n in unrecorded if n not in written and (parts is None or n in parts)]
-        if unfinished:
-            raise CheckpointError(
-                f"cannot commit {d}: parts {unfinished} have no record (their writers did not finish); "
-                "write them again"
-            )
-        missing = [n for n in expected if n not in written]
-        if missing:
-            raise CheckpointError(
-                f"cannot commit {d}: parts {missing} were not written (found {sorted(written)}); "
-                "wait for their writers to finish, or check those writers' errors"
-            )
-        if not expected:
-            raise CheckpointError(f"cannot commit {d}: it holds no parts; call write_part first")
-        manifest = Manifest(step=step, meta=meta, parts=written)
         try:
-            _write_text_atomic(d / MANIFEST_NAME, manifest.to_json())
+            d.mkdir(parents=True, exist_ok=True)
+            _write_text_atomic(d / filename, text)
             _fsync_dir(d)
         except OSError as exc:
-            raise CheckpointError(f"cannot write manifest in {d} ({exc}): check free space and permissions") from None
-        self._retain(step)
-        return manifest
-
-    def read_manifest(self, step: int) -> Manifest:
-        path = self._dir(step) / MANIFEST_NAME
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
             raise CheckpointError(
-                f"checkpoint {self._dir(step)} is not committed (no {MANIFEST_NAME}); committed steps: {self.list_steps()}"
+                f"cannot write {d / filename} ({exc}): check free space and permissions of {self.root}"
             ) from None
-        manifest = Manifest.from_json(text, str(path))
-        if manifest.step != step:
-            raise CheckpointError(f"manifest {path} is for step {manifest.step}, not {step}: delete that checkpoint")
-        return manifest
 
-    def _check_part(self, step: int, info: PartInfo) -> Path:
-        path = self._dir(step) / part_filename(info.name)
-        if not path.is_file():
-            raise CheckpointError(f"checkpoint part {path} is missing: that checkpoint is broken, resume from another")
-        size, digest = sha256_file(path)
-        if size != info.size or digest != info.sha256:
-            raise CheckpointError(
-                f"checkpoint part {path} is corrupt (size {size} vs {info.size} in manifest, sha256 "
-                f"{'matches' if digest == info.sha256 else 'differs'}): resume from another checkpoint"
-            )
-        return path
+    def _get_text(self, step: int, filename: str) -> str | None:
+        try:
+            return (self._dir(step) / filename).read_text(encoding="utf-8")
+        except (FileNotFoundError, NotADirectoryError):
+            return None
 
-    def verify(self, step: int) -> Manifest:
-        manifest = self.read_manifest(step)
-        for info in manifest.parts.values():
-            self._check_part(step, info)
-        return manifest
+    def _list_files(self, step: int) -> dict[str, int]:
+        d = self._dir(step)
+        if not d.is_dir():
+            return {}
+        return {p.name: p.stat().st_size for p in d.iterdir() if not p.name.startswith(".") and p.is_file()}
 
-    def read_part(self, step: int, name: str, *, map_location: str = "cpu", weights_only: bool = True) -> Any:
-        manifest = self.read_manifest(step)
-        if name not in manifest.parts:
-            raise CheckpointError(
-                f"checkpoint {self._dir(step)} has no part '{name}'; it has {sorted(manifest.parts)}"
-            )
-        path = self._check_part(step, manifest.parts[name])
-        return torch.load(path, map_location=map_location, weights_only=weights_only)
-
-    def _step_dirs(self) -> list[tuple[int, Path]]:
-        out = []
+    def _list_all(self) -> dict[int, bool]:
+        out = {}
         for p in self.root.iterdir():
             step = parse_step_dirname(p.name)
             if step is not None and p.is_dir():
-                out.append((step, p))
-        return sorted(out)
+                out[step] = (p / MANIFEST_NAME).exists()
+        return out
 
-    def list_steps(self) -> list[int]:
-        return [s for s, p in self._step_dirs() if (p / MANIFEST_NAME).exists()]
-
-    def list_uncommitted(self) -> list[int]:
-        return [s for s, p in self._step_dirs() if not (p / MANIFEST_NAME).exists()]
+    @contextlib.contextmanager
+    def _fetch(self, step: int, filename: str, keep_data: bool) -> Iterator[Fetched]:
+        path = self._dir(step) / filename
+        yield (path, *sha256_file(path)) if path.is_file() else None
 
     def delete(self, step: int) -> None:
         d = self._dir(step)

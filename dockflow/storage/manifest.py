@@ -15,6 +15,7 @@ import hashlib
 import json
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -42,6 +43,18 @@ def parse_step_dirname(name: str) -> int | None:
     """``'step-000010' -> 10``; None for names that are not checkpoint folders."""
     m = _STEP_RE.match(name)
     return int(m.group(1)) if m else None
+
+
+def steps_of_paths(paths: Iterable[str]) -> dict[int, bool]:
+    """Steps found in paths relative to the store's root (``'step-000010/actor.pt'``) and whether each is
+    committed (has ``manifest.json``); other paths are ignored."""
+    out: dict[int, bool] = {}
+    for path in paths:
+        folder, _, filename = path.partition("/")
+        step = parse_step_dirname(folder)
+        if step is not None and filename and "/" not in filename:
+            out[step] = out.get(step, False) or filename == MANIFEST_NAME
+    return out
 
 
 def check_step(step: int) -> int:
@@ -143,9 +156,10 @@ def meta_json_check(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 class HashingWriter:
-    """Write-only file wrapper that counts bytes and computes sha256 as ``torch.save`` streams into it."""
+    """Write-only file wrapper that counts bytes and computes sha256 as ``torch.save`` (or a download)
+    streams into it; with ``f=None`` the bytes are only counted and hashed."""
 
-    def __init__(self, f: BinaryIO) -> None:
+    def __init__(self, f: BinaryIO | None = None) -> None:
         self._f = f
         self._h = hashlib.sha256()
         self.size = 0
@@ -153,10 +167,11 @@ class HashingWriter:
     def write(self, data: bytes) -> int:
         self._h.update(data)
         self.size += len(data)
-        return self._f.write(data)
+        return self._f.write(data) if self._f is not None else len(data)
 
     def flush(self) -> None:
-        self._f.flush()
+        if self._f is not None:
+            self._f.flush()
 
     @property
     def sha256(self) -> str:

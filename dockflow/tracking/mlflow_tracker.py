@@ -20,7 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Metric, Param, Run, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BATCH
@@ -31,8 +31,10 @@ from dockflow.tracking.store import (
     apply_http_env_defaults,
     default_artifact_location,
     explain,
+    require_existing_store,
     resolve_tracking_uri,
 )
+from dockflow.tracking.system_metrics import start_system_metrics
 
 log = logging.getLogger(__name__)
 
@@ -75,27 +77,40 @@ def _experiment_id(client: MlflowClient, name: str, artifact_location: str | Non
     return exp.experiment_id
 
 
-def _reopen(client: MlflowClient, run_id: str) -> None:
+def _existing_run(client: MlflowClient, run_id: str, hint: str) -> Run:
     try:
-        client.get_run(run_id)
+        return client.get_run(run_id)
     except MlflowException as exc:
-        if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+        if exc.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
             raise
-        raise TrackingError(
-            f"MLflow run {run_id} does not exist in {client.tracking_uri}: resume with the tracking.uri that "
-            "holds it, or start a new run (run_id=None)"
-        ) from None
+        raise TrackingError(f"MLflow run {run_id} does not exist in {client.tracking_uri}: {hint}") from None
+
+
+def _reopen(client: MlflowClient, run_id: str) -> None:
+    _existing_run(client, run_id, "resume with the tracking.uri that holds it, or start a new run (run_id=None)")
     client.update_run(run_id, status="RUNNING")
 
 
-class Tracker:
-    """An open MLflow run; create it with ``Tracker.start``."""
+def _open_client(uri: str) -> MlflowClient:
+    apply_http_env_defaults()
+    try:
+        return MlflowClient(tracking_uri=uri)
+    except Exception as exc:
+        raise TrackingError(
+            f"tracking.uri '{uri}' cannot be used ({str(exc).strip().splitlines()[0][:300]}): use "
+            "http(s)://host:port, sqlite:///path/to/mlflow.db, or null for a local store in the run directory"
+        ) from exc
 
-    def __init__(self, client: MlflowClient, run_id: str, experiment_id: str) -> None:
+
+class Tracker:
+    """An open MLflow run; create it with ``Tracker.start`` (or ``Tracker.attach`` to add to a finished run)."""
+
+    def __init__(self, client: MlflowClient, run_id: str, experiment_id: str, monitor: Any = None) -> None:
         self._client = client
         self.run_id = run_id
         self.experiment_id = experiment_id
         self.ended = False
+        self._monitor = monitor  # SystemMetricsMonitor when tracking.system_metrics is on
 
     @property
     def tracking_uri(self) -> str:
@@ -115,15 +130,9 @@ class Tracker:
 
         Raises TrackingError naming the URI when the store or server cannot be used."""
         uri = resolve_tracking_uri(cfg.uri, run_dir)
-        apply_http_env_defaults()
         all_tags = {"dockflow.run_dir": str(Path(run_dir).absolute()), **{k: str(v) for k, v in (tags or {}).items()}}
-        try:
-            client = MlflowClient(tracking_uri=uri)
-        except Exception as exc:
-            raise TrackingError(
-                f"tracking.uri '{uri}' cannot be used ({str(exc).strip().splitlines()[0][:300]}): use "
-                "http(s)://host:port, sqlite:///path/to/mlflow.db, or null for a local store in the run directory"
-            ) from exc
+        client = _open_client(uri)
+        resumed = run_id is not None
         try:
             exp_id = _experiment_id(client, cfg.experiment, default_artifact_location(uri))
             if run_id is None:
@@ -138,7 +147,28 @@ class Tracker:
         tracker = cls(client, run_id, exp_id)
         if params:
             tracker.log_params(params)
+        if cfg.system_metrics:
+            tracker._monitor = start_system_metrics(uri, run_id, cfg.system_metrics_interval_s, resume=resumed)
         return tracker
+
+    @classmethod
+    def attach(cls, cfg: TrackingConfig, run_dir: str | Path, run_id: str) -> Tracker:
+        """Log more to an existing run (e.g. ``dockflow eval --mlflow-run``) without changing its status;
+        do not call ``end`` on it. Raises TrackingError when the run does not exist."""
+        uri = resolve_tracking_uri(cfg.uri, run_dir)
+        require_existing_store(uri)
+        client = _open_client(uri)
+        try:
+            run = _existing_run(client, run_id, "check the run id and tracking.uri")
+        except TrackingError:
+            raise
+        except Exception as exc:
+            raise explain(uri, exc) from exc
+        return cls(client, run_id, run.info.experiment_id)
+
+    def params(self) -> dict[str, str]:
+        """The run's params as MLflow stores them (strings)."""
+        return dict(self._call("reading params", self._client.get_run, self.run_id).data.params)
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -204,6 +234,9 @@ class Tracker:
         """Mark the run ended; later calls do nothing."""
         if self.ended:
             return
+        if self._monitor is not None:
+            self._monitor.finish()  # flush its last samples while the run still accepts them
+            self._monitor = None
         self._call("ending the run", self._client.set_terminated, self.run_id, status)
         self.ended = True
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import urlparse
 
 from mlflow.exceptions import MlflowException
 
@@ -42,6 +43,24 @@ def resolve_tracking_uri(uri: str | None, run_dir: str | Path) -> str:
             "set run.output_dir to a writable directory, or tracking.uri to a tracking server"
         ) from None
     return f"sqlite:///{run_dir / 'mlflow.db'}"
+
+
+def require_existing_store(uri: str) -> None:
+    """Raise TrackingError when ``uri`` is a local store (sqlite or file) that does not exist; MLflow would
+    create an empty one silently."""
+    if uri.startswith("sqlite:///"):
+        path, what = Path(uri[len("sqlite:///") :]), "database file"
+    elif uri.startswith("file:"):
+        path, what = Path(urlparse(uri).path), "directory"
+    elif "://" not in uri:
+        path, what = Path(uri), "directory"
+    else:
+        return
+    if not path.exists():
+        raise TrackingError(
+            f"MLflow store {uri} does not exist (no {what} {path}): check the path; a run with tracking.uri: null "
+            "keeps its store in <run_dir>/mlflow.db"
+        )
 
 
 def default_artifact_location(uri: str) -> str | None:

@@ -3,6 +3,8 @@
 It holds the policy in a training engine and a generation engine (colocated: generation shares the
 policy's tensors, so resharding is a no-op on one process). Every method reads its inputs from the
 transfer dock and writes its outputs back; the driver passes only iteration numbers and prompt indices.
+The policy-gradient algorithms share one clipped loss (DAPO widens its upper clip); DPO instead puts
+its offline (chosen, rejected) pairs into the dock and trains on them against the reference worker.
 """
 
 from __future__ import annotations
@@ -13,16 +15,18 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from dockflow.algos import clipped_policy_loss
+from dockflow.algos import clipped_policy_loss, dpo_loss, sequence_log_probs
 from dockflow.config import Config
 from dockflow.data import apply_template, load_task
+from dockflow.data.preferences import PreferencePair, preference_splits
 from dockflow.dock import TransferDock
-from dockflow.engines import SamplingParams, create_engines
+from dockflow.engines import SamplingParams, create_engines, encode_rollouts
+from dockflow.eval import evaluate_policy
 from dockflow.models import load_model_and_tokenizer
-from dockflow.models.evaluation import greedy_accuracy
-from dockflow.workers.columns import consumers
+from dockflow.workers.columns import consumers, kl_in_loss
 from dockflow.workers.consume import consume
 from dockflow.workers.runtime import init_worker_process, rng_state, set_rng_state
+from dockflow.workers.training import train_epochs
 
 
 def generation_seed(run_seed: int, iteration: int) -> int:
@@ -40,8 +44,10 @@ class ActorWorker:
         model, self.tokenizer = load_model_and_tokenizer(model_dir, dtype=cfg.model.dtype)
         self.train_engine, self.gen_engine = create_engines(cfg, model, self.tokenizer)
         self.task = load_task(cfg.data, cfg.run.seed)
-        self.update_columns = consumers(cfg)["actor_update"]
+        self.columns = consumers(cfg)
         self.policy_version = 0
+        if cfg.algorithm.name == "dpo":
+            self.pairs, self.eval_pairs = preference_splits(cfg.algorithm.dpo, self.task, cfg.run.seed)
 
     def ready(self) -> bool:
         return True
@@ -49,19 +55,20 @@ class ActorWorker:
     def _prompts(self, examples) -> list[str]:
         return [apply_template(self.cfg.data.prompt_template, ex.prompt) for ex in examples]
 
-    def generate(self, iteration: int, prompt_ids: list[int]) -> dict[str, float]:
-        """Sample N responses for each prompt and stream them into the dock, group by group."""
+    def generate(self, iteration: int, prompt_ids: list[int], first_index: int = 0) -> dict[str, float]:
+        """Sample N responses for each prompt and stream them into the dock, group by group, from dock index
+        ``first_index`` on (later rounds of dynamic sampling write after the earlier ones)."""
         start = time.perf_counter()
         ro = self.cfg.rollout
         prompts = self._prompts([self.task.train[i] for i in prompt_ids])
         width = self.gen_engine.prompt_width(prompts)
         params = SamplingParams(ro.max_new_tokens, ro.temperature, ro.top_p, greedy=False, n=ro.group_size)
         per_chunk = max(1, ro.batch_size // ro.group_size)
-        seed = generation_seed(self.cfg.run.seed, iteration)
+        seed = generation_seed(self.cfg.run.seed, iteration) + first_index
         prompt_tokens = response_tokens = 0
         for c in range(0, len(prompts), per_chunk):
             out = self.gen_engine.generate(prompts[c : c + per_chunk], params, seed + c, prompt_width=width)
-            first = c * ro.group_size
+            first = first_index + c * ro.group_size
             indices = list(range(first, first + out.batch_size[0]))
             pids = torch.tensor(prompt_ids[c : c + per_chunk]).repeat_interleave(ro.group_size)
             meta = {
@@ -72,33 +79,43 @@ class ActorWorker:
             self.dock.put(indices, out.select("input_ids", "attention_mask", "responses", "response_mask"), meta)
             prompt_tokens += int(out["prompt_length"].sum())
             response_tokens += int(out["response_length"].sum())
-        n = len(prompts) * ro.group_size
-        return {
-            "timing/generate_s": time.perf_counter() - start,
-            "rollout/prompt_length": prompt_tokens / n,
-            "rollout/response_length": response_tokens / n,
-            "rollout/tokens": float(prompt_tokens + response_tokens),
-        }
+        return rollout_metrics(prompt_tokens, response_tokens, len(prompts) * ro.group_size, start)
+
+    def put_pairs(self, iteration: int, pair_ids: list[int]) -> dict[str, float]:
+        """DPO's "generation": the iteration's preference pairs into the dock, chosen at 2i, rejected at 2i+1."""
+        start = time.perf_counter()
+        pairs = [self.pairs[i] for i in pair_ids]
+        out = self._encode_pairs(pairs)
+        meta = {"prompt_id": torch.tensor(pair_ids).repeat_interleave(2), "response_length": out["response_length"]}
+        self.dock.put(list(range(len(out))), out.select(*self.columns["ref_infer"], "response_mask"), meta)
+        return rollout_metrics(int(out["prompt_length"].sum()), int(out["response_length"].sum()), len(out), start)
+
+    def _encode_pairs(self, pairs: list[PreferencePair]) -> TensorDict:
+        prompts = [apply_template(self.cfg.data.prompt_template, p.prompt) for p in pairs for _ in range(2)]
+        responses = [r for p in pairs for r in (p.chosen, p.rejected)]
+        return encode_rollouts(self.tokenizer, prompts, responses, self.cfg.rollout.max_new_tokens)
 
     def compute_old_log_prob(self, iteration: int) -> dict[str, float]:
         """Log-probs of the behaviour policy (the weights that generated), for the ratio."""
         start = time.perf_counter()
-        cols = ["input_ids", "attention_mask", "responses"]
+        cols = self.columns["actor_infer"]
         for batch in consume(self.dock, "actor_infer", cols, self.cfg.global_batch, self.cfg.train.infer_batch_size):
-            logp = self.train_engine.log_probs(batch.data)
+            logp = self.train_engine.infer(batch.data)
             self.dock.put(batch.indices, TensorDict({"old_log_prob": logp}, batch_size=[len(batch)]))
         return {"timing/old_log_prob_s": time.perf_counter() - start}
 
     def _loss(self, logp: torch.Tensor, micro: TensorDict, tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
         alg = self.cfg.algorithm
+        kl = kl_in_loss(self.cfg)
         out = clipped_policy_loss(
             logp,
             micro["old_log_prob"],
             micro["advantages"],
             micro["response_mask"],
             clip_eps=alg.clip_eps,
-            ref_logp=micro.get("ref_log_prob", None),
-            kl_coef=alg.kl_coef,
+            clip_eps_high=alg.dapo.clip_eps_high if alg.name == "dapo" else None,
+            ref_logp=micro["ref_log_prob"] if kl else None,
+            kl_coef=alg.kl_coef if kl else 0.0,
             kl_estimator=alg.kl_estimator,
             token_denom=tokens,
         )
@@ -111,28 +128,37 @@ class ActorWorker:
         }
         return out.loss, metrics
 
+    def _dpo_loss(self, logp: torch.Tensor, micro: TensorDict, tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
+        # Rows alternate chosen, rejected; the loss is a mean over the mini-batch's pairs, so each micro-batch
+        # contributes its sum divided by the pairs of the whole mini-batch.
+        mask = micro["response_mask"]
+        seq = sequence_log_probs(logp, mask)
+        ref = sequence_log_probs(micro["ref_log_prob"], mask)
+        dpo = self.cfg.algorithm.dpo
+        out = dpo_loss(seq[0::2], seq[1::2], ref[0::2], ref[1::2], dpo.beta, dpo.label_smoothing)
+        pairs = len(seq) // 2
+        loss = out.loss * pairs / (self.cfg.train.mini_batch_size // 2)
+        metrics = {
+            "train/loss": float(out.loss.detach()),
+            "train/dpo_reward_accuracy": float(out.reward_accuracy),
+            "train/dpo_margin": float(out.margin),
+            "train/dpo_chosen_reward": float(out.chosen_reward.mean()),
+            "train/dpo_rejected_reward": float(out.rejected_reward.mean()),
+        }
+        return loss, metrics
+
     def update(self, iteration: int) -> dict[str, float]:
         """Train on the iteration's samples: mini-batches as they become ready, then further epochs."""
         start = time.perf_counter()
         tc = self.cfg.train
-        seen: list[TensorDict] = []
-        totals: dict[str, float] = {}
-        steps = 0
-
-        def step(mb: TensorDict) -> None:
-            nonlocal steps
-            for k, v in self.train_engine.train_mini_batch(mb, self._loss, tc.micro_batch_size).items():
-                totals[k] = totals.get(k, 0.0) + v
-            steps += 1
-
-        for batch in consume(self.dock, "actor_update", self.update_columns, self.cfg.global_batch, tc.mini_batch_size):
-            seen.append(batch.data)
-            step(batch.data)
-        for _ in range(tc.epochs - 1):
-            for mb in seen:
-                step(mb)
+        dpo = self.cfg.algorithm.name == "dpo"
+        batches = consume(
+            self.dock, "actor_update", self.columns["actor_update"], self.cfg.train_batch, tc.mini_batch_size,
+            whole_groups=dpo,
+        )
+        loss_fn = self._dpo_loss if dpo else self._loss
+        out = train_epochs(self.train_engine, (b.data for b in batches), loss_fn, tc.epochs, tc.micro_batch_size)
         self.policy_version += 1
-        out = {k: v / steps for k, v in totals.items()}
         out["timing/update_s"] = time.perf_counter() - start
         out["train/policy_version"] = float(self.policy_version)
         return out
@@ -144,18 +170,21 @@ class ActorWorker:
         return {"timing/reshard_s": time.perf_counter() - start}
 
     def evaluate(self, split: str = "test", limit: int | None = None) -> dict[str, float]:
-        """Greedy accuracy on a held-out split, scored by the verifier (the same code SFT validates with)."""
+        """Held-out scores (greedy accuracy; pass@k with eval.pass_k > 1; DPO's margin), by the verifier."""
         start = time.perf_counter()
         examples = getattr(self.task, split)[: limit or None]
-        acc = greedy_accuracy(
-            self.train_engine.model,
-            self.tokenizer,
-            examples,
-            self.cfg.eval.batch_size,
-            self.cfg.rollout.max_new_tokens,
-            self.cfg.data.prompt_template,
-        )
-        return {f"eval/{split}_accuracy": acc, "timing/eval_s": time.perf_counter() - start}
+        out = evaluate_policy(self.train_engine.model, self.tokenizer, examples, self.cfg, split)
+        if self.cfg.algorithm.name == "dpo":
+            out["eval/dpo_margin"] = self.preference_margin()
+        out["timing/eval_s"] = time.perf_counter() - start
+        return out
+
+    @torch.no_grad()
+    def preference_margin(self) -> float:
+        """Mean log-prob margin, chosen minus rejected, of the policy on held-out pairs."""
+        data = self._encode_pairs(self.eval_pairs)
+        seq = sequence_log_probs(self.train_engine.infer(data), data["response_mask"])
+        return float((seq[0::2] - seq[1::2]).mean())
 
     def state(self) -> dict[str, Any]:
         """Everything a checkpoint needs from this worker."""
@@ -175,3 +204,14 @@ class ActorWorker:
         self.train_engine.model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         return path
+
+
+def rollout_metrics(prompt_tokens: int, response_tokens: int, samples: int, start: float) -> dict[str, float]:
+    """What a generation round reports: its time and mean token lengths (for Eq. 5 throughput)."""
+    return {
+        "timing/generate_s": time.perf_counter() - start,
+        "rollout/prompt_length": prompt_tokens / samples,
+        "rollout/response_length": response_tokens / samples,
+        "rollout/tokens": float(prompt_tokens + response_tokens),
+    }
+

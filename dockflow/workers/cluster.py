@@ -11,8 +11,10 @@ class ClusterError(RuntimeError):
     """Ray could not be started or reached; the message says which address and what to do."""
 
 
-def connect(cfg: RayConfig, namespace: str) -> None:
-    """``ray.init`` for this run: join ``cfg.address`` when set, else start a local cluster."""
+def connect(cfg: RayConfig, namespace: str) -> bool:
+    """``ray.init`` for this run: join ``cfg.address`` when set, else start a local cluster.
+
+    Returns False when this process was already connected (the caller then must not shut Ray down)."""
     # Ray 2.60 turns token auth on by default; the embedded local cluster runs without it.
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -20,7 +22,7 @@ def connect(cfg: RayConfig, namespace: str) -> None:
     import ray
 
     if ray.is_initialized():
-        return
+        return False
     kwargs: dict = {"namespace": namespace, "log_to_driver": True, "include_dashboard": False}
     if cfg.address:
         kwargs.pop("include_dashboard")
@@ -31,9 +33,10 @@ def connect(cfg: RayConfig, namespace: str) -> None:
                 f"cannot reach the Ray cluster at ray.address={cfg.address!r}: {exc}. "
                 "Check the address (ray://host:10001 or host:6379), or set ray.address: null to start a local one."
             ) from None
-        return
+        return True
     # address="local": always a fresh cluster of our own, never one that happens to run on this machine.
     ray.init(address="local", num_cpus=cfg.num_cpus, **kwargs)
+    return True
 
 
 def disconnect() -> None:

@@ -1,7 +1,16 @@
-"""The dock's column schema for GRPO and which worker state reads which columns.
+"""The dock's column schema, and which worker states each algorithm runs and which columns they read.
 
 Each consumer is one worker state (the paper's controllers, one per state). A worker reads exactly the
-columns listed here from the dock and writes its output columns back.
+columns listed here from the dock and writes its output columns back:
+
+    state          writes                         algorithms
+    reward         rewards                        all but DPO
+    advantage      advantages (+ returns)         all but DPO
+    actor_infer    old_log_prob                   all but DPO
+    ref_infer      ref_log_prob                   DPO, or any with algorithm.kl_coef > 0
+    critic_infer   values                         PPO, PF-PPO
+    actor_update   (the policy)                   all
+    critic_update  (the critic)                   PPO, PF-PPO
 """
 
 from __future__ import annotations
@@ -16,24 +25,60 @@ COLUMNS: dict[str, torch.dtype] = {
     "responses": torch.long,
     "response_mask": torch.long,
     "rewards": torch.float32,
-    "advantages": torch.float32,
+    "advantages": torch.float32,  # [B, R]: per token (sequence-level estimators broadcast over the response)
+    "returns": torch.float32,  # [B, R]: the critic's regression target
+    "values": torch.float32,  # [B, R]: the critic's value before each response token
     "old_log_prob": torch.float32,
     "ref_log_prob": torch.float32,
 }
 
 ROLLOUT_COLUMNS = ("input_ids", "attention_mask", "responses", "response_mask")
+_FORWARD = ["input_ids", "attention_mask", "responses"]  # what a forward pass over a rollout needs
+
+KL_IN_REWARD = ("ppo", "pf_ppo", "reinforce_pp", "reinforce_pp_baseline")
+
+
+def uses_critic(cfg: Config) -> bool:
+    return cfg.algorithm.name in ("ppo", "pf_ppo")
+
+
+def uses_reference(cfg: Config) -> bool:
+    return cfg.algorithm.name == "dpo" or cfg.algorithm.kl_coef > 0
+
+
+def kl_in_reward(cfg: Config) -> bool:
+    """PPO-family algorithms subtract the KL from the token rewards; GRPO and DAPO add it to the loss."""
+    return cfg.algorithm.name in KL_IN_REWARD and cfg.algorithm.kl_coef > 0
+
+
+def kl_in_loss(cfg: Config) -> bool:
+    return cfg.algorithm.name in ("grpo", "dapo") and cfg.algorithm.kl_coef > 0
+
+
+def advantage_inputs(cfg: Config) -> list[str]:
+    """Columns the advantage state reads."""
+    cols = ["rewards", "response_mask"]
+    if uses_critic(cfg):
+        cols.append("values")
+    if kl_in_reward(cfg):
+        cols += ["old_log_prob", "ref_log_prob"]
+    return cols
 
 
 def consumers(cfg: Config) -> dict[str, list[str]]:
     """Consumer name -> columns it reads, for this config."""
-    update = ["input_ids", "attention_mask", "responses", "response_mask", "old_log_prob", "advantages"]
-    out = {
-        "reward": ["responses", "response_mask"],
-        "advantage": ["rewards"],
-        "actor_infer": ["input_ids", "attention_mask", "responses"],
-    }
-    if cfg.algorithm.kl_coef > 0:
-        out["ref_infer"] = ["input_ids", "attention_mask", "responses"]
+    if cfg.algorithm.name == "dpo":
+        return {"ref_infer": list(_FORWARD), "actor_update": [*_FORWARD, "response_mask", "ref_log_prob"]}
+    # Under dynamic sampling only the groups that got advantages are scored and trained on.
+    infer = [*_FORWARD, "advantages"] if cfg.rounds > 1 else list(_FORWARD)
+    out = {"reward": ["responses", "response_mask"], "advantage": advantage_inputs(cfg), "actor_infer": list(infer)}
+    if uses_reference(cfg):
+        out["ref_infer"] = list(infer)
+    if uses_critic(cfg):
+        out["critic_infer"] = list(_FORWARD)
+        out["critic_update"] = [*_FORWARD, "response_mask", "values", "returns"]
+    update = [*_FORWARD, "response_mask", "old_log_prob", "advantages"]
+    if kl_in_loss(cfg):
         update.append("ref_log_prob")
     out["actor_update"] = update
     return out

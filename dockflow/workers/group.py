@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from dockflow.config import Config
 from dockflow.dock import TransferDock
 from dockflow.workers.actor import ActorWorker
+from dockflow.workers.columns import uses_critic, uses_reference
+from dockflow.workers.critic import CriticWorker
 from dockflow.workers.reference import ReferenceWorker
 from dockflow.workers.reward import RewardWorker
 
@@ -18,18 +21,21 @@ class WorkerStartError(RuntimeError):
 
 @dataclass
 class Workers:
-    """Handles of the run's Ray actors; ``reference`` is None when the KL penalty is off."""
+    """Handles of the run's Ray actors; a worker the algorithm does not use is None."""
 
     actor: Any
-    reward: Any
-    reference: Any | None = None
+    reward: Any | None = None  # all but DPO
+    reference: Any | None = None  # DPO, or a KL penalty
+    critic: Any | None = None  # PPO, PF-PPO
+    prefix: str = ""  # the actors are named "<prefix>-<role>"
 
     def all(self) -> dict[str, Any]:
-        return {k: v for k, v in {"actor": self.actor, "reward": self.reward, "reference": self.reference}.items() if v}
+        named = {"actor": self.actor, "reward": self.reward, "reference": self.reference, "critic": self.critic}
+        return {k: v for k, v in named.items() if v is not None}
 
 
 def create_workers(cfg: Config, model_dir: str, dock: TransferDock, name: str) -> Workers:
-    """Start actor, reward and (when kl_coef > 0) reference workers; fail fast if they cannot be placed."""
+    """Start the workers the algorithm uses; fail fast if they cannot be placed."""
     import ray
 
     def spawn(cls, label: str, cpus: float):
@@ -39,19 +45,21 @@ def create_workers(cfg: Config, model_dir: str, dock: TransferDock, name: str) -
 
     workers = Workers(
         actor=spawn(ActorWorker, "actor", cfg.ray.actor_cpus),
-        reward=spawn(RewardWorker, "reward", 0),
-        reference=spawn(ReferenceWorker, "reference", cfg.ray.reference_cpus) if cfg.algorithm.kl_coef > 0 else None,
+        reward=spawn(RewardWorker, "reward", 0) if cfg.algorithm.name != "dpo" else None,
+        reference=spawn(ReferenceWorker, "reference", cfg.ray.reference_cpus) if uses_reference(cfg) else None,
+        critic=spawn(CriticWorker, "critic", cfg.ray.critic_cpus) if uses_critic(cfg) else None,
+        prefix=name,
     )
     handles = workers.all()
     refs = {label: h.ready.remote() for label, h in handles.items()}
     ready, pending = ray.wait(list(refs.values()), num_returns=len(refs), timeout=cfg.ray.init_timeout_s)
     if pending:
         waiting = [label for label, r in refs.items() if r in pending]
-        need = {"actor": cfg.ray.actor_cpus, "reference": cfg.ray.reference_cpus, "reward": 0}
+        need = {"actor": cfg.ray.actor_cpus, "reference": cfg.ray.reference_cpus, "critic": cfg.ray.critic_cpus, "reward": 0}
         raise WorkerStartError(
             f"workers {waiting} did not start within ray.init_timeout_s={cfg.ray.init_timeout_s}s. They ask for "
             f"{ {w: need[w] for w in waiting} } CPUs; the cluster has {ray.available_resources().get('CPU', 0)} free. "
-            "Lower ray.actor_cpus / ray.reference_cpus or add nodes."
+            "Lower ray.actor_cpus / ray.reference_cpus / ray.critic_cpus, raise ray.num_cpus, or add nodes."
         )
     for label, r in refs.items():
         try:
@@ -61,8 +69,20 @@ def create_workers(cfg: Config, model_dir: str, dock: TransferDock, name: str) -
     return workers
 
 
-def kill_workers(workers: Workers) -> None:
+def kill_workers(workers: Workers, timeout_s: float = 60.0) -> None:
+    """Kill the workers and wait (bounded) until Ray has released their names, so they can be created again."""
     import ray
 
+    names = [f"{workers.prefix}-{role}" for role in workers.all()]
     for h in workers.all().values():
         ray.kill(h)
+    deadline = time.monotonic() + timeout_s
+    for name in names:
+        while time.monotonic() < deadline:
+            try:
+                ray.get_actor(name)
+            except ValueError:
+                break
+            time.sleep(0.1)
+        else:
+            raise WorkerStartError(f"worker '{name}' was killed but Ray still lists it after {timeout_s:.0f}s")

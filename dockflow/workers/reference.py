@@ -10,6 +10,7 @@ from dockflow.config import Config
 from dockflow.dock import TransferDock
 from dockflow.engines import batched_log_probs
 from dockflow.models import load_model_and_tokenizer
+from dockflow.workers.columns import consumers
 from dockflow.workers.consume import consume
 from dockflow.workers.runtime import init_worker_process
 
@@ -29,7 +30,7 @@ class ReferenceWorker:
 
     def compute_ref_log_prob(self, iteration: int) -> dict[str, float]:
         start = time.perf_counter()
-        cols = ["input_ids", "attention_mask", "responses"]
+        cols = consumers(self.cfg)["ref_infer"]
         bs = self.cfg.train.infer_batch_size
         for batch in consume(self.dock, "ref_infer", cols, self.cfg.global_batch, bs):
             logp = batched_log_probs(self.model, batch.data, bs, self.cfg.rollout.temperature)

@@ -1,7 +1,9 @@
-"""The reward worker: verifies responses against reference answers, then computes GRPO advantages.
+"""The reward worker: verifies responses against reference answers, then computes advantages.
 
 It holds no model, only the tokenizer (to decode) and the task's answers (looked up by the prompt id
-that the dock carries as metadata). Light: it asks Ray for no CPU.
+that the dock carries as metadata). Light: it asks Ray for no CPU. Under DAPO it also shapes rewards of
+overlong responses and runs dynamic sampling: only groups whose rewards differ get advantages, so the
+update consumes informative groups only.
 """
 
 from __future__ import annotations
@@ -11,61 +13,107 @@ import time
 import torch
 from tensordict import TensorDict
 
-from dockflow.algos import grpo_advantages
+from dockflow.algos import informative_groups, overlong_penalty
 from dockflow.config import Config
 from dockflow.data import load_task
 from dockflow.dock import TransferDock
 from dockflow.engines import decode_responses
 from dockflow.models import load_tokenizer
 from dockflow.rewards import verify
+from dockflow.workers.advantages import advantage_batch_size, compute_advantages
+from dockflow.workers.columns import consumers
 from dockflow.workers.consume import consume
 
 
+def filtration_seed(run_seed: int, iteration: int) -> int:
+    """Seed of PF-PPO's reward-weighted sampling in one iteration (resume-stable)."""
+    return (run_seed * 7_919 + iteration * 104_729) % 2**62
+
+
 class RewardWorker:
-    """Consumer states ``reward`` (writes ``rewards``) and ``advantage`` (writes ``advantages``)."""
+    """Consumer states ``reward`` (writes ``rewards``) and ``advantage`` (writes ``advantages``, ``returns``)."""
 
     def __init__(self, cfg: Config, model_dir: str, dock: TransferDock):
         self.cfg = cfg
         self.dock = dock
         self.tokenizer = load_tokenizer(model_dir)
         self.answers = [ex.answer for ex in load_task(cfg.data, cfg.run.seed).train]
+        self.advantage_columns = consumers(cfg)["advantage"]
+        self.kept_groups = 0  # groups given advantages in this iteration (dynamic sampling's quota)
 
     def ready(self) -> bool:
         return True
 
     def compute_rewards(self, iteration: int) -> dict[str, float]:
+        """Score one generation round (G x N samples) into ``rewards``."""
         start = time.perf_counter()
-        total = correct = 0.0
         values: list[float] = []
+        correct = 0.0
+        dapo = self.cfg.algorithm.dapo if self.cfg.algorithm.name == "dapo" else None
         bs = self.cfg.train.infer_batch_size
         for batch in consume(self.dock, "reward", ["responses", "response_mask"], self.cfg.global_batch, bs):
             texts = decode_responses(self.tokenizer, batch.data["responses"], batch.data["response_mask"])
-            rewards = torch.tensor(
+            score = torch.tensor(
                 [verify(t, self.answers[int(p)]) for t, p in zip(texts, batch.meta["prompt_id"], strict=True)],
                 dtype=torch.float32,
             )
-            self.dock.put(batch.indices, TensorDict({"rewards": rewards}, batch_size=[len(batch)]))
-            values.extend(rewards.tolist())
-            total += len(batch)
-            correct += float((rewards > 0).sum())
+            correct += float((score > 0).sum())
+            if dapo is not None and dapo.overlong_buffer > 0:
+                lengths = batch.meta["response_length"]
+                score = score + overlong_penalty(
+                    lengths, self.cfg.rollout.max_new_tokens, dapo.overlong_buffer, dapo.overlong_penalty
+                )
+            self.dock.put(batch.indices, TensorDict({"rewards": score}, batch_size=[len(batch)]))
+            values.extend(score.tolist())
         t = torch.tensor(values)
         return {
             "reward/mean": float(t.mean()),
             "reward/std": float(t.std()) if len(values) > 1 else 0.0,
+            "reward/correct_fraction": correct / len(values),
             "timing/reward_s": time.perf_counter() - start,
         }
 
-    def compute_advantages(self, iteration: int) -> dict[str, float]:
+    def compute_advantages(self, iteration: int, round_index: int = 0, last_round: bool = True) -> dict[str, float]:
+        """Advantages of one generation round. Under dynamic sampling, groups with equal rewards are skipped
+        until the iteration has G groups; the last round fills what is still missing with any groups."""
         start = time.perf_counter()
+        if round_index == 0:
+            self.kept_groups = 0
         n = self.cfg.rollout.group_size
-        alg = self.cfg.algorithm
-        bs = max(n, (self.cfg.train.infer_batch_size // n) * n)
-        zero_groups = groups = 0
-        for batch in consume(self.dock, "advantage", ["rewards"], self.cfg.global_batch, bs, whole_groups=True):
-            rewards = batch.data["rewards"]
-            adv = grpo_advantages(rewards, n, alg.norm_adv_by_std, alg.adv_eps)
-            self.dock.put(batch.indices, TensorDict({"advantages": adv}, batch_size=[len(batch)]))
-            grouped = rewards.view(-1, n)
-            groups += grouped.shape[0]
-            zero_groups += int((grouped.max(1).values == grouped.min(1).values).sum())
-        return {"reward/zero_adv_group_fraction": zero_groups / max(groups, 1), "timing/advantage_s": time.perf_counter() - start}
+        quota = self.cfg.rollout.prompts_per_iter
+        dynamic = self.cfg.rounds > 1
+        generator = torch.Generator().manual_seed(filtration_seed(self.cfg.run.seed, iteration))
+        zero_groups = groups = filled = 0
+        batches = consume(
+            self.dock, "advantage", self.advantage_columns, self.cfg.global_batch, advantage_batch_size(self.cfg),
+            whole_groups=True,
+        )
+        for batch in batches:
+            data = batch.data
+            informative = informative_groups(data["rewards"], n)
+            groups += len(informative)
+            zero_groups += int((~informative).sum())
+            if dynamic:
+                # Informative groups first, then (last round only) uninformative ones to fill the batch.
+                order = [g for g in range(len(informative)) if informative[g]]
+                if last_round:
+                    order += [g for g in range(len(informative)) if not informative[g]]
+                take = sorted(order[: max(0, quota - self.kept_groups)])
+                filled += sum(1 for g in take if not informative[g])
+                self.kept_groups += len(take)
+                if not take:
+                    continue
+                rows = torch.cat([torch.arange(g * n, (g + 1) * n) for g in take])
+                data = data[rows]
+                indices = [batch.indices[int(r)] for r in rows]
+            else:
+                indices = batch.indices
+            kept, out = compute_advantages(self.cfg, data, generator)
+            self.dock.put([indices[int(k)] for k in kept], out)
+        metrics = {
+            "reward/zero_adv_group_fraction": zero_groups / max(groups, 1),
+            "timing/advantage_s": time.perf_counter() - start,
+        }
+        if dynamic:
+            metrics.update({"dapo/kept_groups": float(self.kept_groups), "dapo/filled_groups": float(filled)})
+        return metrics

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from tensordict import TensorDict
 
 from dockflow.dock import (
+    DockCancelled,
     DockInvalid,
     DockSpec,
     DockTimeout,
@@ -132,6 +133,20 @@ def test_get_streams_as_puts_arrive_from_other_processes(fresh, worker):
     indices, data = ray.get(waiting, timeout=60)
     assert indices == list(range(8))
     assert torch.equal(data["responses"], rows(indices, "responses"))
+
+
+def test_reset_cancels_a_waiting_get_so_it_cannot_take_the_next_iteration(fresh, worker):
+    # A consumer whose iteration is abandoned (e.g. its producer died) must not steal the next one's samples.
+    waiting = worker.get.remote(fresh, "reward", 4)
+    deadline = time.monotonic() + 60
+    while fresh.stats()["controllers"]["reward"]["waiting_gets"] == 0:  # the get has reached the dock
+        assert time.monotonic() < deadline, "the get never reached the dock"
+        time.sleep(0.05)
+    fresh.reset()
+    with pytest.raises(DockCancelled, match="'reward' was cancelled: the dock was reset"):
+        ray.get(waiting, timeout=30)
+    put(fresh, range(4), ["responses"])
+    assert fresh.get("reward", 4).indices == [0, 1, 2, 3]
 
 
 def test_whole_groups(fresh):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dockflow.config import Config, ConfigError, load_config, parse_overrides
+from dockflow.config import ALGORITHM_SECTIONS, Config, ConfigError, load_config, parse_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "configs" / "grpo_arith.yaml"
@@ -19,20 +19,26 @@ def test_example_config_loads_and_is_headed_by_its_command():
     assert EXAMPLE.read_text().startswith("# Run: dockflow train configs/grpo_arith.yaml")
 
 
-def test_example_yaml_writes_every_key():
-    raw = yaml.safe_load(EXAMPLE.read_text())
-    written = set(Config.model_validate(raw).flat())
-    flat_raw = set()
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
-    def walk(d, prefix=""):
-        for k, v in d.items():
-            if isinstance(v, dict):
-                walk(v, f"{prefix}{k}.")
-            else:
-                flat_raw.add(prefix + k)
 
-    walk(raw)
-    assert written == flat_raw, f"keys missing from the example YAML: {sorted(written - flat_raw)}"
+def _written_keys(raw: dict, prefix: str = "") -> set[str]:
+    keys = set()
+    for k, v in raw.items():
+        keys |= _written_keys(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k}
+    return keys
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_example_config_writes_every_key_it_reads(path):
+    """No hidden defaults: each example writes every key, except the sections of other algorithms."""
+    raw = yaml.safe_load(path.read_text())
+    cfg = Config.model_validate(raw)
+    assert path.read_text().startswith(f"# Run: dockflow train configs/{path.name}")
+    own = ALGORITHM_SECTIONS[cfg.algorithm.name]
+    others = {f"algorithm.{s}." for sections in ALGORITHM_SECTIONS.values() for s in sections if s not in own}
+    expected = {k for k in cfg.flat() if not any(k.startswith(o) for o in others)}
+    assert _written_keys(raw) == expected, f"missing {sorted(expected - _written_keys(raw))}"
 
 
 def test_overrides_are_typed_and_nested():

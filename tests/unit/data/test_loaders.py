@@ -122,3 +122,52 @@ def test_load_task_from_files_splits_val_then_labeled(tmp_path: Path) -> None:
             ),
             0,
         )
+
+
+EXAMPLE_MATH = Path(__file__).resolve().parents[3] / "data" / "examples" / "math_mini.jsonl"
+
+
+def test_problem_answer_rows_load_and_boxed_answers_unwrap(tmp_path: Path) -> None:
+    p = _jsonl(
+        tmp_path / "math500.jsonl",
+        [
+            json.dumps({"problem": "Compute $1+1$.", "answer": "\\boxed{2}", "solution": "...", "level": "Level 1"}),
+            json.dumps({"problem": "Half of 1?", "answer": "\\boxed{\\frac{1}{2}}"}),
+            json.dumps({"problem": "AIME?", "answer": 204}),
+            json.dumps({"prompt": "used", "problem": "ignored", "answer": "\\boxed{1} + \\boxed{2}"}),
+        ],
+    )
+    assert load_examples(p) == [
+        Example("Compute $1+1$.", "2"),
+        Example("Half of 1?", "\\frac{1}{2}"),
+        Example("AIME?", "204"),
+        Example("used", "\\boxed{1} + \\boxed{2}"),  # not one box: kept as written
+    ]
+    assert [e.answer for e in load_examples(EXAMPLE_MATH)] == ["19", "7", "-3", "6", "-7"]
+
+
+@pytest.mark.parametrize(
+    ("bad", "problem"),
+    [
+        (json.dumps({"problem": 3, "answer": "1"}), "field 'problem' must be a string, got int"),
+        (json.dumps({"problem": " ", "answer": "1"}), "field 'problem' is empty"),
+        (json.dumps({"problem": "p"}), "missing field 'answer'"),
+        (json.dumps({"question": "p", "answer": "1"}), "missing field 'prompt' (every row needs 'prompt' or 'problem'"),
+        (json.dumps({"problem": "p", "answer": "\\boxed{ }"}), "field 'answer' is empty"),
+    ],
+)
+def test_malformed_problem_rows_name_file_and_line(tmp_path: Path, bad: str, problem: str) -> None:
+    p = _jsonl(tmp_path / "aime.jsonl", [json.dumps({"problem": "p", "answer": 1}), bad])
+    with pytest.raises(DatasetError) as err:
+        load_examples(p)
+    assert str(err.value).startswith(f"{p}:2: ") and problem in str(err.value)
+
+
+def test_parquet_with_problem_column(tmp_path: Path) -> None:
+    p = tmp_path / "math.parquet"
+    pq.write_table(pa.table({"problem": ["a?", "b?"], "answer": ["\\boxed{3}", "4"], "level": [1, 2]}), p)
+    assert load_examples(p) == [Example("a?", "3"), Example("b?", "4")]
+    no_answer = tmp_path / "no_answer.parquet"
+    pq.write_table(pa.table({"problem": ["a?"]}), no_answer)
+    with pytest.raises(DatasetError, match=r"missing column\(s\) \['answer'\].*'prompt' \(or 'problem'\)"):
+        load_examples(no_answer)

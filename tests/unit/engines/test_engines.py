@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from dockflow.config import Config
-from dockflow.engines import SamplingParams, create_engines, first_eos_mask
+from dockflow.engines import SamplingParams, create_critic_engine, create_engines, encode_rollouts, first_eos_mask
 from dockflow.engines.logprobs import position_ids_from_mask
-from dockflow.models import build_char_tokenizer, build_tiny_model
+from dockflow.models import build_char_tokenizer, build_tiny_model, load_critic, save_pretrained_dir
 
 PROMPTS = ["What is 12 + 7?\nAnswer: ", "What is 3 - 45?\nAnswer: ", "What is 1 + 1?\nAnswer: "]
 
@@ -59,7 +59,7 @@ def test_log_probs_match_greedy_choice(engines):
             position_ids=position_ids_from_mask(out["attention_mask"]),
         ).logits[:, -7:-1]
     best = logits.log_softmax(-1).max(-1).values
-    lp = train.log_probs(out)
+    lp = train.infer(out)
     m = out["response_mask"].bool()
     assert torch.allclose(lp[m], best[m], atol=1e-5)
 
@@ -67,7 +67,7 @@ def test_log_probs_match_greedy_choice(engines):
 def test_train_step_changes_parameters_and_accumulates(engines):
     train, gen, _ = engines
     out = gen.generate(PROMPTS, SamplingParams(max_new_tokens=6, n=4), seed=5)
-    out["old_log_prob"] = train.log_probs(out)
+    out["old_log_prob"] = train.infer(out)
     out["advantages"] = torch.randn(12)
     before = {n: p.detach().clone() for n, p in train.model.named_parameters()}
 
@@ -89,4 +89,37 @@ def test_padding_columns_do_not_change_log_probs(engines):
     tight = gen.generate(PROMPTS, p, seed=9)
     loose = gen.generate(PROMPTS, p, seed=9, prompt_width=tight["input_ids"].shape[1] - 6 + 7)
     assert torch.equal(tight["responses"], loose["responses"])
-    assert torch.allclose(train.log_probs(tight), train.log_probs(loose), atol=1e-5)
+    assert torch.allclose(train.infer(tight), train.infer(loose), atol=1e-5)
+
+
+def test_encoded_rollouts_score_like_generated_ones(engines):
+    """Fixed responses (DPO's pairs) take the generation layout, so log-probs mean the same thing."""
+    train, gen, tok = engines
+    out = gen.generate(PROMPTS[:2], SamplingParams(max_new_tokens=6, greedy=True), seed=0)
+    texts = gen.decode(out["responses"], out["response_mask"])
+    encoded = encode_rollouts(tok, PROMPTS[:2], texts, 6)
+    for key in ("responses", "response_mask", "attention_mask", "input_ids"):
+        assert torch.equal(encoded[key], out[key]), key
+    assert torch.allclose(train.infer(encoded), train.infer(out))
+
+
+def test_critic_values_follow_the_response_layout(tmp_path):
+    """A critic built from a policy directory: zero head (all values 0 at first), a value per response token,
+    and training moves the values towards the returns."""
+    cfg = Config()
+    tok = build_char_tokenizer()
+    save_pretrained_dir(build_tiny_model(cfg.model.tiny, tok, seed=0), tok, tmp_path / "m")
+    critic = create_critic_engine(cfg, load_critic(tmp_path / "m"))
+    batch = encode_rollouts(tok, PROMPTS, ["19", "-42", "2"], 4)
+    values = critic.infer(batch)
+    assert values.shape == (3, 4) and torch.count_nonzero(values) == 0
+    target = torch.full((3, 4), 0.5)
+
+    def loss_fn(v, micro, tokens):
+        loss = ((v - target[: len(v)]) ** 2 * micro["response_mask"]).sum() / tokens
+        return loss, {}
+
+    for _ in range(5):
+        critic.train_mini_batch(batch, loss_fn, micro_batch_size=3)
+    after = critic.infer(batch)[batch["response_mask"].bool()]
+    assert (after > 0.05).all()

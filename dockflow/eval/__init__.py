@@ -1,0 +1,13 @@
+"""Benchmark evaluation: greedy accuracy, pass@k and avg@k of a policy on held-out or user math sets.
+
+    from dockflow.eval import evaluate_policy, pass_at_k, sampled_scores
+    evaluate_policy(model, tok, task.test[:500], cfg)   # {"eval/test_accuracy": .., "eval/test_pass_at_8": ..}
+
+``dockflow.eval.run`` (the ``dockflow eval`` command) is not imported here: it pulls in the trainer.
+"""
+
+from dockflow.eval.metrics import avg_at_k, pass_at_k, sample_scores
+from dockflow.eval.policy import evaluate_policy, metric_key, score_examples
+from dockflow.eval.sampling import sampled_scores
+
+__all__ = ["avg_at_k", "evaluate_policy", "metric_key", "pass_at_k", "sample_scores", "sampled_scores", "score_examples"]

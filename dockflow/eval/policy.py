@@ -1,0 +1,57 @@
+"""Held-out scores of a policy as one dict: greedy accuracy, plus pass@k and avg@k when ``eval.pass_k > 1``.
+
+``evaluate_policy`` is what the trainer logs at its evaluation steps; its keys are MLflow metric names.
+MLflow allows no '@' in a metric name, so ``pass@8`` is logged as ``pass_at_8``::
+
+    evaluate_policy(model, tok, task.test[:500], cfg)
+    # {"eval/test_accuracy": 0.41, "eval/test_pass_at_8": 0.77, "eval/test_avg_at_8": 0.38}
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from dockflow.config import Config
+from dockflow.data import Example
+from dockflow.eval.sampling import sampled_scores
+from dockflow.models.evaluation import greedy_accuracy
+
+
+def score_examples(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, examples: Sequence[Example], cfg: Config
+) -> dict[str, float]:
+    """``{"accuracy"}`` (greedy), plus ``{"pass@<k>", "avg@<k>"}`` when ``cfg.eval.pass_k > 1``.
+
+    Uses ``eval.batch_size``, ``rollout.max_new_tokens``, ``data.prompt_template``, ``eval.temperature``,
+    ``eval.top_p`` and ``run.seed`` (the samples are the same at every evaluation of the same weights).
+    """
+    ev = cfg.eval
+    max_new, template = cfg.rollout.max_new_tokens, cfg.data.prompt_template
+    scores = {"accuracy": greedy_accuracy(model, tokenizer, examples, ev.batch_size, max_new, template)}
+    if ev.pass_k > 1:
+        k, seed = ev.pass_k, cfg.run.seed
+        scores |= sampled_scores(
+            model, tokenizer, examples, k, ev.temperature, ev.top_p, max_new, template, ev.batch_size, seed
+        )
+    return scores
+
+
+def metric_key(name: str, score: str) -> str:
+    """MLflow name of one score of eval set ``name``: ``("test", "pass@8") -> "eval/test_pass_at_8"``."""
+    safe = re.sub(r"[^\w.\-]+", "_", name).strip("_") or "data"
+    return f"eval/{safe}_{score.replace('@', '_at_')}"
+
+
+def evaluate_policy(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    examples: Sequence[Example],
+    cfg: Config,
+    split: str = "test",
+) -> dict[str, float]:
+    """``{"eval/<split>_accuracy", "eval/<split>_pass_at_<k>", "eval/<split>_avg_at_<k>"}`` (the last two when
+    ``cfg.eval.pass_k > 1``), ready for ``Tracker.log_metrics``."""
+    return {metric_key(split, k): v for k, v in score_examples(model, tokenizer, examples, cfg).items()}

@@ -1,0 +1,69 @@
+"""``dockflow eval``: score a model directory on a config's held-out split or on a user JSONL/Parquet file.
+
+Greedy accuracy always; pass@k and avg@k when ``eval.pass_k`` (``--k``) is above 1. With ``--mlflow-run`` the
+scores are also logged to that run (``tracking.uri`` of the config) as ``eval/<name>_accuracy``,
+``eval/<name>_pass_at_<k>``, ``eval/<name>_avg_at_<k>``, where ``<name>`` is the split or the file's stem, at
+the run's ``train.iterations`` step (the final model's iteration).
+
+    result = run_eval(cfg, "configs/grpo_arith.yaml", data="data/examples/math_mini.jsonl")
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dockflow.config import Config
+from dockflow.data import load_task
+from dockflow.data.loaders import load_examples
+from dockflow.eval.policy import metric_key, score_examples
+from dockflow.flow.trainer import run_dir_of
+from dockflow.models import load_model_and_tokenizer
+from dockflow.tracking import Tracker
+
+
+def _model_dir(cfg: Config, config_path: str, model: str | None) -> Path:
+    model_dir = Path(model) if model else run_dir_of(cfg) / "final_model"
+    if not model_dir.is_dir():
+        hint = "pass --model DIR" if model else f"train first (dockflow train {config_path}) or pass --model DIR"
+        raise FileNotFoundError(f"model directory '{model_dir}' does not exist: {hint}")
+    return model_dir
+
+
+def log_scores(tracker: Tracker, name: str, scores: dict[str, float]) -> dict[str, float]:
+    """Log ``scores`` of eval set ``name`` to the tracker's run at its ``train.iterations`` step (else 0)."""
+    try:
+        step = int(tracker.params().get("train.iterations", 0))
+    except ValueError:
+        step = 0
+    metrics = {metric_key(name, k): v for k, v in scores.items()}
+    tracker.log_metrics(metrics, step=step)
+    return metrics
+
+
+def run_eval(
+    cfg: Config,
+    config_path: str,
+    model: str | None = None,
+    split: str = "test",
+    limit: int | None = None,
+    data: str | None = None,
+    mlflow_run: str | None = None,
+) -> dict[str, Any]:
+    """Score the model; returns what the CLI prints (model, data or split, prompts, scores, logged metrics)."""
+    # Attach first, so that a wrong run id fails before the model work, not after it.
+    tracker = Tracker.attach(cfg.tracking, run_dir_of(cfg), mlflow_run) if mlflow_run else None
+    model_dir = _model_dir(cfg, config_path, model)
+    examples = load_examples(data) if data else getattr(load_task(cfg.data, cfg.run.seed), split)
+    examples = examples[: limit or None]
+    lm, tok = load_model_and_tokenizer(model_dir, dtype=cfg.model.dtype)
+    scores = score_examples(lm, tok, examples, cfg)
+    name = Path(data).stem if data else split
+    out: dict[str, Any] = {"model": str(model_dir), **({"data": data} if data else {"split": split})}
+    out |= {"prompts": len(examples), **scores}
+    if cfg.eval.pass_k > 1:
+        out |= {"k": cfg.eval.pass_k, "temperature": cfg.eval.temperature, "top_p": cfg.eval.top_p}
+    if tracker is not None:
+        out["mlflow"] = {"run_id": tracker.run_id, "metrics": log_scores(tracker, name, scores)}
+    return out
+

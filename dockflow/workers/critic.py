@@ -1,0 +1,85 @@
+"""The critic worker (PPO, PF-PPO): a value head on the policy's architecture, started from its weights.
+
+States: ``critic_infer`` writes ``values`` for each rollout; ``critic_update`` regresses the values on the
+``returns`` the advantage state wrote, with PPO's clipped value loss.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+from dockflow.algos import clipped_value_loss
+from dockflow.config import Config
+from dockflow.dock import TransferDock
+from dockflow.engines import create_critic_engine
+from dockflow.models import load_critic
+from dockflow.workers.columns import consumers
+from dockflow.workers.consume import consume
+from dockflow.workers.runtime import init_worker_process, rng_state, set_rng_state
+from dockflow.workers.training import train_epochs
+
+
+class CriticWorker:
+    """Value model plus its optimizer; reads and writes the dock like every worker."""
+
+    def __init__(self, cfg: Config, model_dir: str, dock: TransferDock):
+        init_worker_process(cfg.ray.torch_threads, cfg.run.seed)
+        self.cfg = cfg
+        self.dock = dock
+        self.engine = create_critic_engine(cfg, load_critic(model_dir, dtype=cfg.model.dtype))
+        self.columns = consumers(cfg)
+
+    def ready(self) -> bool:
+        return True
+
+    def compute_values(self, iteration: int) -> dict[str, float]:
+        start = time.perf_counter()
+        bs = self.cfg.train.infer_batch_size
+        for batch in consume(self.dock, "critic_infer", self.columns["critic_infer"], self.cfg.global_batch, bs):
+            values = self.engine.infer(batch.data)
+            self.dock.put(batch.indices, TensorDict({"values": values}, batch_size=[len(batch)]))
+        return {"timing/values_s": time.perf_counter() - start}
+
+    def _loss(self, values: torch.Tensor, micro: TensorDict, tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
+        loss, clip_fraction = clipped_value_loss(
+            values,
+            micro["values"],
+            micro["returns"],
+            micro["response_mask"],
+            self.cfg.algorithm.ppo.value_clip,
+            token_denom=tokens,
+        )
+        mask = micro["response_mask"].bool()
+        explained = float((values.detach()[mask] - micro["returns"][mask]).square().mean()) if mask.any() else 0.0
+        metrics = {
+            "critic/value_loss": float(loss.detach()) * tokens / max(float(mask.sum()), 1.0),
+            "critic/clip_fraction": float(clip_fraction),
+            "critic/value_mse": explained,
+        }
+        return loss, metrics
+
+    def update(self, iteration: int) -> dict[str, float]:
+        start = time.perf_counter()
+        tc = self.cfg.train
+        batches = consume(
+            self.dock, "critic_update", self.columns["critic_update"], self.cfg.train_batch, tc.mini_batch_size
+        )
+        metrics = train_epochs(self.engine, (b.data for b in batches), self._loss, tc.epochs, tc.micro_batch_size)
+        out = {k if k.startswith("critic/") else f"critic/{k}": v for k, v in metrics.items()}
+        out["timing/critic_update_s"] = time.perf_counter() - start
+        return out
+
+    def state(self) -> dict[str, Any]:
+        return {"engine": self.engine.state_dict(), "rng": rng_state()}
+
+    def save(self, store, step: int) -> None:
+        store.write_part(step, "critic", self.state())
+
+    def load(self, store, step: int) -> None:
+        state = store.read_part(step, "critic", weights_only=False)
+        self.engine.load_state_dict(state["engine"])
+        set_rng_state(state["rng"])

@@ -1,0 +1,64 @@
+"""Shared set-up of the end-to-end runs: a tiny config on 1-digit sums and one SFT cache per session."""
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from dockflow.config import Config, load_config
+
+# SFT memorises a handful of 1-digit sums, so sampled responses are right often but not always:
+# groups then disagree and the policy-gradient algorithms have a signal to follow.
+TINY_RUN = {
+    "data.arithmetic.digits": 1,
+    "data.arithmetic.ops": "[+]",
+    "data.arithmetic.num_train": 60,
+    "data.arithmetic.num_labeled": 60,
+    "data.arithmetic.num_val": 20,
+    "data.arithmetic.num_test": 20,
+    "sft.lr": 3e-3,
+    "sft.max_epochs": 30,
+    "sft.eval_every_epochs": 10,
+    "sft.patience": 3,
+    "rollout.prompts_per_iter": 4,
+    "rollout.group_size": 4,
+    "rollout.batch_size": 8,
+    "rollout.temperature": 1.5,
+    "train.mini_batch_size": 8,
+    "train.micro_batch_size": 4,
+    "train.infer_batch_size": 8,
+    "train.epochs": 2,
+    "train.lr": 1e-3,
+    "ray.actor_cpus": 1,
+    "ray.reference_cpus": 1,
+    "ray.critic_cpus": 0,
+    "ray.torch_threads": 1,
+    "eval.every": 2,
+    "eval.num_prompts": 20,
+    "checkpoint.every": 2,
+}
+
+
+@pytest.fixture(scope="session")
+def sft_cache(tmp_path_factory) -> Path:
+    """One SFT warm start shared by every run (same SFT inputs -> a cache hit after the first)."""
+    return tmp_path_factory.mktemp("sft_cache")
+
+
+@pytest.fixture
+def tiny_config(tmp_path: Path, sft_cache: Path) -> Callable[..., Config]:
+    """Factory: ``tiny_config(name, iterations, config=..., section__key=value)`` is ``config`` shrunk to
+    the tiny task, with further overrides (dots written as '__'); runs go under the test's tmp_path."""
+
+    def make(name: str, iterations: int, config: str = "configs/grpo_arith.yaml", **extra) -> Config:
+        overrides = {
+            **TINY_RUN,
+            "run.name": name,
+            "run.output_dir": str(tmp_path / "runs"),
+            "sft.cache_dir": str(sft_cache),
+            "train.iterations": iterations,
+            **{k.replace("__", "."): v for k, v in extra.items()},
+        }
+        return load_config(config, [f"{k}={v}" for k, v in overrides.items()])
+
+    return make

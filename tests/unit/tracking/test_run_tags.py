@@ -1,0 +1,36 @@
+"""run_tags: what tells runs apart; the git commit never fails."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from dockflow.config import Config
+from dockflow.tracking import run_tags
+from dockflow.tracking.tags import git_commit
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_run_tags_name_algorithm_model_backend_commit_version() -> None:
+    cfg = Config.model_validate({"run": {"name": "exp1"}, "dock": {"backend": "centralized"}})
+    tags = run_tags(cfg)
+    assert set(tags) == {"algorithm", "model", "dock_backend", "git_commit", "dockflow_version", "mlflow.runName"}
+    assert tags["algorithm"] == "grpo" and tags["model"] == "tiny-qwen2" and tags["dock_backend"] == "centralized"
+    assert tags["mlflow.runName"] == "exp1"
+    assert tags["dockflow_version"] not in ("", None)
+    assert tags["git_commit"] == "unknown" or re.fullmatch(r"[0-9a-f]{40}", tags["git_commit"])
+    cfg.model.path = "/models/qwen2.5-0.5b"
+    assert run_tags(cfg)["model"] == "/models/qwen2.5-0.5b"
+
+
+def test_git_commit_is_unknown_outside_a_repo_or_without_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if (ROOT / ".git").exists():
+        assert re.fullmatch(r"[0-9a-f]{40}", git_commit(ROOT))
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # do not find a repo above tmp_path
+    assert git_commit(tmp_path) == "unknown"
+    assert git_commit(tmp_path / "missing") == "unknown"
+    monkeypatch.setenv("PATH", str(tmp_path))  # no git executable at all
+    assert git_commit(ROOT) == "unknown"
