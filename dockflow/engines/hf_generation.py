@@ -59,16 +59,23 @@ def encode_rollouts(tokenizer, prompts: list[str], responses: list[str], respons
         row = (tokenizer(text, add_special_tokens=False)["input_ids"] + [eos])[:response_width]
         responses_t[i, : len(row)] = torch.tensor(row)
         response_mask[i, : len(row)] = 1
+    return rollout_batch(prompt_ids, prompt_mask, responses_t, response_mask)
+
+
+def rollout_batch(
+    prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, responses: torch.Tensor, response_mask: torch.Tensor
+) -> TensorDict:
+    """The rollout layout of ``dockflow.engines.base`` from left-padded prompts and right-padded responses."""
     return TensorDict(
         {
-            "input_ids": torch.cat([prompt_ids, responses_t], dim=1),
+            "input_ids": torch.cat([prompt_ids, responses], dim=1),
             "attention_mask": torch.cat([prompt_mask, response_mask], dim=1),
-            "responses": responses_t,
+            "responses": responses,
             "response_mask": response_mask,
             "prompt_length": prompt_mask.sum(-1),
             "response_length": response_mask.sum(-1),
         },
-        batch_size=[len(responses)],
+        batch_size=[responses.shape[0]],
     )
 
 
@@ -125,17 +132,7 @@ class HFGenerationEngine(GenerationEngine):
             self.model.train(was_training)
         response_mask = first_eos_mask(responses, eos)
         responses = torch.where(response_mask.bool(), responses, torch.full_like(responses, pad))
-        return TensorDict(
-            {
-                "input_ids": torch.cat([prompt_ids, responses], dim=1),
-                "attention_mask": torch.cat([prompt_mask, response_mask], dim=1),
-                "responses": responses,
-                "response_mask": response_mask,
-                "prompt_length": prompt_mask.sum(-1),
-                "response_length": response_mask.sum(-1),
-            },
-            batch_size=[prompt_ids.shape[0]],
-        )
+        return rollout_batch(prompt_ids, prompt_mask, responses, response_mask)
 
     def decode(self, responses: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
         return decode_responses(self.tokenizer, responses, response_mask)

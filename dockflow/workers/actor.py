@@ -25,7 +25,7 @@ from dockflow.eval import evaluate_policy
 from dockflow.models import load_model_and_tokenizer
 from dockflow.workers.columns import consumers, kl_in_loss
 from dockflow.workers.consume import consume
-from dockflow.workers.runtime import init_worker_process, rng_state, set_rng_state
+from dockflow.workers.runtime import ModelWorker
 from dockflow.workers.training import train_epochs
 
 
@@ -34,15 +34,16 @@ def generation_seed(run_seed: int, iteration: int) -> int:
     return (run_seed * 1_000_003 + iteration) % 2**62
 
 
-class ActorWorker:
+class ActorWorker(ModelWorker):
     """Policy states: generate -> (reshard) -> old log-probs -> update; plus greedy evaluation."""
 
+    part = "actor"
+
     def __init__(self, cfg: Config, model_dir: str, dock: TransferDock):
-        init_worker_process(cfg.ray.torch_threads, cfg.run.seed)
-        self.cfg = cfg
-        self.dock = dock
+        super().__init__(cfg, dock)
         model, self.tokenizer = load_model_and_tokenizer(model_dir, dtype=cfg.model.dtype)
         self.train_engine, self.gen_engine = create_engines(cfg, model, self.tokenizer)
+        self.engine = self.train_engine  # the checkpointed one
         self.task = load_task(cfg.data, cfg.run.seed)
         self.columns = consumers(cfg)
         self.policy_version = 0
@@ -186,17 +187,10 @@ class ActorWorker:
         seq = sequence_log_probs(self.train_engine.infer(data), data["response_mask"])
         return float((seq[0::2] - seq[1::2]).mean())
 
-    def state(self) -> dict[str, Any]:
-        """Everything a checkpoint needs from this worker."""
-        return {"engine": self.train_engine.state_dict(), "rng": rng_state(), "policy_version": self.policy_version}
+    def extra_state(self) -> dict[str, Any]:
+        return {"policy_version": self.policy_version}
 
-    def save(self, store, step: int) -> None:
-        store.write_part(step, "actor", self.state())
-
-    def load(self, store, step: int) -> None:
-        state = store.read_part(step, "actor", weights_only=False)
-        self.train_engine.load_state_dict(state["engine"])
-        set_rng_state(state["rng"])
+    def load_extra(self, state: dict[str, Any]) -> None:
         self.policy_version = state["policy_version"]
 
     def save_hf(self, path: str) -> str:

@@ -7,7 +7,6 @@ States: ``critic_infer`` writes ``values`` for each rollout; ``critic_update`` r
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import torch
 from tensordict import TensorDict
@@ -19,17 +18,17 @@ from dockflow.engines import create_critic_engine
 from dockflow.models import load_critic
 from dockflow.workers.columns import consumers
 from dockflow.workers.consume import consume
-from dockflow.workers.runtime import init_worker_process, rng_state, set_rng_state
+from dockflow.workers.runtime import ModelWorker
 from dockflow.workers.training import train_epochs
 
 
-class CriticWorker:
+class CriticWorker(ModelWorker):
     """Value model plus its optimizer; reads and writes the dock like every worker."""
 
+    part = "critic"
+
     def __init__(self, cfg: Config, model_dir: str, dock: TransferDock):
-        init_worker_process(cfg.ray.torch_threads, cfg.run.seed)
-        self.cfg = cfg
-        self.dock = dock
+        super().__init__(cfg, dock)
         self.engine = create_critic_engine(cfg, load_critic(model_dir, dtype=cfg.model.dtype))
         self.columns = consumers(cfg)
 
@@ -72,14 +71,3 @@ class CriticWorker:
         out = {k if k.startswith("critic/") else f"critic/{k}": v for k, v in metrics.items()}
         out["timing/critic_update_s"] = time.perf_counter() - start
         return out
-
-    def state(self) -> dict[str, Any]:
-        return {"engine": self.engine.state_dict(), "rng": rng_state()}
-
-    def save(self, store, step: int) -> None:
-        store.write_part(step, "critic", self.state())
-
-    def load(self, store, step: int) -> None:
-        state = store.read_part(step, "critic", weights_only=False)
-        self.engine.load_state_dict(state["engine"])
-        set_rng_state(state["rng"])

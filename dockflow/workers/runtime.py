@@ -1,8 +1,9 @@
-"""Per-process set-up of a model worker: torch threads and seeds."""
+"""Per-process set-up of a model worker (torch threads, seeds) and its checkpoint part."""
 
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,3 +26,34 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
+
+
+class ModelWorker:
+    """Base of a worker that trains one model: process set-up, and its checkpoint part (engine, i.e. model
+    and optimizer, plus RNG states and extras).
+
+    A subclass sets ``part`` (its part name) and ``engine``, and may add to ``extra_state``/``load_extra``.
+    """
+
+    part: str
+    engine: Any
+
+    def __init__(self, cfg, dock) -> None:
+        init_worker_process(cfg.ray.torch_threads, cfg.run.seed)
+        self.cfg = cfg
+        self.dock = dock
+
+    def extra_state(self) -> dict[str, Any]:
+        return {}
+
+    def load_extra(self, state: dict[str, Any]) -> None:
+        """Restore what ``extra_state`` saved."""
+
+    def save(self, store, step: int) -> None:
+        store.write_part(step, self.part, {"engine": self.engine.state_dict(), "rng": rng_state(), **self.extra_state()})
+
+    def load(self, store, step: int) -> None:
+        state = store.read_part(step, self.part, weights_only=False)
+        self.engine.load_state_dict(state["engine"])
+        set_rng_state(state["rng"])
+        self.load_extra(state)

@@ -4,7 +4,13 @@ import pytest
 import torch
 
 from dockflow.config import Config
-from dockflow.engines import SamplingParams, create_critic_engine, create_engines, encode_rollouts, first_eos_mask
+from dockflow.engines import (
+    SamplingParams,
+    create_critic_engine,
+    create_engines,
+    encode_rollouts,
+    first_eos_mask,
+)
 from dockflow.engines.logprobs import position_ids_from_mask
 from dockflow.models import build_char_tokenizer, build_tiny_model, load_critic, save_pretrained_dir
 
