@@ -94,18 +94,28 @@ def main(argv: list[str] | None = None) -> None:
     unknown = sorted(set(algorithms) - set(ALGORITHMS))
     if unknown:
         p.error(f"unknown algorithms {unknown}; choose from {ALGORITHMS}")
-    results = []
+    out_path = Path(args.out)
+    # With --only, records of the other algorithms already in --out are kept (a subset can be re-run).
+    kept = json.loads(out_path.read_text())["results"] if args.only and out_path.is_file() else []
+    results = [r for r in kept if r["algorithm"] not in algorithms]
     for algorithm in algorithms:
         results.append(run_one(algorithm, args.iterations, args.runs_dir, args.overrides))
         print(json.dumps(results[-1]), flush=True)
+        write(out_path, results)
+    results.sort(key=lambda r: ALGORITHMS.index(r["algorithm"]))
+    write(out_path, results)
     print_table(results)
+
+
+def write(path: Path, results: list[dict[str, Any]]) -> None:
+    """The JSON so far (after every algorithm, so a crash keeps what finished)."""
     out = {
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count()},
-        "command": "python -m benchmarks.algos " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python -m benchmarks.algos " + " ".join(sys.argv[1:]),
         "results": results,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":

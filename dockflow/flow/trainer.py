@@ -148,6 +148,7 @@ def train(cfg: Config, resume: bool = False, on_iteration: ProgressFn | None = N
         summary["initial_model"] = model_dir
         summary_path = run_dir / "summary.json"
         summary_path.write_text(json.dumps(summary, indent=2))
+        tracker.flush_deferred(run_dir / "metrics_unsent.jsonl")
         _log_artifacts(tracker, run_dir, driver_state)
         status = "FINISHED"
         return summary
@@ -190,7 +191,7 @@ def _iterate(cfg: Config, workers: Workers, dock, sampler: PromptSampler, store,
         state["data_position"] = sampler.position(step)
         state["samples"] += cfg.train_batch
         metrics["train/samples"] = float(state["samples"])
-        tracker.log_metrics(metrics, step=step)
+        tracker.log_metrics_or_defer(metrics, step=step)  # an MLflow outage must not stop training
         if on_iteration:
             on_iteration(step, metrics)
         if _ckpt_due(cfg, step):

@@ -12,6 +12,7 @@ can live in one process and Ray workers are unaffected. Metric names follow ``tr
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -107,6 +108,7 @@ class Tracker:
 
     def __init__(self, client: MlflowClient, run_id: str, experiment_id: str, monitor: Any = None) -> None:
         self._client = client
+        self._deferred: list[tuple[dict[str, float], int]] = []  # metrics held during a tracking outage
         self.run_id = run_id
         self.experiment_id = experiment_id
         self.ended = False
@@ -210,6 +212,38 @@ class Tracker:
         for chunk in _chunks(batch, MAX_METRICS_PER_BATCH):
             self._call("logging metrics", self._client.log_batch, self.run_id, metrics=chunk)
         return len(batch)
+
+    def log_metrics_or_defer(self, metrics: Mapping[str, float], step: int) -> bool:
+        """Like ``log_metrics``, but a tracking outage (after MLflow's own retries) does not stop training: the
+        metrics wait in memory, with a warning, and go out first on the next call that gets through.
+        Returns False while metrics are waiting; ``flush_deferred`` reports what could not be sent."""
+        self._deferred.append((dict(metrics), step))
+        return self._send_deferred()
+
+    def _send_deferred(self) -> bool:
+        try:
+            while self._deferred:
+                pending, at = self._deferred[0]
+                self.log_metrics(pending, at)
+                self._deferred.pop(0)
+        except TrackingError as exc:
+            if len(self._deferred) == 1 or len(self._deferred) % 100 == 0:
+                log.warning("tracking is unreachable; %d metric step(s) wait to be sent: %s", len(self._deferred), exc)
+            return False
+        return True
+
+    def flush_deferred(self, spill_to: str | Path) -> int:
+        """Send the metrics ``log_metrics_or_defer`` still holds; what still fails is written as JSON lines to
+        ``spill_to`` (so nothing is lost) and reported. Returns the number of steps spilled."""
+        if self._send_deferred():
+            return 0
+        with Path(spill_to).open("a") as f:
+            for metrics, step in self._deferred:
+                f.write(json.dumps({"step": step, "metrics": metrics}) + "\n")
+        spilled = len(self._deferred)
+        log.warning("tracking stayed unreachable: %d metric step(s) written to %s instead", spilled, spill_to)
+        self._deferred.clear()
+        return spilled
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Upload a file (or a directory's files) into the run's artifacts, under ``artifact_path``."""

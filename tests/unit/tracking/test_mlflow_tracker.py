@@ -116,3 +116,26 @@ def test_rejected_requests_name_the_problem(default_run: tuple[Path, Tracker]) -
         tracker.log_metrics({"train/bad key!": 1.0}, step=0)
     with pytest.raises(TrackingError, match="run 0123abcd does not exist in sqlite"):
         Tracker.start(TrackingConfig(uri=tracker.tracking_uri), run_dir, "r", run_id="0123abcd")
+
+
+def test_an_outage_defers_metrics_and_nothing_is_lost(default_run: tuple[Path, Tracker], monkeypatch) -> None:
+    run_dir, tracker = default_run
+    real = tracker._client.log_batch
+    down = {"on": True}
+
+    def flaky(*args, **kwargs):
+        if down["on"]:
+            raise ConnectionError("connection refused")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tracker._client, "log_batch", flaky)
+    assert not tracker.log_metrics_or_defer({"outage/x": 1.0}, step=1)
+    assert not tracker.log_metrics_or_defer({"outage/x": 2.0}, step=2)
+    down["on"] = False
+    assert tracker.log_metrics_or_defer({"outage/x": 3.0}, step=3)  # the held steps go out first
+    assert tracker.metric_history("outage/x") == [(1, 1.0), (2, 2.0), (3, 3.0)]
+    down["on"] = True
+    tracker.log_metrics_or_defer({"outage/y": 4.0}, step=4)
+    spill = run_dir / "unsent.jsonl"
+    assert tracker.flush_deferred(spill) == 1
+    assert '"outage/y": 4.0' in spill.read_text()
