@@ -78,6 +78,7 @@ def _save(store, workers: Workers, step: int, driver_state: dict[str, Any], cfg:
     refs = {f"checkpoint_{k}": w.save.remote(store, step) for k, w in _stateful(workers).items()}
     wait_stages(refs, cfg.train.stage_timeout_s, step)
     store.write_part(step, "driver", driver_state)
+    store.write_part(step, "config", cfg.model_dump())  # what produced it, readable without the run directory
     store.commit(step, {"iteration": step, "accuracy": driver_state["evals"][-1][1] if driver_state["evals"] else None})
 
 
@@ -146,9 +147,12 @@ def train(cfg: Config, resume: bool = False, on_iteration: ProgressFn | None = N
         summary = _summary(cfg, driver_state, init_metrics, tracker.run_id, time.perf_counter() - t_start)
         summary["final_model"] = str(final_dir)
         summary["initial_model"] = model_dir
+        summary["checkpoints"] = store.location()
         summary_path = run_dir / "summary.json"
         summary_path.write_text(json.dumps(summary, indent=2))
         tracker.flush_deferred(run_dir / "metrics_unsent.jsonl")
+        # Pointers, not copies: the final HF model directory and the checkpoint store (a path or s3:// URI).
+        tracker.set_tags({"final_model": str(final_dir.resolve()), "checkpoint_uri": store.location()})
         _log_artifacts(tracker, run_dir, driver_state)
         status = "FINISHED"
         return summary
