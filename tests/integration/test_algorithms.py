@@ -19,8 +19,7 @@ ALGORITHMS = {
     "ppo": ("critic/value_loss", "train/pg_loss"),
     "pf_ppo": ("critic/value_loss", "train/pg_loss"),
     "dapo": ("dapo/kept_groups", "dapo/rounds"),
-    "reinforce_pp": ("train/pg_loss",),
-    "reinforce_pp_baseline": ("train/pg_loss",),
+    "reinforce_pp": ("train/pg_loss",),  # its -baseline variant differs only in the advantage (unit-tested)
     "dpo": ("train/dpo_margin", "train/dpo_reward_accuracy"),
 }
 
