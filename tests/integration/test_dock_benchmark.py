@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+NODES = 2
 FIELDS = {"backend", "samples", "seq_tokens", "wall_s", "busiest_bytes", "p50_get_s", "p99_get_s",
           "tcv_bytes_eq2", "tcv_bytes_eq4"}
 
@@ -22,7 +23,7 @@ FIELDS = {"backend", "samples", "seq_tokens", "wall_s", "busiest_bytes", "p50_ge
 def test_quick_benchmark_writes_one_record_per_backend(tmp_path):
     out = tmp_path / "dock.json"
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-    run = subprocess.run([sys.executable, "-m", "benchmarks.dock", "--quick", "--nodes", "2",
+    run = subprocess.run([sys.executable, "-m", "benchmarks.dock", "--quick", "--nodes", str(NODES),
                           "--backends", "centralized,dock", "--out", str(out)],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=580)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -34,6 +35,6 @@ def test_quick_benchmark_writes_one_record_per_backend(tmp_path):
         assert 0 < record["p50_get_s"] <= record["p99_get_s"]
         assert record["tcv_bytes_eq4"] < record["tcv_bytes_eq2"]
     by_backend = {r["backend"]: r for r in results}
-    # The distributed dock's busiest process moves far less than the centralized buffer (1/S plus metadata).
-    assert by_backend["dock"]["busiest_bytes"] < by_backend["centralized"]["busiest_bytes"] * 0.7
+    # The distributed dock's busiest process moves 1/S of the centralized buffer's bytes plus metadata (S = 2).
+    assert by_backend["dock"]["busiest_bytes"] < by_backend["centralized"]["busiest_bytes"] * (1 / NODES + 0.1)
     assert "busiest MB" in run.stdout
