@@ -310,6 +310,11 @@ class Config(_Section):
             )
         if alg.name == "dpo" and self.rollout.group_size != 2:
             raise ValueError("algorithm.name=dpo trains on (chosen, rejected) pairs: set rollout.group_size: 2")
+        if alg.name == "dpo" and (self.train.micro_batch_size % 2 or self.train.mini_batch_size % 2):
+            raise ValueError(
+                "algorithm.name=dpo keeps each (chosen, rejected) pair in one micro-batch: "
+                "train.mini_batch_size and train.micro_batch_size must be even"
+            )
         if self.data.source == "file" and not self.data.train_path:
             raise ValueError("data.source is 'file' but data.train_path is not set: give a JSONL or Parquet path")
         return self

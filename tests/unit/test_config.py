@@ -93,3 +93,16 @@ def test_defaults_equal_the_example_yaml():
     defaults = Config().flat()
     differ = {k: v for k, v in defaults.items() if example[k] != v and k != "run.name"}  # the name is the example's own
     assert differ == {}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["rollout.group_size=4"], "set rollout.group_size: 2"),
+        (["train.mini_batch_size=3", "train.micro_batch_size=3", "rollout.prompts_per_iter=3"], "must be even"),
+        (["algorithm.name=pf_ppo", "rollout.group_size=2", "algorithm.pf_ppo.keep=3"], "pf_ppo.keep=3 must be at most"),
+    ],
+)
+def test_algorithm_constraints_name_the_keys(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(ROOT / "configs" / "dpo_arith.yaml", overrides)
