@@ -4,6 +4,10 @@
     dockflow eval    configs/grpo_arith.yaml [--model DIR] [--split test] [--limit N] [--data FILE.jsonl]
                      [--k K] [--temperature T] [--mlflow-run RUN_ID] [section.key=value ...]
     dockflow compare RUN_OR_EXPERIMENT [...] [--tracking-uri URI] [--metrics a,b] [--json]
+    dockflow pipeline compile  [--config FILE] [--out FILE.yaml] [--accelerator nvidia] [section.key=value ...]
+    dockflow pipeline run      [--config FILE] (--local | --host URL) [section.key=value ...]
+    dockflow pipeline schedule [--config FILE] --host URL --cron "0 0 2 * * *" [section.key=value ...]
+    dockflow pipeline teardown RUN_NAME --ray-address ADDRESS
 
 Errors in the config or inputs print one line naming the problem and exit with status 2.
 """
@@ -40,7 +44,46 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI)")
     c.add_argument("--metrics", help="comma-separated metric names (default: accuracy, reward, throughput, s/iteration)")
     c.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _pipeline_parser(sub.add_parser("pipeline", help="the Kubeflow pipeline: compile, run, schedule"))
     return p
+
+
+def _pipeline_parser(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", required=True)
+
+    def common(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--config", default="configs/grpo_arith.yaml", help="YAML config (a path in the image for --host)")
+        q.add_argument("overrides", nargs="*", help="dotted overrides, passed to the run: train.iterations=2")
+        q.add_argument("--accelerator", default="cpu", choices=["cpu", "nvidia", "ascend"], help="device of the stage tasks")
+        q.add_argument("--accelerator-count", type=int, default=1, help="accelerators per stage task")
+
+    def remote(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--image", default="", help="container image of the tasks (default: the DockFlow cpu image)")
+        q.add_argument("--ray-address", default="", help="Ray cluster the tasks join (default: $RAY_ADDRESS in the pods)")
+        q.add_argument("--mlflow-uri", default="", help="MLflow server (default: $MLFLOW_TRACKING_URI, then the config)")
+        q.add_argument("--s3-endpoint", default="", help="S3/MinIO endpoint of the checkpoints")
+        q.add_argument("--s3-bucket", default="", help="checkpoints go to s3://BUCKET/RUN_NAME")
+        q.add_argument("--experiment", default="dockflow", help="KFP experiment name")
+
+    c = sub.add_parser("compile", help="write the pipeline's YAML (upload it in the Kubeflow UI)")
+    common(c)
+    c.add_argument("--out", help="output file (default: <run.output_dir>/dockflow-rl.yaml)")
+    r = sub.add_parser("run", help="run the pipeline here (--local) or on a KFP host (--host)")
+    common(r)
+    where = r.add_mutually_exclusive_group(required=True)
+    where.add_argument("--local", action="store_true", help="kfp.local subprocesses against a local Ray cluster")
+    where.add_argument("--host", help="KFP API, e.g. http://localhost:8080")
+    remote(r)
+    s = sub.add_parser("schedule", help="a recurring run on a KFP host")
+    common(s)
+    s.add_argument("--host", required=True, help="KFP API, e.g. http://localhost:8080")
+    s.add_argument("--cron", required=True, help='6-field cron, seconds first: "0 0 2 * * *" = 02:00 daily')
+    s.add_argument("--name", help="recurring run name (default: <run.name>-recurring)")
+    remote(s)
+    t = sub.add_parser("teardown", help="end a pipeline run whose exit task did not run: kill its actors")
+    t.add_argument("run_name", help="run.name of the pipeline run")
+    t.add_argument("--ray-address", required=True, help="the Ray cluster it runs on")
+    t.add_argument("--namespace", help="its Ray namespace (default: dockflow-RUN_NAME)")
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -101,15 +144,45 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_pipeline(args: argparse.Namespace) -> int:
+    from dockflow.report import print_train_summary
+    from pipelines import launch
+
+    if args.action == "teardown":
+        from dockflow.flow.tasks import teardown
+
+        teardown(args.namespace or f"dockflow-{args.run_name}", args.run_name, args.ray_address, succeeded=False)
+        return 0
+    cfg = load_config(args.config, args.overrides)
+    opts = launch.options_for(cfg, args.accelerator, args.accelerator_count)
+    if args.action == "compile":
+        print(launch.compile_pipeline(opts, args.out or launch.default_package(cfg)))
+        return 0
+    if args.action == "run" and args.local:
+        print_train_summary(launch.run_local(args.config, args.overrides, cfg, opts))
+        return 0
+    extra = {"image": args.image, "ray_address": args.ray_address, "mlflow_uri": args.mlflow_uri,
+             "s3_endpoint": args.s3_endpoint, "s3_bucket": args.s3_bucket}
+    params = launch.arguments(args.config, args.overrides, cfg, **extra)
+    if args.action == "run":
+        print(f"run {launch.submit(args.host, params, opts, args.experiment)} started on {args.host}")
+        return 0
+    name = args.name or f"{cfg.run.name}-recurring"
+    job = launch.schedule(args.host, args.cron, params, opts, args.experiment, name, launch.default_package(cfg))
+    print(f"recurring run {job} ({name}, cron {args.cron!r}) created on {args.host}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = _parser().parse_args(argv)
     try:
-        return {"train": _cmd_train, "eval": _cmd_eval, "compare": _cmd_compare}[args.command](args)
+        commands = {"train": _cmd_train, "eval": _cmd_eval, "compare": _cmd_compare, "pipeline": _cmd_pipeline}
+        return commands[args.command](args)
     except Exception as exc:
         # Our own errors (config, dataset, model files, cluster, workers, stages, dock, tracking) already say
         # what is wrong and what to do: one line, no traceback. Anything else is a bug and keeps its traceback.
-        ours = type(exc).__module__.startswith("dockflow.") or isinstance(exc, (ConfigError, FileNotFoundError))
+        ours = type(exc).__module__.startswith(("dockflow.", "pipelines.")) or isinstance(exc, (ConfigError, FileNotFoundError))
         if not ours:
             raise
         print(f"dockflow {args.command}: error: {exc}", file=sys.stderr)

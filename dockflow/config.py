@@ -186,6 +186,13 @@ class TrainConfig(_Section):
     grad_clip: float = Field(1.0, gt=0.0, description="Max global gradient norm.")
     infer_batch_size: int = Field(256, ge=1, description="Samples per forward in log-prob inference.")
     stage_timeout_s: float = Field(1800.0, gt=0.0, description="Seconds one stage may take before the run fails.")
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        description="Policy versions generation may run ahead of the update (the dock then holds 1 + max_staleness "
+        "iterations, each in its own window). 0 = on-policy. The KFP pipeline turns it into DAG edges: generate(i) "
+        "waits for reshard(i - 1 - max_staleness); the CLI loop is synchronous and needs 0.",
+    )
 
 
 class DockConfig(_Section):
@@ -336,6 +343,17 @@ class Config(_Section):
         """Generation rounds per iteration at most (DAPO's dynamic sampling), so dock slots = rounds x G x N."""
         dapo = self.algorithm.dapo
         return dapo.max_rounds if self.algorithm.name == "dapo" and dapo.dynamic_sampling else 1
+
+    @property
+    def dock_capacity(self) -> int:
+        """Samples the dock holds: 1 + max_staleness iterations of rounds x G x N."""
+        return (1 + self.train.max_staleness) * self.rounds * self.global_batch
+
+    def dock_window(self, iteration: int) -> tuple[int, int]:
+        """The dock indices ``[lo, hi)`` of ``iteration``'s samples: iterations take turns over the windows."""
+        size = self.rounds * self.global_batch
+        lo = iteration % (1 + self.train.max_staleness) * size
+        return lo, lo + size
 
     def flat(self) -> dict[str, Any]:
         """The config as ``{"section.key": value}``, for MLflow params."""

@@ -22,6 +22,7 @@ from dockflow.dock.errors import DockInvalid, DockUnavailable
 from dockflow.dock.longpoll import take_when_ready
 from dockflow.dock.sharding import ShardMap
 from dockflow.dock.warehouse import WarehouseStore
+from dockflow.dock.window import Window
 
 
 def nbytes(arrays: Mapping[str, np.ndarray]) -> int:
@@ -51,7 +52,6 @@ class ControllerActor:
     ) -> None:
         self.state = ControllerState(consumer, all_columns, capacity, group_size, columns)
         self.cond = asyncio.Condition()
-        self.epoch = 0  # resets so far: a get waiting across a reset is cancelled
         self.waiting = 0  # gets in progress
         self.meta_bytes_in = 0
         self.meta_bytes_out = 0
@@ -71,19 +71,22 @@ class ControllerActor:
         self.meta_bytes_in += indices.nbytes + nbytes(meta or {})
 
     async def take(
-        self, batch_size: int, columns: Sequence[str], whole_groups: bool, timeout_s: float
+        self, batch_size: int, columns: Sequence[str], whole_groups: bool, timeout_s: float, window: Window | None = None
     ) -> tuple[str, Any, Any]:
         """("ok", indices, meta), ("timeout", readiness message, None), or ("reset", message, None) when a reset
         ended the iteration this get waited in (its requester may be gone: it must not take the next one's)."""
-        self.state.validate(batch_size, columns, whole_groups)
+        state = self.state
+        state.validate(batch_size, columns, whole_groups, window)
         loop = asyncio.get_running_loop()
         started = loop.time()
-        epoch = self.epoch
+        resets = state.reset_count(window)
         self.waiting += 1
         try:
             chosen = await take_when_ready(
                 self.cond,
-                lambda: _CANCELLED if self.epoch != epoch else self.state.take(batch_size, columns, whole_groups),
+                lambda: _CANCELLED
+                if state.reset_count(window) != resets
+                else state.take(batch_size, columns, whole_groups, window),
                 timeout_s,
             )
         finally:
@@ -91,16 +94,15 @@ class ControllerActor:
         if chosen is _CANCELLED:
             return "reset", _cancelled_message(self.state.consumer), None
         if chosen is None:
-            readiness = self.state.readiness(batch_size, columns, whole_groups)
+            readiness = state.readiness(batch_size, columns, whole_groups, window)
             return "timeout", readiness.message(loop.time() - started), None
         meta = self.state.meta.take(chosen)
         self.meta_bytes_out += chosen.nbytes + nbytes(meta)
         return "ok", chosen, meta
 
-    async def reset(self, keep: np.ndarray) -> None:
+    async def reset(self, keep: np.ndarray, window: Window | None = None) -> None:
         async with self.cond:
-            self.state.reset(keep)
-            self.epoch += 1
+            self.state.reset(keep, window)
             self.cond.notify_all()
 
     async def stats(self) -> dict[str, Any]:
@@ -196,8 +198,8 @@ class WarehouseActor:
         self.bytes_by_peer[peer] += nbytes(arrays)
         return arrays
 
-    async def reset(self, keep: np.ndarray) -> None:
-        self.store.reset(keep)
+    async def reset(self, keep: np.ndarray, window: Window | None = None) -> None:
+        self.store.reset(keep, window)
         if len(keep) == 0:
             self.claimed.clear()
 
@@ -227,7 +229,6 @@ class CentralBufferActor:
         self.store = WarehouseStore(columns, ShardMap(capacity, group_size, 1), 0)
         self.consumers: dict[str, ControllerState] = {}
         self.cond = asyncio.Condition()
-        self.epoch = 0  # resets so far: a get waiting across a reset is cancelled
         self.waiting: dict[str, int] = defaultdict(int)  # gets in progress per consumer
         self.bytes_by_peer: dict[str, int] = defaultdict(int)
 
@@ -268,18 +269,28 @@ class CentralBufferActor:
         self.bytes_by_peer[peer] += nbytes(arrays)
 
     async def get(
-        self, consumer: str, batch_size: int, columns: Sequence[str], whole_groups: bool, timeout_s: float, peer: str
+        self,
+        consumer: str,
+        batch_size: int,
+        columns: Sequence[str],
+        whole_groups: bool,
+        timeout_s: float,
+        peer: str,
+        window: Window | None = None,
     ) -> tuple[str, Any, Any, Any]:
         """("ok", indices, arrays, meta), ("timeout", message, None, None) or ("reset", message, None, None)."""
         state = self._state(consumer)
-        state.validate(batch_size, columns, whole_groups)
+        state.validate(batch_size, columns, whole_groups, window)
         loop = asyncio.get_running_loop()
         started = loop.time()
-        epoch = self.epoch
+        resets = state.reset_count(window)
         self.waiting[consumer] += 1
         try:
             chosen = await take_when_ready(
-                self.cond, lambda: _CANCELLED if self.epoch != epoch else state.take(batch_size, columns, whole_groups),
+                self.cond,
+                lambda: _CANCELLED
+                if state.reset_count(window) != resets
+                else state.take(batch_size, columns, whole_groups, window),
                 timeout_s,
             )
         finally:
@@ -287,18 +298,17 @@ class CentralBufferActor:
         if chosen is _CANCELLED:
             return "reset", _cancelled_message(consumer), None, None
         if chosen is None:
-            message = state.readiness(batch_size, columns, whole_groups).message(loop.time() - started)
+            message = state.readiness(batch_size, columns, whole_groups, window).message(loop.time() - started)
             return "timeout", message, None, None
         arrays = self.store.read(chosen, columns)
         self.bytes_by_peer[peer] += nbytes(arrays)
         return "ok", chosen, arrays, state.meta.take(chosen)
 
-    async def reset(self, keep: np.ndarray) -> None:
+    async def reset(self, keep: np.ndarray, window: Window | None = None) -> None:
         async with self.cond:
-            self.store.reset(keep)
+            self.store.reset(keep, window)
             for state in self.consumers.values():
-                state.reset(keep)
-            self.epoch += 1
+                state.reset(keep, window)
             self.cond.notify_all()
 
     async def stats(self) -> dict[str, Any]:

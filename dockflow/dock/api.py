@@ -64,6 +64,7 @@ class DockSpec:
     rpc_timeout_s: float = 60.0  # bound on puts, reads, resets, stats
     start_timeout_s: float = 180.0  # bound on actor start-up (a new Python process per actor)
     shard_block: int | None = None  # samples per block dealt round-robin to warehouses; None: group_size
+    detached: bool = False  # actors outlive their creator (the KFP setup task); shutdown() must be called
 
     def __post_init__(self) -> None:
         if self.capacity <= 0 or self.group_size <= 0 or self.capacity % self.group_size:
@@ -132,16 +133,22 @@ class TransferDock(ABC):
         *,
         whole_groups: bool = False,
         timeout_s: float | None = None,
+        window: tuple[int, int] | None = None,
     ) -> DockBatch:
         """Block until ``batch_size`` unconsumed samples have ``columns`` ready, mark them consumed, return them.
 
         Returns the lowest ready indices, ascending, so a producer that writes in index order gives every
         consumer the same batches run after run. ``whole_groups`` returns only complete GRPO groups.
+        ``window=(lo, hi)`` takes only indices in ``[lo, hi)``: the iteration that owns that slice of the dock.
         """
 
     @abstractmethod
-    def reset(self, keep: Sequence[int] = ()) -> None:
-        """Start a new iteration: drop all data and readiness, except the samples in ``keep``."""
+    def reset(self, keep: Sequence[int] = (), window: tuple[int, int] | None = None) -> None:
+        """Start a new iteration: drop all data and readiness, except the samples in ``keep``.
+
+        With ``window=(lo, hi)`` only that slice starts over (``keep`` must lie in it): iterations that own
+        other windows keep their samples, and their waiting gets go on.
+        """
 
     @abstractmethod
     def stats(self) -> dict[str, Any]:

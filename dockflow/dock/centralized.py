@@ -38,7 +38,7 @@ class CentralizedDock(TransferDock):
         placement.require_alive([node], f"the buffer of dock {spec.name!r}")
         name = f"{spec.name}/buffer"
         placement.refuse_existing(name, spec.namespace)
-        buffer = CentralBufferActor.options(**placement.pinned(node, name, spec.namespace)).remote(
+        buffer = CentralBufferActor.options(**placement.pinned(node, name, spec.namespace, spec.detached)).remote(
             wire_dtypes(spec.columns), spec.capacity, spec.group_size
         )
         try:
@@ -74,6 +74,7 @@ class CentralizedDock(TransferDock):
         *,
         whole_groups: bool = False,
         timeout_s: float | None = None,
+        window: tuple[int, int] | None = None,
     ) -> DockBatch:
         what = f"get by consumer {consumer!r}"
         if columns is None:
@@ -83,8 +84,9 @@ class CentralizedDock(TransferDock):
             columns = self._columns[consumer]
         columns = list(columns)
         validation.check_get(self.spec, consumer, batch_size, columns, whole_groups)
+        win = validation.check_window(self.spec, window, f"get by {consumer!r}")
         timeout = self.spec.get_timeout_s if timeout_s is None else timeout_s
-        ref = self.buffer.get.remote(consumer, batch_size, columns, whole_groups, timeout, peer_id())
+        ref = self.buffer.get.remote(consumer, batch_size, columns, whole_groups, timeout, peer_id(), win)
         status, indices, arrays, meta = call([ref], timeout + _GRACE_S, what)[0]
         if status != "ok":
             raise get_failure(status, indices)
@@ -95,9 +97,9 @@ class CentralizedDock(TransferDock):
             meta={k: torch.from_numpy(v) for k, v in meta.items()},
         )
 
-    def reset(self, keep: Sequence[int] = ()) -> None:
-        kept = validation.check_indices(self.spec, keep, "reset")
-        call([self.buffer.reset.remote(kept)], self.spec.rpc_timeout_s, "reset")
+    def reset(self, keep: Sequence[int] = (), window: tuple[int, int] | None = None) -> None:
+        kept, win = validation.check_reset(self.spec, keep, window)
+        call([self.buffer.reset.remote(kept, win)], self.spec.rpc_timeout_s, "reset")
 
     def stats(self) -> dict[str, Any]:
         buffer = call([self.buffer.stats.remote()], self.spec.rpc_timeout_s, "stats")[0]

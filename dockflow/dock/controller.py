@@ -12,6 +12,7 @@ import numpy as np
 
 from dockflow.dock.errors import DockInvalid
 from dockflow.dock.meta import MetaTable
+from dockflow.dock.window import Window, dropped_mask, window_mask
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class ControllerState:
         self._check_columns(self.columns)
         self.ready = {c: np.zeros(capacity, dtype=bool) for c in self.all_columns}
         self.consumed = np.zeros(capacity, dtype=bool)
+        self.resets = np.zeros(capacity, dtype=np.int64)  # per sample: a get waiting across its reset is cancelled
         self.meta = MetaTable(capacity, group_size)
         self.gets = 0
         self.samples_out = 0
@@ -78,7 +80,9 @@ class ControllerState:
             self.meta.update(indices, meta)
         self.notifications += 1
 
-    def validate(self, batch_size: int, columns: Sequence[str], whole_groups: bool) -> None:
+    def validate(
+        self, batch_size: int, columns: Sequence[str], whole_groups: bool, window: Window | None = None
+    ) -> None:
         """Reject requests that no future put can satisfy (instead of letting them hang)."""
         self._check_columns(columns)
         unregistered = [c for c in columns if c not in self.columns]
@@ -88,24 +92,26 @@ class ControllerState:
             )
         if batch_size <= 0:
             raise DockInvalid(f"consumer {self.consumer!r}: batch_size must be positive, not {batch_size}")
-        remaining = self.capacity - int(self.consumed.sum())
+        open_ = window_mask(self.capacity, window) & ~self.consumed
+        remaining = int(open_.sum())
         if whole_groups:
             if batch_size % self.group_size:
                 raise DockInvalid(
                     f"consumer {self.consumer!r}: whole_groups needs batch_size ({batch_size}) to be a "
                     f"multiple of group_size ({self.group_size})"
                 )
-            untouched = self.consumed.reshape(-1, self.group_size).any(axis=1) == 0
+            untouched = open_.reshape(-1, self.group_size).all(axis=1)
             remaining = int(untouched.sum()) * self.group_size
         if batch_size > remaining:
             raise DockInvalid(
                 f"consumer {self.consumer!r} asked for {batch_size} samples but only {remaining} "
-                f"{'samples in untouched groups ' if whole_groups else ''}of capacity {self.capacity} "
+                f"{'samples in untouched groups ' if whole_groups else ''}of "
+                f"{f'window {list(window)}' if window else f'capacity {self.capacity}'} "
                 "are not yet consumed: they can never arrive before a reset"
             )
 
-    def _available(self, columns: Sequence[str], whole_groups: bool) -> np.ndarray:
-        mask = ~self.consumed
+    def _available(self, columns: Sequence[str], whole_groups: bool, window: Window | None = None) -> np.ndarray:
+        mask = ~self.consumed & window_mask(self.capacity, window)
         for column in columns:
             mask &= self.ready[column]
         if whole_groups:
@@ -113,9 +119,12 @@ class ControllerState:
             mask = np.repeat(complete, self.group_size)
         return mask
 
-    def take(self, batch_size: int, columns: Sequence[str], whole_groups: bool = False) -> np.ndarray | None:
-        """The ``batch_size`` lowest ready-and-unconsumed indices, now marked consumed; None if too few."""
-        available = np.flatnonzero(self._available(columns, whole_groups))
+    def take(
+        self, batch_size: int, columns: Sequence[str], whole_groups: bool = False, window: Window | None = None
+    ) -> np.ndarray | None:
+        """The ``batch_size`` lowest ready-and-unconsumed indices (in ``window``), now marked consumed; None if
+        too few."""
+        available = np.flatnonzero(self._available(columns, whole_groups, window))
         if len(available) < batch_size:
             return None
         chosen = available[:batch_size]
@@ -124,26 +133,35 @@ class ControllerState:
         self.samples_out += batch_size
         return chosen
 
-    def readiness(self, batch_size: int, columns: Sequence[str], whole_groups: bool) -> Readiness:
-        unconsumed = ~self.consumed
+    def readiness(
+        self, batch_size: int, columns: Sequence[str], whole_groups: bool, window: Window | None = None
+    ) -> Readiness:
+        unconsumed = ~self.consumed & window_mask(self.capacity, window)
         return Readiness(
             consumer=self.consumer,
             columns=tuple(columns),
             batch_size=batch_size,
             whole_groups=whole_groups,
-            ready=int(self._available(columns, whole_groups).sum()),
+            ready=int(self._available(columns, whole_groups, window).sum()),
             missing={c: int((unconsumed & ~self.ready[c]).sum()) for c in columns},
-            consumed=int(self.consumed.sum()),
+            consumed=int((self.consumed & window_mask(self.capacity, window)).sum()),
         )
 
-    def reset(self, keep: np.ndarray) -> None:
-        """New iteration: nothing consumed; only the kept samples stay ready (and grow older)."""
-        kept = np.zeros(self.capacity, dtype=bool)
-        kept[keep] = True
+    def reset(self, keep: np.ndarray, window: Window | None = None) -> None:
+        """New iteration in ``window`` (default: the whole dock): nothing there consumed; only the kept samples
+        stay ready (and grow older). Samples outside the window are untouched."""
+        dropped = dropped_mask(self.capacity, keep, window)
         for bitmap in self.ready.values():
-            bitmap &= kept
-        self.consumed[:] = False
-        self.meta.reset(keep)
+            bitmap[dropped] = False
+        scope = window_mask(self.capacity, window)
+        self.consumed[scope] = False
+        self.resets[scope] += 1
+        self.meta.reset(keep, window)
+
+    def reset_count(self, window: Window | None = None) -> int:
+        """Resets that touched ``window`` so far: a waiting get compares it to the count it started with."""
+        lo, hi = window if window is not None else (0, self.capacity)
+        return int(self.resets[lo:hi].sum())
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -56,7 +56,7 @@ class DistributedDock(TransferDock):
         warehouses: list[Any] = []
         for i, (name, node) in enumerate(zip(names, nodes, strict=True)):
             keeper = warehouses[0] if warehouses else None
-            options = placement.pinned(node, name, spec.namespace)
+            options = placement.pinned(node, name, spec.namespace, spec.detached)
             warehouses.append(WarehouseActor.options(**options).remote(dtypes, shard_map, i, keeper))
         try:
             placement.wait_ready({n: w.ready.remote() for n, w in zip(names, warehouses, strict=True)},
@@ -87,7 +87,7 @@ class DistributedDock(TransferDock):
         placement.require_alive([node], f"the controller of consumer {consumer!r}")
         name = self._controller_name(consumer)
         try:
-            controller = ControllerActor.options(**placement.pinned(node, name, self.spec.namespace)).remote(
+            controller = ControllerActor.options(**placement.pinned(node, name, self.spec.namespace, self.spec.detached)).remote(
                 consumer, list(self.spec.columns), self.spec.capacity, self.spec.group_size, list(columns)
             )
         except ValueError:  # lost a race with another process registering the same consumer
@@ -158,12 +158,14 @@ class DistributedDock(TransferDock):
         *,
         whole_groups: bool = False,
         timeout_s: float | None = None,
+        window: tuple[int, int] | None = None,
     ) -> DockBatch:
         controller = self._controller(consumer)
         columns = list(self._registered_columns(consumer) if columns is None else columns)
         validation.check_get(self.spec, consumer, batch_size, columns, whole_groups)
+        win = validation.check_window(self.spec, window, f"get by {consumer!r}")
         timeout = self.spec.get_timeout_s if timeout_s is None else timeout_s
-        ref = controller.take.remote(batch_size, columns, whole_groups, timeout)
+        ref = controller.take.remote(batch_size, columns, whole_groups, timeout, win)
         status, indices, meta = self._await_controller(ref, consumer, timeout)
         if status != "ok":
             raise get_failure(status, indices)
@@ -216,10 +218,10 @@ class DistributedDock(TransferDock):
         return out
 
     # ---- lifecycle ------------------------------------------------------------------------------
-    def reset(self, keep: Sequence[int] = ()) -> None:
-        kept = validation.check_indices(self.spec, keep, "reset")
+    def reset(self, keep: Sequence[int] = (), window: tuple[int, int] | None = None) -> None:
+        kept, win = validation.check_reset(self.spec, keep, window)
         controllers = list(self.consumers().values())
-        refs = [a.reset.remote(kept) for a in [*self.warehouses, *controllers]]
+        refs = [a.reset.remote(kept, win) for a in [*self.warehouses, *controllers]]
         call(refs, self.spec.rpc_timeout_s, "reset")
 
     def stats(self) -> dict[str, Any]:

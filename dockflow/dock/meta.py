@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from dockflow.dock.errors import META_KEYS
+from dockflow.dock.window import Window, dropped_mask
 
 
 class MetaTable:
@@ -32,9 +33,7 @@ class MetaTable:
     def take(self, indices: np.ndarray) -> dict[str, np.ndarray]:
         return {key: column[indices] for key, column in self.values.items()}
 
-    def reset(self, keep: np.ndarray) -> None:
-        """Defaults for everything not kept; kept samples grow one iteration older."""
-        dropped = np.ones(self.capacity, dtype=bool)
-        dropped[keep] = False
-        self._fill_defaults(np.flatnonzero(dropped))
+    def reset(self, keep: np.ndarray, window: Window | None = None) -> None:
+        """Defaults for everything in ``window`` (default: all) not kept; kept samples grow one iteration older."""
+        self._fill_defaults(np.flatnonzero(dropped_mask(self.capacity, keep, window)))
         self.values["age"][keep] += 1

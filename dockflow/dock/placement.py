@@ -37,9 +37,11 @@ def require_alive(node_ids: list[str], what: str) -> None:
         )
 
 
-def pinned(node_id: str, name: str, namespace: str | None) -> dict[str, Any]:
-    """Actor options: no CPUs, hard affinity to ``node_id``, a name, no restarts, many concurrent calls."""
+def pinned(node_id: str, name: str, namespace: str | None, detached: bool = False) -> dict[str, Any]:
+    """Actor options: no CPUs, hard affinity to ``node_id``, a name, no restarts, many concurrent calls;
+    ``detached``: the actor outlives the process that created it."""
     return {
+        "lifetime": "detached" if detached else None,
         "num_cpus": 0,
         "name": name,
         "namespace": namespace,

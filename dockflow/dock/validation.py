@@ -9,6 +9,7 @@ import torch
 from tensordict import TensorDictBase
 
 from dockflow.dock.api import META_KEYS, DockInvalid, DockSpec
+from dockflow.dock.window import Window
 
 
 def check_indices(spec: DockSpec, indices: Sequence[int] | np.ndarray | torch.Tensor, what: str) -> np.ndarray:
@@ -70,6 +71,30 @@ def check_meta(meta: Mapping[str, Sequence[int] | torch.Tensor] | None, n: int) 
             raise DockInvalid(f"put: metadata {key!r} must be integers, got {array.dtype}")
         out[key] = array.astype(np.int64)
     return out
+
+
+def check_window(spec: DockSpec, window: Sequence[int] | None, what: str) -> Window | None:
+    """``(lo, hi)`` with ``0 <= lo < hi <= capacity``, both on group boundaries, or None (the whole dock)."""
+    if window is None:
+        return None
+    if len(window) != 2:
+        raise DockInvalid(f"{what}: window must be (lo, hi), not {window!r}")
+    lo, hi = (int(x) for x in window)
+    if not 0 <= lo < hi <= spec.capacity or lo % spec.group_size or hi % spec.group_size:
+        raise DockInvalid(
+            f"{what}: window ({lo}, {hi}) must satisfy 0 <= lo < hi <= capacity ({spec.capacity}) with both "
+            f"multiples of group_size ({spec.group_size})"
+        )
+    return lo, hi
+
+
+def check_reset(spec: DockSpec, keep: Sequence[int], window: Sequence[int] | None) -> tuple[np.ndarray, Window | None]:
+    """Kept indices (inside the window, if one is given) and the window."""
+    kept = check_indices(spec, keep, "reset")
+    win = check_window(spec, window, "reset")
+    if win is not None and len(kept) and (kept.min() < win[0] or kept.max() >= win[1]):
+        raise DockInvalid(f"reset: kept indices must lie in the window {list(win)}")
+    return kept, win
 
 
 def check_get(

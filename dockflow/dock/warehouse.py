@@ -15,6 +15,7 @@ import numpy as np
 from dockflow.dock.errors import DockError, DockInvalid
 from dockflow.dock.meta import MetaTable
 from dockflow.dock.sharding import ShardMap
+from dockflow.dock.window import Window, dropped_mask
 
 
 class WarehouseStore:
@@ -99,14 +100,14 @@ class WarehouseStore:
         ready = {c: self.owned[bitmap[self.owned]] for c, bitmap in self.ready.items()}
         return ready, self.meta.take(self.owned)
 
-    def reset(self, keep: np.ndarray) -> None:
-        """Drop readiness of everything not in ``keep``; free storage and shapes when nothing is kept."""
-        kept = np.zeros(self.shard_map.capacity, dtype=bool)
-        kept[keep] = True
+    def reset(self, keep: np.ndarray, window: Window | None = None) -> None:
+        """Drop readiness of everything in ``window`` (default: all) not in ``keep``; free storage and shapes
+        when the whole dock is reset and nothing is kept."""
+        dropped = dropped_mask(self.shard_map.capacity, keep, window)
         for bitmap in self.ready.values():
-            bitmap &= kept
-        self.meta.reset(keep)
-        if len(keep) == 0:
+            bitmap[dropped] = False
+        self.meta.reset(keep, window)
+        if len(keep) == 0 and window is None:
             self.shapes.clear()
             self.data.clear()
 

@@ -47,11 +47,26 @@ def _sampling_rounds(
     return scored, generated
 
 
+def generate_and_score(cfg: Config, workers: Workers, prompt_ids: list[int], iteration: int) -> dict[str, float]:
+    """Generation and scoring of one iteration, waited for: the KFP pipeline's generate task (its infer and
+    update tasks follow as separate steps). Returns the rollout and reward metrics."""
+    if cfg.rounds > 1:
+        metrics, generated = _sampling_rounds(cfg, workers, prompt_ids, iteration)
+    else:
+        refs = stages.generate(workers, iteration, prompt_ids, offline=cfg.algorithm.name == "dpo")
+        refs.update(stages.score(workers, iteration))
+        results = wait_stages(refs, cfg.train.stage_timeout_s, iteration)
+        generated = [results.pop("generate")]
+        metrics = _merge(results)
+    metrics.update(_rollout_summary(generated, cfg.global_batch))
+    return metrics
+
+
 def run_iteration(
     cfg: Config, workers: Workers, dock: TransferDock, sampler: PromptSampler, iteration: int, devices: float
 ) -> dict[str, float]:
     """Run one on-policy iteration; returns its metrics (scalars only)."""
-    dock.reset()
+    dock.reset(window=cfg.dock_window(iteration))
     start = time.perf_counter()
     offline = cfg.algorithm.name == "dpo"
     prompt_ids = sampler.indices(iteration)
@@ -71,22 +86,25 @@ def run_iteration(
         generated.append(results.pop("generate"))
     seconds = time.perf_counter() - start
     metrics.update(_merge(results))
-    metrics.update(_rollout_summary(generated))
+    metrics.update(_rollout_summary(generated, cfg.global_batch))
     metrics["timing/iteration_s"] = seconds
-    metrics["perf/throughput_tps"] = throughput_tps(
-        cfg.global_batch * len(generated),
-        metrics["rollout/prompt_length"],
-        metrics["rollout/response_length"],
-        devices,
-        seconds,
-    )
+    metrics["perf/throughput_tps"] = iteration_throughput(metrics, devices, seconds)
     return metrics
 
 
-def _rollout_summary(rounds: list[dict[str, float]]) -> dict[str, float]:
-    """Generation metrics over rounds of equal size: mean lengths, total tokens and seconds."""
+def iteration_throughput(metrics: dict[str, float], devices: float, seconds: float) -> float:
+    """Eq. (5) of an iteration from its rollout metrics and end-to-end seconds."""
+    return throughput_tps(
+        int(metrics["rollout/samples"]), metrics["rollout/prompt_length"], metrics["rollout/response_length"],
+        devices, seconds,
+    )
+
+
+def _rollout_summary(rounds: list[dict[str, float]], round_samples: int) -> dict[str, float]:
+    """Generation metrics over rounds of equal size: mean lengths, total samples, tokens and seconds."""
     n = len(rounds)
     return {
+        "rollout/samples": float(round_samples * n),
         "rollout/prompt_length": sum(r["rollout/prompt_length"] for r in rounds) / n,
         "rollout/response_length": sum(r["rollout/response_length"] for r in rounds) / n,
         "rollout/tokens": sum(r["rollout/tokens"] for r in rounds),

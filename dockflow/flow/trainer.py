@@ -9,7 +9,6 @@ directory. The driver only ever handles prompt indices and scalar metrics.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -18,18 +17,18 @@ from typing import Any
 
 import yaml
 
-from dockflow.config import Config
+from dockflow.config import Config, ConfigError
 from dockflow.dock import DockSpec, create_dock
-from dockflow.flow import stages
+from dockflow.flow import record
 from dockflow.flow.sampler import PromptSampler
 from dockflow.flow.sync import run_iteration
-from dockflow.flow.waiting import StageError, wait_stages
+from dockflow.flow.waiting import StageError
 from dockflow.models.initial import initial_model
 from dockflow.storage import open_store
-from dockflow.tracking import Tracker, plot_curves, run_tags
+from dockflow.tracking import Tracker, run_tags
 from dockflow.workers import Workers, create_workers, kill_workers
-from dockflow.workers.cluster import connect, disconnect
-from dockflow.workers.columns import COLUMNS, consumers, uses_critic, uses_reference
+from dockflow.workers.cluster import connect, disconnect, run_namespace
+from dockflow.workers.columns import COLUMNS, consumers
 
 log = logging.getLogger(__name__)
 
@@ -40,50 +39,19 @@ def run_dir_of(cfg: Config) -> Path:
     return Path(cfg.run.output_dir) / cfg.run.name
 
 
-def _devices(cfg: Config) -> float:
-    """ND of Eq. (5): the cores reserved by model workers."""
-    ray = cfg.ray
-    return (
-        ray.actor_cpus
-        + (ray.reference_cpus if uses_reference(cfg) else 0.0)
-        + (ray.critic_cpus if uses_critic(cfg) else 0.0)
-    )
-
-
-def _eval_due(cfg: Config, iteration: int) -> bool:
-    every = cfg.eval.every
-    return iteration == cfg.train.iterations or (every > 0 and iteration % every == 0)
-
-
-def _ckpt_due(cfg: Config, iteration: int) -> bool:
-    every = cfg.checkpoint.every
-    return iteration == cfg.train.iterations or (every > 0 and iteration % every == 0)
-
-
-def _evaluate(cfg: Config, workers: Workers, iteration: int, state: dict[str, Any]) -> dict[str, float]:
-    """Held-out scores at ``iteration``, recorded in the driver state; returns them (timing excluded)."""
-    res = wait_stages(stages.evaluate(workers, cfg.eval.num_prompts), cfg.train.stage_timeout_s, iteration)
-    scores = {k: v for k, v in res["evaluate"].items() if k.startswith("eval/")}
-    state["evals"].append((iteration, scores["eval/test_accuracy"]))
-    state.setdefault("eval_scores", []).append((iteration, scores))
+def _evaluate(cfg: Config, workers: Workers, step: int, state: dict[str, Any]) -> dict[str, float]:
+    scores = record.evaluate(cfg, workers, step)
+    record.record_eval(state, step, scores)
     return scores
-
-
-def _stateful(workers: Workers) -> dict[str, Any]:
-    """Workers whose state a checkpoint holds (each writes its own part)."""
-    return {k: v for k, v in {"actor": workers.actor, "critic": workers.critic}.items() if v is not None}
-
-
-def _save(store, workers: Workers, step: int, driver_state: dict[str, Any], cfg: Config) -> None:
-    refs = {f"checkpoint_{k}": w.save.remote(store, step) for k, w in _stateful(workers).items()}
-    wait_stages(refs, cfg.train.stage_timeout_s, step)
-    store.write_part(step, "driver", driver_state)
-    store.write_part(step, "config", cfg.model_dump())  # what produced it, readable without the run directory
-    store.commit(step, {"iteration": step, "accuracy": driver_state["evals"][-1][1] if driver_state["evals"] else None})
 
 
 def train(cfg: Config, resume: bool = False, on_iteration: ProgressFn | None = None) -> dict[str, Any]:
     """Run SFT (cached) then ``cfg.train.iterations`` RL iterations; returns the summary."""
+    if cfg.train.max_staleness:
+        raise ConfigError(
+            f"train.max_staleness={cfg.train.max_staleness}: the CLI loop is synchronous (on-policy) and needs 0; "
+            "run the KFP pipeline (dockflow pipeline run) to let generation run ahead of the update"
+        )
     t_start = time.perf_counter()
     run_dir = run_dir_of(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -94,11 +62,11 @@ def train(cfg: Config, resume: bool = False, on_iteration: ProgressFn | None = N
     start_step = store.latest() if resume else None
     if resume and start_step is None:
         log.warning("--resume: no committed checkpoint under %s; starting from iteration 0", store.location())
-    driver_state = _initial_state()
+    driver_state = record.initial_state()
     if start_step is not None:
         driver_state = store.read_part(start_step, "driver", weights_only=False)
 
-    namespace = cfg.ray.namespace or f"dockflow-{cfg.run.name}"
+    namespace = run_namespace(cfg)
     tracker = Tracker.start(
         cfg.tracking, run_dir, cfg.run.name, params=cfg.flat(), tags=run_tags(cfg), run_id=driver_state.get("mlflow_run_id")
     )
@@ -111,7 +79,7 @@ def train(cfg: Config, resume: bool = False, on_iteration: ProgressFn | None = N
         dock = create_dock(
             DockSpec(
                 columns=COLUMNS,
-                capacity=cfg.global_batch * cfg.rounds,
+                capacity=cfg.dock_capacity,
                 group_size=cfg.rollout.group_size,
                 backend=cfg.dock.backend,
                 num_warehouses=cfg.dock.num_warehouses,
@@ -142,18 +110,9 @@ def train(cfg: Config, resume: bool = False, on_iteration: ProgressFn | None = N
                 workers = _start_workers(cfg, model_dir, dock, store, driver_state.pop("checkpoint"))
                 tracker.log_metrics({"fault/restarts": restarts + 1}, step=driver_state["iteration"])
 
-        final_dir = run_dir / "final_model"
-        wait_stages({"save_final": workers.actor.save_hf.remote(str(final_dir))}, cfg.train.stage_timeout_s, cfg.train.iterations)
-        summary = _summary(cfg, driver_state, init_metrics, tracker.run_id, time.perf_counter() - t_start)
-        summary["final_model"] = str(final_dir)
-        summary["initial_model"] = model_dir
-        summary["checkpoints"] = store.location()
-        summary_path = run_dir / "summary.json"
-        summary_path.write_text(json.dumps(summary, indent=2))
-        tracker.flush_deferred(run_dir / "metrics_unsent.jsonl")
-        # Pointers, not copies: the final HF model directory and the checkpoint store (a path or s3:// URI).
-        tracker.set_tags({"final_model": str(final_dir.resolve()), "checkpoint_uri": store.location()})
-        _log_artifacts(tracker, run_dir, driver_state)
+        summary = record.finish(
+            cfg, run_dir, workers, store, tracker, driver_state, init_metrics, model_dir, time.perf_counter() - t_start
+        )
         status = "FINISHED"
         return summary
     finally:
@@ -166,17 +125,11 @@ def train(cfg: Config, resume: bool = False, on_iteration: ProgressFn | None = N
         tracker.end(status)
 
 
-def _initial_state() -> dict[str, Any]:
-    """The driver's own state: what a checkpoint needs besides the workers' parts."""
-    return {"iteration": 0, "history": [], "evals": [], "data_position": 0, "samples": 0, "restarts": 0}
-
-
 def _start_workers(cfg: Config, model_dir: str, dock, store, step: int | None) -> Workers:
     """Create the workers; from checkpoint ``step`` when given, else from the initial model."""
     workers = create_workers(cfg, model_dir, dock, cfg.run.name)
     if step is not None:
-        refs = {f"restore_{k}": w.load.remote(store, step) for k, w in _stateful(workers).items()}
-        wait_stages(refs, cfg.train.stage_timeout_s, step)
+        record.restore_workers(store, workers, step, cfg)
     return workers
 
 
@@ -185,21 +138,15 @@ def _iterate(cfg: Config, workers: Workers, dock, sampler: PromptSampler, store,
     """Iterations from ``state["iteration"]`` to the end: run, evaluate, log, checkpoint."""
     for it in range(state["iteration"], cfg.train.iterations):
         step = it + 1
-        metrics = run_iteration(cfg, workers, dock, sampler, it, _devices(cfg))
-        if _eval_due(cfg, step):
+        metrics = run_iteration(cfg, workers, dock, sampler, it, record.devices(cfg))
+        if record.eval_due(cfg, step):
             metrics.update(_evaluate(cfg, workers, step, state))
-        state["history"].append(
-            {k: metrics[k] for k in ("reward/mean", "perf/throughput_tps", "timing/iteration_s") if k in metrics}
-        )
-        state["iteration"] = step
-        state["data_position"] = sampler.position(step)
-        state["samples"] += cfg.train_batch
-        metrics["train/samples"] = float(state["samples"])
+        record.record_iteration(cfg, state, step, metrics)
         tracker.log_metrics_or_defer(metrics, step=step)  # an MLflow outage must not stop training
         if on_iteration:
             on_iteration(step, metrics)
-        if _ckpt_due(cfg, step):
-            _save(store, workers, step, state, cfg)
+        if record.ckpt_due(cfg, step):
+            record.save_checkpoint(store, workers, step, state, cfg)
 
 
 def _recover_state(store, state: dict[str, Any], exc: StageError) -> dict[str, Any]:
@@ -209,7 +156,7 @@ def _recover_state(store, state: dict[str, Any], exc: StageError) -> dict[str, A
     if step is not None:
         recovered = store.read_part(step, "driver", weights_only=False)
     else:
-        recovered = _initial_state()
+        recovered = record.initial_state()
         recovered["evals"] = [e for e in state["evals"] if e[0] == 0]
         recovered["eval_scores"] = [e for e in state.get("eval_scores", []) if e[0] == 0]
     recovered["mlflow_run_id"] = state["mlflow_run_id"]
@@ -222,17 +169,6 @@ def _recover_state(store, state: dict[str, Any], exc: StageError) -> dict[str, A
     return recovered
 
 
-def _log_artifacts(tracker: Tracker, run_dir: Path, state: dict[str, Any]) -> None:
-    """summary.json, the config, and a PNG of reward and held-out accuracy against iteration."""
-    curves = {
-        "reward/mean": [(i + 1, h["reward/mean"]) for i, h in enumerate(state["history"]) if "reward/mean" in h],
-        "eval/test_accuracy": [(i, a) for i, a in state["evals"]],
-    }
-    plot = plot_curves(curves, run_dir / "curves.png", title=run_dir.name)
-    for path in (run_dir / "summary.json", run_dir / "config.yaml", plot):
-        tracker.log_artifact(path)
-
-
 def len_train(cfg: Config) -> int:
     """Number of train prompts, or of DPO's train pairs (cheap: the arithmetic generator is fast)."""
     from dockflow.data import load_task
@@ -242,31 +178,3 @@ def len_train(cfg: Config) -> int:
     if cfg.algorithm.name == "dpo":
         return len(preference_splits(cfg.algorithm.dpo, task, cfg.run.seed)[0])
     return len(task.train)
-
-
-def _summary(cfg: Config, state: dict[str, Any], init: dict[str, float], run_id: str, wall: float) -> dict[str, Any]:
-    hist = state["history"]
-    tps = [h["perf/throughput_tps"] for h in hist]
-    evals = state["evals"]
-    scores = state.get("eval_scores", [])
-    extra = {}
-    if cfg.algorithm.name == "dpo" and scores:
-        extra["margin_before"] = scores[0][1]["eval/dpo_margin"] if scores[0][0] == 0 else None
-        extra["margin_after"] = scores[-1][1]["eval/dpo_margin"]
-    return {
-        "run_name": cfg.run.name,
-        "algorithm": cfg.algorithm.name,
-        "samples_trained": state.get("samples", 0),
-        "restarts": state.get("restarts", 0),
-        "accuracy_before": evals[0][1] if evals and evals[0][0] == 0 else None,
-        "accuracy_after": evals[-1][1] if evals else None,
-        "iterations": state["iteration"],
-        "throughput_tps": sum(tps) / len(tps) if tps else 0.0,
-        "wall_seconds": wall,
-        "mlflow_run_id": run_id,
-        "evals": [{"iteration": i, "accuracy": sc["eval/test_accuracy"], **sc} for i, sc in scores] or [{"iteration": i, "accuracy": a} for i, a in evals],
-        "reward_per_iteration": [h["reward/mean"] for h in hist if "reward/mean" in h],
-        "seconds_per_iteration": sum(h["timing/iteration_s"] for h in hist) / len(hist) if hist else 0.0,
-        **extra,
-        **{k: v for k, v in init.items()},
-    }

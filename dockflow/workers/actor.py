@@ -69,7 +69,7 @@ class ActorWorker(ModelWorker):
         prompt_tokens = response_tokens = 0
         for c in range(0, len(prompts), per_chunk):
             out = self.gen_engine.generate(prompts[c : c + per_chunk], params, seed + c, prompt_width=width)
-            first = first_index + c * ro.group_size
+            first = self.cfg.dock_window(iteration)[0] + first_index + c * ro.group_size
             indices = list(range(first, first + out.batch_size[0]))
             pids = torch.tensor(prompt_ids[c : c + per_chunk]).repeat_interleave(ro.group_size)
             meta = {
@@ -88,7 +88,8 @@ class ActorWorker(ModelWorker):
         pairs = [self.pairs[i] for i in pair_ids]
         out = self._encode_pairs(pairs)
         meta = {"prompt_id": torch.tensor(pair_ids).repeat_interleave(2), "response_length": out["response_length"]}
-        self.dock.put(list(range(len(out))), out.select(*self.columns["ref_infer"], "response_mask"), meta)
+        lo = self.cfg.dock_window(iteration)[0]
+        self.dock.put(list(range(lo, lo + len(out))), out.select(*self.columns["ref_infer"], "response_mask"), meta)
         return rollout_metrics(int(out["prompt_length"].sum()), int(out["response_length"].sum()), len(out), start)
 
     def _encode_pairs(self, pairs: list[PreferencePair]) -> TensorDict:
@@ -100,7 +101,9 @@ class ActorWorker(ModelWorker):
         """Log-probs of the behaviour policy (the weights that generated), for the ratio."""
         start = time.perf_counter()
         cols = self.columns["actor_infer"]
-        for batch in consume(self.dock, "actor_infer", cols, self.cfg.global_batch, self.cfg.train.infer_batch_size):
+        for batch in consume(
+            self.dock, "actor_infer", cols, self.cfg.global_batch, self.cfg.train.infer_batch_size, window=self.cfg.dock_window(iteration)
+        ):
             logp = self.train_engine.infer(batch.data)
             self.dock.put(batch.indices, TensorDict({"old_log_prob": logp}, batch_size=[len(batch)]))
         return {"timing/old_log_prob_s": time.perf_counter() - start}
@@ -155,7 +158,7 @@ class ActorWorker(ModelWorker):
         dpo = self.cfg.algorithm.name == "dpo"
         batches = consume(
             self.dock, "actor_update", self.columns["actor_update"], self.cfg.train_batch, tc.mini_batch_size,
-            whole_groups=dpo,
+            whole_groups=dpo, window=self.cfg.dock_window(iteration),
         )
         loss_fn = self._dpo_loss if dpo else self._loss
         out = train_epochs(self.train_engine, (b.data for b in batches), loss_fn, tc.epochs, tc.micro_batch_size)

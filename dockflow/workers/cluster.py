@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import os
 
-from dockflow.config import RayConfig
+from dockflow.config import Config, RayConfig
 
 
 class ClusterError(RuntimeError):
     """Ray could not be started or reached; the message says which address and what to do."""
+
+
+def run_namespace(cfg: Config) -> str:
+    """The Ray namespace of a run's actors: ``ray.namespace``, or one named after the run."""
+    return cfg.ray.namespace or f"dockflow-{cfg.run.name}"
 
 
 def connect(cfg: RayConfig, namespace: str) -> bool:

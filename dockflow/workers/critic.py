@@ -38,7 +38,9 @@ class CriticWorker(ModelWorker):
     def compute_values(self, iteration: int) -> dict[str, float]:
         start = time.perf_counter()
         bs = self.cfg.train.infer_batch_size
-        for batch in consume(self.dock, "critic_infer", self.columns["critic_infer"], self.cfg.global_batch, bs):
+        for batch in consume(
+            self.dock, "critic_infer", self.columns["critic_infer"], self.cfg.global_batch, bs, window=self.cfg.dock_window(iteration)
+        ):
             values = self.engine.infer(batch.data)
             self.dock.put(batch.indices, TensorDict({"values": values}, batch_size=[len(batch)]))
         return {"timing/values_s": time.perf_counter() - start}
@@ -65,7 +67,8 @@ class CriticWorker(ModelWorker):
         start = time.perf_counter()
         tc = self.cfg.train
         batches = consume(
-            self.dock, "critic_update", self.columns["critic_update"], self.cfg.train_batch, tc.mini_batch_size
+            self.dock, "critic_update", self.columns["critic_update"], self.cfg.train_batch, tc.mini_batch_size,
+            window=self.cfg.dock_window(iteration),
         )
         metrics = train_epochs(self.engine, (b.data for b in batches), self._loss, tc.epochs, tc.micro_batch_size)
         out = {k if k.startswith("critic/") else f"critic/{k}": v for k, v in metrics.items()}

@@ -34,14 +34,16 @@ class Workers:
         return {k: v for k, v in named.items() if v is not None}
 
 
-def create_workers(cfg: Config, model_dir: str, dock: TransferDock, name: str) -> Workers:
-    """Start the workers the algorithm uses; fail fast if they cannot be placed."""
+def create_workers(cfg: Config, model_dir: str, dock: TransferDock, name: str, detached: bool = False) -> Workers:
+    """Start the workers the algorithm uses; fail fast if they cannot be placed. ``detached`` workers outlive
+    the process that created them (the KFP setup task); ``kill_workers`` must end them."""
     import ray
 
+    lifetime = "detached" if detached else None
+
     def spawn(cls, label: str, cpus: float):
-        return ray.remote(cls).options(name=f"{name}-{label}", num_cpus=cpus, max_concurrency=1).remote(
-            cfg, model_dir, dock
-        )
+        options = {"name": f"{name}-{label}", "num_cpus": cpus, "max_concurrency": 1, "lifetime": lifetime}
+        return ray.remote(cls).options(**options).remote(cfg, model_dir, dock)
 
     workers = Workers(
         actor=spawn(ActorWorker, "actor", cfg.ray.actor_cpus),

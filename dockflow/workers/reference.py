@@ -32,7 +32,7 @@ class ReferenceWorker:
         start = time.perf_counter()
         cols = consumers(self.cfg)["ref_infer"]
         bs = self.cfg.train.infer_batch_size
-        for batch in consume(self.dock, "ref_infer", cols, self.cfg.global_batch, bs):
+        for batch in consume(self.dock, "ref_infer", cols, self.cfg.global_batch, bs, window=self.cfg.dock_window(iteration)):
             logp = batched_log_probs(self.model, batch.data, bs, self.cfg.rollout.temperature)
             self.dock.put(batch.indices, TensorDict({"ref_log_prob": logp}, batch_size=[len(batch)]))
         return {"timing/ref_log_prob_s": time.perf_counter() - start}

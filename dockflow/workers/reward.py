@@ -51,7 +51,9 @@ class RewardWorker:
         correct = 0.0
         dapo = self.cfg.algorithm.dapo if self.cfg.algorithm.name == "dapo" else None
         bs = self.cfg.train.infer_batch_size
-        for batch in consume(self.dock, "reward", ["responses", "response_mask"], self.cfg.global_batch, bs):
+        for batch in consume(
+            self.dock, "reward", ["responses", "response_mask"], self.cfg.global_batch, bs, window=self.cfg.dock_window(iteration)
+        ):
             texts = decode_responses(self.tokenizer, batch.data["responses"], batch.data["response_mask"])
             score = torch.tensor(
                 [verify(t, self.answers[int(p)]) for t, p in zip(texts, batch.meta["prompt_id"], strict=True)],
@@ -86,7 +88,7 @@ class RewardWorker:
         zero_groups = groups = filled = 0
         batches = consume(
             self.dock, "advantage", self.advantage_columns, self.cfg.global_batch, advantage_batch_size(self.cfg),
-            whole_groups=True,
+            whole_groups=True, window=self.cfg.dock_window(iteration),
         )
         for batch in batches:
             data = batch.data

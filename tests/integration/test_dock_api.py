@@ -149,6 +149,29 @@ def test_reset_cancels_a_waiting_get_so_it_cannot_take_the_next_iteration(fresh,
     assert fresh.get("reward", 4).indices == [0, 1, 2, 3]
 
 
+def test_windows_isolate_iterations_that_share_the_dock(fresh, worker):
+    # Two iterations in flight (max_staleness 1): each owns half of the dock; starting one over must not touch
+    # the other's samples or cancel the get waiting on them.
+    half = CAPACITY // 2
+    put(fresh, range(4), ["responses"])
+    waiting = worker.get.remote(fresh, "reward", 4, window=(half, CAPACITY))
+    deadline = time.monotonic() + 60
+    while fresh.stats()["controllers"]["reward"]["waiting_gets"] == 0:
+        assert time.monotonic() < deadline, "the get never reached the dock"
+        time.sleep(0.05)
+    assert not ray.wait([waiting], timeout=0.3)[0]  # the ready samples lie in the other window
+    fresh.reset(window=(0, half))
+    put(fresh, range(half, half + 4), ["responses"])
+    indices, _ = ray.get(waiting, timeout=30)
+    assert indices == list(range(half, half + 4))
+    with pytest.raises(DockTimeout):
+        fresh.get("reward", 4, window=(0, half), timeout_s=0.3)  # dropped by the windowed reset
+    with pytest.raises(DockInvalid, match="kept indices must lie in the window"):
+        fresh.reset(keep=[half], window=(0, half))
+    with pytest.raises(DockInvalid, match="multiples of group_size"):
+        fresh.get("reward", 1, window=(1, half))
+
+
 def test_whole_groups(fresh):
     put(fresh, [0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11], ["responses"])
     assert fresh.get("reward", 8, whole_groups=True).indices == list(range(4, 12))

@@ -101,3 +101,17 @@ def test_requests_are_limited_to_registered_columns():
     s = state(columns=("responses",))
     with pytest.raises(DockInvalid, match="registered columns"):
         s.validate(2, ["responses", "rewards"], whole_groups=False)
+
+
+def test_window_limits_takes_validation_and_resets():
+    s = state()  # 16 samples, groups of 4; windows [0, 8) and [8, 16)
+    s.mark_ready(np.arange(16), ["responses"])
+    assert s.take(2, ["responses"], window=(8, 16)).tolist() == [8, 9]
+    with pytest.raises(DockInvalid, match="window \\[8, 16\\]"):
+        s.validate(7, ["responses"], False, window=(8, 16))  # 6 left there
+    before = (s.reset_count((0, 8)), s.reset_count((8, 16)))
+    s.reset(np.array([3]), window=(0, 8))
+    assert (s.reset_count((0, 8)), s.reset_count((8, 16))) == (before[0] + 8, before[1])
+    assert s.ready["responses"][:8].tolist() == [False] * 3 + [True] + [False] * 4  # only the kept one
+    assert s.ready["responses"][8:].all() and s.consumed[8:10].all()  # the other window untouched
+    assert s.meta.values["age"][3] == 1 and s.meta.values["age"][8] == 0

@@ -1,0 +1,150 @@
+"""The driver's record of a run, shared by both drivers (the CLI loop and the KFP pipeline's tasks).
+
+The record is a plain dict (``initial_state()``): iterations done, per-iteration history, held-out scores,
+samples trained, restarts. Checkpoints hold it as their "driver" part; ``summary`` turns it into
+``summary.json``; ``finish`` writes the final model, the summary and the MLflow artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from dockflow.config import Config
+from dockflow.flow import stages
+from dockflow.flow.waiting import wait_stages
+from dockflow.tracking import Tracker, plot_curves
+from dockflow.workers import Workers
+from dockflow.workers.columns import uses_critic, uses_reference
+
+HISTORY_KEYS = ("reward/mean", "perf/throughput_tps", "timing/iteration_s")
+
+
+def initial_state() -> dict[str, Any]:
+    """The driver's own state: what a checkpoint needs besides the workers' parts."""
+    return {"iteration": 0, "history": [], "evals": [], "data_position": 0, "samples": 0, "restarts": 0}
+
+
+def devices(cfg: Config) -> float:
+    """ND of Eq. (5): the cores reserved by model workers."""
+    ray = cfg.ray
+    return (
+        ray.actor_cpus
+        + (ray.reference_cpus if uses_reference(cfg) else 0.0)
+        + (ray.critic_cpus if uses_critic(cfg) else 0.0)
+    )
+
+
+def eval_due(cfg: Config, step: int) -> bool:
+    every = cfg.eval.every
+    return step == cfg.train.iterations or (every > 0 and step % every == 0)
+
+
+def ckpt_due(cfg: Config, step: int) -> bool:
+    every = cfg.checkpoint.every
+    return step == cfg.train.iterations or (every > 0 and step % every == 0)
+
+
+def record_eval(state: dict[str, Any], step: int, scores: dict[str, float]) -> None:
+    state["evals"].append((step, scores["eval/test_accuracy"]))
+    state.setdefault("eval_scores", []).append((step, scores))
+
+
+def record_iteration(cfg: Config, state: dict[str, Any], step: int, metrics: dict[str, float]) -> None:
+    """Iteration ``step`` is done: history, position in the data, samples trained (adds ``train/samples``)."""
+    state["history"].append({k: metrics[k] for k in HISTORY_KEYS if k in metrics})
+    state["iteration"] = step
+    state["data_position"] = step * cfg.rollout.prompts_per_iter * cfg.rounds
+    state["samples"] += cfg.train_batch
+    metrics["train/samples"] = float(state["samples"])
+
+
+def evaluate(cfg: Config, workers: Workers, step: int) -> dict[str, float]:
+    """Held-out scores of the current policy at ``step`` (the ``eval/...`` metrics only)."""
+    res = wait_stages(stages.evaluate(workers, cfg.eval.num_prompts), cfg.train.stage_timeout_s, step)
+    return {k: v for k, v in res["evaluate"].items() if k.startswith("eval/")}
+
+
+def stateful(workers: Workers) -> dict[str, Any]:
+    """Workers whose state a checkpoint holds (each writes its own part)."""
+    return {k: v for k, v in {"actor": workers.actor, "critic": workers.critic}.items() if v is not None}
+
+
+def save_checkpoint(store, workers: Workers, step: int, state: dict[str, Any], cfg: Config) -> None:
+    refs = {f"checkpoint_{k}": w.save.remote(store, step) for k, w in stateful(workers).items()}
+    wait_stages(refs, cfg.train.stage_timeout_s, step)
+    store.write_part(step, "driver", state)
+    store.write_part(step, "config", cfg.model_dump())  # what produced it, readable without the run directory
+    store.commit(step, {"iteration": step, "accuracy": state["evals"][-1][1] if state["evals"] else None})
+
+
+def restore_workers(store, workers: Workers, step: int, cfg: Config) -> None:
+    refs = {f"restore_{k}": w.load.remote(store, step) for k, w in stateful(workers).items()}
+    wait_stages(refs, cfg.train.stage_timeout_s, step)
+
+
+def finish(
+    cfg: Config,
+    run_dir: Path,
+    workers: Workers,
+    store,
+    tracker: Tracker,
+    state: dict[str, Any],
+    init_metrics: dict[str, float],
+    model_dir: str,
+    wall_s: float,
+) -> dict[str, Any]:
+    """End of a successful run: final HF model, ``summary.json``, deferred metrics, tags and artifacts."""
+    final_dir = run_dir / "final_model"
+    wait_stages({"save_final": workers.actor.save_hf.remote(str(final_dir))}, cfg.train.stage_timeout_s, state["iteration"])
+    out = summary(cfg, state, init_metrics, tracker.run_id, wall_s)
+    out["final_model"] = str(final_dir)
+    out["initial_model"] = model_dir
+    out["checkpoints"] = store.location()
+    (run_dir / "summary.json").write_text(json.dumps(out, indent=2))
+    tracker.flush_deferred(run_dir / "metrics_unsent.jsonl")
+    # Pointers, not copies: the final HF model directory and the checkpoint store (a path or s3:// URI).
+    tracker.set_tags({"final_model": str(final_dir.resolve()), "checkpoint_uri": store.location()})
+    log_artifacts(tracker, run_dir, state)
+    return out
+
+
+def log_artifacts(tracker: Tracker, run_dir: Path, state: dict[str, Any]) -> None:
+    """summary.json, the config, and a PNG of reward and held-out accuracy against iteration."""
+    curves = {
+        "reward/mean": [(i + 1, h["reward/mean"]) for i, h in enumerate(state["history"]) if "reward/mean" in h],
+        "eval/test_accuracy": [(i, a) for i, a in state["evals"]],
+    }
+    plot = plot_curves(curves, run_dir / "curves.png", title=run_dir.name)
+    for path in (run_dir / "summary.json", run_dir / "config.yaml", plot):
+        tracker.log_artifact(path)
+
+
+def summary(cfg: Config, state: dict[str, Any], init: dict[str, float], run_id: str, wall: float) -> dict[str, Any]:
+    hist = state["history"]
+    tps = [h["perf/throughput_tps"] for h in hist]
+    evals = state["evals"]
+    scores = state.get("eval_scores", [])
+    extra = {}
+    if cfg.algorithm.name == "dpo" and scores:
+        extra["margin_before"] = scores[0][1]["eval/dpo_margin"] if scores[0][0] == 0 else None
+        extra["margin_after"] = scores[-1][1]["eval/dpo_margin"]
+    return {
+        "run_name": cfg.run.name,
+        "algorithm": cfg.algorithm.name,
+        "samples_trained": state.get("samples", 0),
+        "restarts": state.get("restarts", 0),
+        "accuracy_before": evals[0][1] if evals and evals[0][0] == 0 else None,
+        "accuracy_after": evals[-1][1] if evals else None,
+        "iterations": state["iteration"],
+        "throughput_tps": sum(tps) / len(tps) if tps else 0.0,
+        "wall_seconds": wall,
+        "mlflow_run_id": run_id,
+        "evals": [{"iteration": i, "accuracy": sc["eval/test_accuracy"], **sc} for i, sc in scores]
+        or [{"iteration": i, "accuracy": a} for i, a in evals],
+        "reward_per_iteration": [h["reward/mean"] for h in hist if "reward/mean" in h],
+        "seconds_per_iteration": sum(h["timing/iteration_s"] for h in hist) / len(hist) if hist else 0.0,
+        **extra,
+        **init,
+    }

@@ -1,0 +1,1 @@
+"""KFP pipeline definitions; the compiled YAML is a build output (``dockflow pipeline compile``)."""
