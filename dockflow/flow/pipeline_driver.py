@@ -99,9 +99,10 @@ class PipelineDriver:
         metrics = self._wait(stages.reshard(self.workers, i), i)
         with self.lock:
             seconds = time.time() - self.iteration_start.pop(i)
-            metrics = {**self.generation.pop(i), **metrics, "timing/iteration_s": seconds}
-            metrics["perf/throughput_tps"] = iteration_throughput(metrics, record.devices(cfg), seconds)
-            record.record_iteration(cfg, self.state, step, metrics)
+            whole = {**self.generation.pop(i), "timing/iteration_s": seconds}  # generate logged its own part
+            whole["perf/throughput_tps"] = iteration_throughput(whole, record.devices(cfg), seconds)
+            record.record_iteration(cfg, self.state, step, whole)
+            metrics.update({k: whole[k] for k in ("timing/iteration_s", "perf/throughput_tps", "train/samples")})
         if record.ckpt_due(cfg, step) and not record.eval_due(cfg, step):
             self._checkpoint(step)
         return metrics

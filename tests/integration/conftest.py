@@ -46,11 +46,11 @@ def sft_cache(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def tiny_config(tmp_path: Path, sft_cache: Path) -> Callable[..., Config]:
-    """Factory: ``tiny_config(name, iterations, config=..., section__key=value)`` is ``config`` shrunk to
-    the tiny task, with further overrides (dots written as '__'); runs go under the test's tmp_path."""
+def tiny_overrides(tmp_path: Path, sft_cache: Path) -> Callable[..., list[str]]:
+    """Factory: ``tiny_overrides(name, iterations, section__key=value)`` is the list of dotted overrides that
+    shrink a config to the tiny task (dots written as '__' in the keywords); runs go under the test's tmp_path."""
 
-    def make(name: str, iterations: int, config: str = "configs/grpo_arith.yaml", **extra) -> Config:
+    def make(name: str, iterations: int, **extra) -> list[str]:
         overrides = {
             **TINY_RUN,
             "run.name": name,
@@ -59,6 +59,17 @@ def tiny_config(tmp_path: Path, sft_cache: Path) -> Callable[..., Config]:
             "train.iterations": iterations,
             **{k.replace("__", "."): v for k, v in extra.items()},
         }
-        return load_config(config, [f"{k}={v}" for k, v in overrides.items()])
+        return [f"{k}={v}" for k, v in overrides.items()]
+
+    return make
+
+
+@pytest.fixture
+def tiny_config(tiny_overrides: Callable[..., list[str]]) -> Callable[..., Config]:
+    """Factory: ``tiny_config(name, iterations, config=..., section__key=value)`` is ``config`` shrunk to the
+    tiny task (see ``tiny_overrides``)."""
+
+    def make(name: str, iterations: int, config: str = "configs/grpo_arith.yaml", **extra) -> Config:
+        return load_config(config, tiny_overrides(name, iterations, **extra))
 
     return make
