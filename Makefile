@@ -7,7 +7,7 @@ export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup demo test lint bench-dock clean
+.PHONY: setup demo demo-pipeline test lint bench-dock clean
 
 setup: $(STAMP)
 
@@ -21,12 +21,16 @@ $(STAMP): pyproject.toml constraints.txt
 demo: setup
 	$(BIN)/dockflow train configs/grpo_arith.yaml
 
+# The same RL stages as a Kubeflow pipeline, 2 iterations, run here by kfp.local against a local Ray cluster.
+demo-pipeline: setup
+	$(BIN)/dockflow pipeline run --local --config configs/grpo_arith.yaml train.iterations=2 run.name=grpo_arith_pipeline
+
 # pytest exits 5 when it collects no test; that is not a failure of the suite.
 test: setup
 	$(BIN)/python -m pytest tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 lint: setup
-	$(BIN)/ruff check dockflow tests benchmarks
+	$(BIN)/ruff check dockflow components pipelines tests benchmarks
 
 bench-dock: setup
 	$(BIN)/python benchmarks/dock.py --out runs/bench_dock.json

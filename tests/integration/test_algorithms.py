@@ -1,4 +1,5 @@
 """Every algorithm's example config, shrunk to the tiny task, runs 2 iterations end to end and trains.
+DAPO (dynamic sampling) runs end to end as the KFP pipeline's algorithm in ``test_pipeline_local.py``.
 
 One local Ray cluster serves the whole module (``train`` joins it instead of starting its own).
 """
@@ -18,7 +19,6 @@ pytestmark = pytest.mark.slow
 ALGORITHMS = {
     "ppo": ("critic/value_loss", "train/pg_loss"),
     "pf_ppo": ("critic/value_loss", "train/pg_loss"),
-    "dapo": ("dapo/kept_groups", "dapo/rounds"),
     "reinforce_pp": ("train/pg_loss",),  # its -baseline variant differs only in the advantage (unit-tested)
     "dpo": ("train/dpo_margin", "train/dpo_reward_accuracy"),
 }
