@@ -31,8 +31,7 @@ class PipelineDriver:
     def __init__(self, handles: dict[str, Any], init_metrics: dict[str, float], mlflow_run_id: str) -> None:
         from dockflow.config import Config
         from dockflow.flow import record
-        from dockflow.flow.sampler import PromptSampler
-        from dockflow.flow.trainer import len_train
+        from dockflow.flow.sampler import iteration_sampler
         from dockflow.tracking import Tracker
 
         self.cfg = cfg = Config.model_validate(handles["config"])
@@ -40,7 +39,7 @@ class PipelineDriver:
         self.run_dir, self.model_dir = Path(handles["run_dir"]), handles["model_dir"]
         self.init_metrics = init_metrics
         self.tracker = Tracker.attach(cfg.tracking, self.run_dir, mlflow_run_id)
-        self.sampler = PromptSampler(len_train(cfg), cfg.rollout.prompts_per_iter * cfg.rounds, cfg.run.seed)
+        self.sampler = iteration_sampler(cfg)
         self.state = record.initial_state()
         self.state["mlflow_run_id"] = mlflow_run_id
         self.lock = threading.Lock()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from dockflow.config import Config
+
 
 class PromptSampler:
     """Prompt indices of iteration ``i``: consecutive slices of per-epoch permutations of the train set."""
@@ -35,3 +37,16 @@ class PromptSampler:
     def position(self, iteration: int) -> int:
         """Prompts consumed before ``iteration``."""
         return iteration * self.per_iteration
+
+
+def iteration_sampler(cfg: Config) -> PromptSampler:
+    """The run's sampler: G prompts (x DAPO's rounds) per iteration from the train split, or DPO's train pairs."""
+    from dockflow.data import load_task
+    from dockflow.data.preferences import preference_splits
+
+    task = load_task(cfg.data, cfg.run.seed)
+    if cfg.algorithm.name == "dpo":
+        count = len(preference_splits(cfg.algorithm.dpo, task, cfg.run.seed)[0])
+    else:
+        count = len(task.train)
+    return PromptSampler(count, cfg.rollout.prompts_per_iter * cfg.rounds, cfg.run.seed)

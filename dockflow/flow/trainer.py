@@ -20,7 +20,7 @@ import yaml
 from dockflow.config import Config, ConfigError
 from dockflow.dock import DockSpec, create_dock
 from dockflow.flow import record
-from dockflow.flow.sampler import PromptSampler
+from dockflow.flow.sampler import PromptSampler, iteration_sampler
 from dockflow.flow.sync import run_iteration
 from dockflow.flow.waiting import StageError
 from dockflow.models.initial import initial_model
@@ -94,7 +94,7 @@ def train(cfg: Config, resume: bool = False, on_iteration: ProgressFn | None = N
         if start_step is None:
             tracker.log_metrics(_evaluate(cfg, workers, 0, driver_state), step=0)
 
-        sampler = PromptSampler(len_train(cfg), cfg.rollout.prompts_per_iter * cfg.rounds, cfg.run.seed)
+        sampler = iteration_sampler(cfg)
         while True:
             try:
                 _iterate(cfg, workers, dock, sampler, store, driver_state, tracker, on_iteration)
@@ -167,14 +167,3 @@ def _recover_state(store, state: dict[str, Any], exc: StageError) -> dict[str, A
         f"checkpoint {step}" if step is not None else "the initial model",
     )
     return recovered
-
-
-def len_train(cfg: Config) -> int:
-    """Number of train prompts, or of DPO's train pairs (cheap: the arithmetic generator is fast)."""
-    from dockflow.data import load_task
-    from dockflow.data.preferences import preference_splits
-
-    task = load_task(cfg.data, cfg.run.seed)
-    if cfg.algorithm.name == "dpo":
-        return len(preference_splits(cfg.algorithm.dpo, task, cfg.run.seed)[0])
-    return len(task.train)
