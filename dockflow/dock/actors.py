@@ -33,14 +33,36 @@ def _where() -> dict[str, Any]:
     return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
 
-_CANCELLED = object()  # what a waiting take returns when a reset ends its iteration
-
-
 def _cancelled_message(consumer: str) -> str:
     return (
         f"get by {consumer!r} was cancelled: the dock was reset (a new iteration started) while it waited; "
         "the samples it waited for belong to an iteration that is over"
     )
+
+
+async def _take_unless_reset(
+    cond: asyncio.Condition,
+    state: ControllerState,
+    batch_size: int,
+    columns: Sequence[str],
+    whole_groups: bool,
+    window: Window | None,
+    timeout_s: float,
+) -> tuple[str, np.ndarray | None]:
+    """Long-poll a take: ("ok", indices), ("timeout", None), or ("reset", None) when a reset touched ``window``
+    meanwhile (the iteration this get waited in is over). Statuses are strings, not a sentinel object: Ray may
+    pickle this module's functions by value, and a copied sentinel is no longer identical to itself."""
+    resets = state.reset_count(window)
+    chosen = await take_when_ready(
+        cond,
+        lambda: "reset" if state.reset_count(window) != resets else state.take(batch_size, columns, whole_groups, window),
+        timeout_s,
+    )
+    if chosen is None:
+        return "timeout", None
+    if isinstance(chosen, str):
+        return "reset", None
+    return "ok", chosen
 
 
 @ray.remote
@@ -79,21 +101,16 @@ class ControllerActor:
         state.validate(batch_size, columns, whole_groups, window)
         loop = asyncio.get_running_loop()
         started = loop.time()
-        resets = state.reset_count(window)
         self.waiting += 1
         try:
-            chosen = await take_when_ready(
-                self.cond,
-                lambda: _CANCELLED
-                if state.reset_count(window) != resets
-                else state.take(batch_size, columns, whole_groups, window),
-                timeout_s,
+            status, chosen = await _take_unless_reset(
+                self.cond, state, batch_size, columns, whole_groups, window, timeout_s
             )
         finally:
             self.waiting -= 1
-        if chosen is _CANCELLED:
+        if status == "reset":
             return "reset", _cancelled_message(self.state.consumer), None
-        if chosen is None:
+        if status == "timeout":
             readiness = state.readiness(batch_size, columns, whole_groups, window)
             return "timeout", readiness.message(loop.time() - started), None
         meta = self.state.meta.take(chosen)
@@ -283,21 +300,16 @@ class CentralBufferActor:
         state.validate(batch_size, columns, whole_groups, window)
         loop = asyncio.get_running_loop()
         started = loop.time()
-        resets = state.reset_count(window)
         self.waiting[consumer] += 1
         try:
-            chosen = await take_when_ready(
-                self.cond,
-                lambda: _CANCELLED
-                if state.reset_count(window) != resets
-                else state.take(batch_size, columns, whole_groups, window),
-                timeout_s,
+            status, chosen = await _take_unless_reset(
+                self.cond, state, batch_size, columns, whole_groups, window, timeout_s
             )
         finally:
             self.waiting[consumer] -= 1
-        if chosen is _CANCELLED:
+        if status == "reset":
             return "reset", _cancelled_message(consumer), None, None
-        if chosen is None:
+        if status == "timeout":
             message = state.readiness(batch_size, columns, whole_groups, window).message(loop.time() - started)
             return "timeout", message, None, None
         arrays = self.store.read(chosen, columns)
