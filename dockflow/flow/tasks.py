@@ -20,7 +20,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-RPC_TIMEOUT_S = 120.0  # bound on calls that do no stage work (info, finish excluded)
+RPC_TIMEOUT_S = 120.0  # bound on calls that do no stage work (info, shutdown)
 STAGE_GRACE_S = 60.0  # a stage call may take the stage timeout plus this before the task gives up
 
 
@@ -145,10 +145,14 @@ def run_stage(stage: str, namespace: str, run_name: str, address: str | None, in
         driver = _driver(run_name, namespace)
         info = ray.get(driver.info.remote(), timeout=RPC_TIMEOUT_S)
         ref = driver.run_stage.remote(stage, index)
+        limit = info["stage_timeout_s"] + STAGE_GRACE_S
         try:
-            metrics = ray.get(ref, timeout=info["stage_timeout_s"] + STAGE_GRACE_S)
+            metrics = ray.get(ref, timeout=limit)
         except ray.exceptions.GetTimeoutError:
-            raise StageError(f"run {run_name!r}: stage {stage} of iteration {index} did not finish in time") from None
+            raise StageError(
+                f"run {run_name!r}: stage {stage} of iteration {index} did not finish within {limit:.0f}s "
+                "(train.stage_timeout_s plus a grace period)"
+            ) from None
         except ray.exceptions.RayTaskError as exc:
             raise StageError(f"run {run_name!r}: stage {stage} of iteration {index} failed: {exc.cause!r}") from None
         return {"metrics": metrics, "mlflow_run_id": info["mlflow_run_id"], "checkpoint_uri": info["checkpoint_uri"]}
@@ -164,8 +168,16 @@ def teardown(namespace: str, run_name: str, address: str | None, succeeded: bool
         if driver is None:
             log.warning("teardown: run %r has no driver in namespace %r; nothing to tear down", run_name, namespace)
             return {}
+        limit = RPC_TIMEOUT_S
         try:
-            return ray.get(driver.finish.remote(succeeded))
+            # finish saves the final model: bounded like a stage
+            limit = ray.get(driver.info.remote(), timeout=RPC_TIMEOUT_S)["stage_timeout_s"] + STAGE_GRACE_S
+            return ray.get(driver.finish.remote(succeeded), timeout=limit)
+        except ray.exceptions.GetTimeoutError:
+            raise PipelineError(
+                f"teardown of run {run_name!r}: the driver did not answer within {limit:.0f}s; "
+                "its actors are killed anyway"
+            ) from None
         finally:
             try:
                 ray.get(driver.shutdown.remote(), timeout=RPC_TIMEOUT_S)
