@@ -25,6 +25,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import numpy as np  # noqa: E402
+import psutil  # noqa: E402
 import ray  # noqa: E402
 import torch  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -171,6 +172,23 @@ def start_cluster(num_nodes: int) -> tuple[Cluster, list[str]]:
     return cluster, [by_resource[f"bench_node_{i}"] for i in range(num_nodes)]
 
 
+def ray_cpu_seconds() -> dict[int, float]:
+    """CPU seconds so far of every process of the simulated cluster (raylets, GCS, actors) and this driver.
+
+    All simulated nodes share this machine's cores, so when the flow is CPU-bound its wall time is about
+    this total divided by the core count, whatever the design spreads over nodes."""
+    out = {}
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            if proc.pid == os.getpid() or cmdline.startswith("ray::") or "raylet" in cmdline or "gcs_server" in cmdline:
+                times = proc.cpu_times()
+                out[proc.pid] = times.user + times.system
+        except psutil.Error:
+            pass
+    return out
+
+
 def run_flow(backend: str, samples: int, seq: int, nodes: list[str], workers: list[Any]) -> dict[str, Any]:
     from dockflow.dock import DockSpec, create_dock
 
@@ -179,16 +197,18 @@ def run_flow(backend: str, samples: int, seq: int, nodes: list[str], workers: li
         spec = DockSpec(columns=DTYPES, capacity=samples, group_size=GROUP, warehouse_nodes=nodes,
                         backend="centralized" if backend == "centralized" else "distributed",
                         name=f"bench-{backend}-{samples}-{seq}", get_timeout_s=600,
-                        shard_block=micro_batch(samples))  # one warehouse per micro-batch, round-robin
+                        shard_block=samples // len(nodes))  # warehouse k holds the share node k generates
         dock = create_dock(spec)
         for k, (consumer, reads, _, _) in enumerate(STAGES):
             dock.register_consumer(consumer, reads, node_id=nodes[k % len(nodes)])  # next to one of its ranks
     ray.get([w.setup.remote(backend, dock, samples, seq, len(nodes)) for w in workers])
+    cpu_before = ray_cpu_seconds()
     started = time.perf_counter()
     calls = [w.generate.remote(rank) for rank, w in enumerate(workers)]
     calls += [w.consume.remote(stage) for w in workers for stage in range(len(STAGES))]
     results = ray.get(calls, timeout=900)
     wall = time.perf_counter() - started
+    cpu = sum(c - cpu_before.get(pid, 0.0) for pid, c in ray_cpu_seconds().items())
     gets = np.array([t for r in results for t in r["gets"]])
     if backend == "transferqueue":
         per_unit: dict[int, int] = defaultdict(int)
@@ -208,6 +228,7 @@ def run_flow(backend: str, samples: int, seq: int, nodes: list[str], workers: li
         "prompt_tokens": seq // 2,
         "micro_batch": micro_batch(samples),
         "wall_s": round(wall, 4),
+        "cpu_s": round(cpu, 3),
         "busiest_bytes": int(busiest),
         "p50_get_s": round(float(np.percentile(gets, 50)), 5),
         "p99_get_s": round(float(np.percentile(gets, 99)), 5),
@@ -218,12 +239,12 @@ def run_flow(backend: str, samples: int, seq: int, nodes: list[str], workers: li
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
-    header = f"{'backend':<14}{'samples':>8}{'SL':>6}{'wall s':>9}{'busiest MB':>12}{'p50 get ms':>12}" \
+    header = f"{'backend':<14}{'samples':>8}{'SL':>6}{'wall s':>9}{'CPU s':>8}{'busiest MB':>12}{'p50 get ms':>12}" \
              f"{'p99 get ms':>12}{'Eq2 MB':>9}{'Eq4 MB':>9}"
     print(header)
     print("-" * len(header))
     for r in results:
-        print(f"{r['backend']:<14}{r['samples']:>8}{r['seq_tokens']:>6}{r['wall_s']:>9.2f}"
+        print(f"{r['backend']:<14}{r['samples']:>8}{r['seq_tokens']:>6}{r['wall_s']:>9.2f}{r['cpu_s']:>8.2f}"
               f"{r['busiest_bytes'] / 2**20:>12.1f}{r['p50_get_s'] * 1e3:>12.1f}{r['p99_get_s'] * 1e3:>12.1f}"
               f"{r['tcv_bytes_eq2'] / 2**20:>9.1f}{r['tcv_bytes_eq4'] / 2**20:>9.1f}")
 
@@ -234,9 +255,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="one small size: a smoke run")
     parser.add_argument("--backends", default="centralized,dock,transferqueue")
     parser.add_argument("--nodes", type=int, default=NODES, help="simulated Ray nodes (one warehouse each)")
+    parser.add_argument("--sizes", default=None, help="SAMPLESxSL,... instead of the default sizes, e.g. 4096x2048")
     args = parser.parse_args(argv)
     backends = args.backends.split(",")
     sizes = QUICK_SIZES if args.quick else FULL_SIZES
+    if args.sizes:
+        sizes = [tuple(int(v) for v in size.split("x")) for size in args.sizes.split(",")]
     cluster, nodes = start_cluster(args.nodes)
     results: list[dict[str, Any]] = []
     try:

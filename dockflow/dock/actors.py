@@ -48,6 +48,7 @@ async def _take_unless_reset(
     whole_groups: bool,
     window: Window | None,
     timeout_s: float,
+    prefer: Sequence[int] | None = None,
 ) -> tuple[str, np.ndarray | None]:
     """Long-poll a take: ("ok", indices), ("timeout", None), or ("reset", None) when a reset touched ``window``
     meanwhile (the iteration this get waited in is over). Statuses are strings, not a sentinel object: Ray may
@@ -55,7 +56,7 @@ async def _take_unless_reset(
     resets = state.reset_count(window)
     chosen = await take_when_ready(
         cond,
-        lambda: "reset" if state.reset_count(window) != resets else state.take(batch_size, columns, whole_groups, window),
+        lambda: "reset" if state.reset_count(window) != resets else state.take(batch_size, columns, whole_groups, window, prefer),
         timeout_s,
     )
     if chosen is None:
@@ -70,9 +71,10 @@ class ControllerActor:
     """Ready/consumed metadata of one consumer; gets long-poll here until enough samples are ready."""
 
     def __init__(
-        self, consumer: str, all_columns: Sequence[str], capacity: int, group_size: int, columns: Sequence[str]
+        self, consumer: str, all_columns: Sequence[str], shard_map: ShardMap, columns: Sequence[str]
     ) -> None:
-        self.state = ControllerState(consumer, all_columns, capacity, group_size, columns)
+        owners = shard_map.owner(np.arange(shard_map.capacity))
+        self.state = ControllerState(consumer, all_columns, shard_map.capacity, shard_map.group_size, columns, owners)
         self.cond = asyncio.Condition()
         self.waiting = 0  # gets in progress
         self.meta_bytes_in = 0
@@ -93,10 +95,17 @@ class ControllerActor:
         self.meta_bytes_in += indices.nbytes + nbytes(meta or {})
 
     async def take(
-        self, batch_size: int, columns: Sequence[str], whole_groups: bool, timeout_s: float, window: Window | None = None
+        self,
+        batch_size: int,
+        columns: Sequence[str],
+        whole_groups: bool,
+        timeout_s: float,
+        window: Window | None = None,
+        prefer: Sequence[int] | None = None,
     ) -> tuple[str, Any, Any]:
         """("ok", indices, meta), ("timeout", readiness message, None), or ("reset", message, None) when a reset
-        ended the iteration this get waited in (its requester may be gone: it must not take the next one's)."""
+        ended the iteration this get waited in (its requester may be gone: it must not take the next one's).
+        ``prefer``: shards (warehouses) whose samples go first, those on the requester's node."""
         state = self.state
         state.validate(batch_size, columns, whole_groups, window)
         loop = asyncio.get_running_loop()
@@ -104,7 +113,7 @@ class ControllerActor:
         self.waiting += 1
         try:
             status, chosen = await _take_unless_reset(
-                self.cond, state, batch_size, columns, whole_groups, window, timeout_s
+                self.cond, state, batch_size, columns, whole_groups, window, timeout_s, prefer
             )
         finally:
             self.waiting -= 1

@@ -47,6 +47,7 @@ class ControllerState:
         capacity: int,
         group_size: int = 1,
         columns: Sequence[str] | None = None,
+        owners: np.ndarray | None = None,
     ) -> None:
         if capacity % group_size:
             raise DockInvalid(f"capacity {capacity} is not a multiple of group_size {group_size}")
@@ -60,6 +61,9 @@ class ControllerState:
         self.consumed = np.zeros(capacity, dtype=bool)
         self.resets = np.zeros(capacity, dtype=np.int64)  # per sample: a get waiting across its reset is cancelled
         self.meta = MetaTable(capacity, group_size)
+        # Warehouse (shard) of each sample, for gets that prefer their own node's warehouses; None: one shard.
+        self.owners = owners
+        self._preferred: dict[tuple[int, ...], np.ndarray] = {}
         self.gets = 0
         self.samples_out = 0
         self.notifications = 0
@@ -120,18 +124,40 @@ class ControllerState:
         return mask
 
     def take(
-        self, batch_size: int, columns: Sequence[str], whole_groups: bool = False, window: Window | None = None
+        self,
+        batch_size: int,
+        columns: Sequence[str],
+        whole_groups: bool = False,
+        window: Window | None = None,
+        prefer: Sequence[int] | None = None,
     ) -> np.ndarray | None:
-        """The ``batch_size`` lowest ready-and-unconsumed indices (in ``window``), now marked consumed; None if
-        too few."""
-        available = np.flatnonzero(self._available(columns, whole_groups, window))
+        """``batch_size`` ready-and-unconsumed indices (in ``window``), now marked consumed; None if too few.
+
+        The lowest indices win; with ``prefer`` (shard ids, e.g. the warehouses on the caller's node) ready
+        samples of those shards come first and the rest fill up, so a consumer reads locally when it can
+        and still takes from elsewhere rather than wait. Returned ascending."""
+        mask = self._available(columns, whole_groups, window)
+        preferred = self._preferred_mask(prefer)
+        if preferred is None:
+            available = np.flatnonzero(mask)
+        else:
+            available = np.concatenate([np.flatnonzero(mask & preferred), np.flatnonzero(mask & ~preferred)])
         if len(available) < batch_size:
             return None
-        chosen = available[:batch_size]
+        # Whole groups stay whole: shards hold whole groups, so both parts are runs of complete groups.
+        chosen = np.sort(available[:batch_size])
         self.consumed[chosen] = True
         self.gets += 1
         self.samples_out += batch_size
         return chosen
+
+    def _preferred_mask(self, prefer: Sequence[int] | None) -> np.ndarray | None:
+        if prefer is None or self.owners is None:
+            return None
+        key = tuple(sorted(prefer))
+        if key not in self._preferred:
+            self._preferred[key] = np.isin(self.owners, key)
+        return self._preferred[key]
 
     def readiness(
         self, batch_size: int, columns: Sequence[str], whole_groups: bool, window: Window | None = None

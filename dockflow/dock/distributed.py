@@ -41,6 +41,8 @@ class DistributedDock(TransferDock):
         self.warehouse_nodes = warehouse_nodes
         self._controllers: dict[str, Any] = {}
         self._columns: dict[str, tuple[str, ...]] = {}  # consumer -> registered columns (never change)
+        self._shards_node: str | None = None  # the node _shards was computed on
+        self._shards: list[int] | None = None
 
     # ---- creation -------------------------------------------------------------------------------
     @classmethod
@@ -88,7 +90,7 @@ class DistributedDock(TransferDock):
         name = self._controller_name(consumer)
         try:
             controller = ControllerActor.options(**placement.pinned(node, name, self.spec.namespace, self.spec.detached)).remote(
-                consumer, list(self.spec.columns), self.spec.capacity, self.spec.group_size, list(columns)
+                consumer, list(self.spec.columns), self.shard_map, list(columns)
             )
         except ValueError:  # lost a race with another process registering the same consumer
             return self.register_consumer(consumer, columns, node_id)
@@ -165,7 +167,7 @@ class DistributedDock(TransferDock):
         validation.check_get(self.spec, consumer, batch_size, columns, whole_groups)
         win = validation.check_window(self.spec, window, f"get by {consumer!r}")
         timeout = self.spec.get_timeout_s if timeout_s is None else timeout_s
-        ref = controller.take.remote(batch_size, columns, whole_groups, timeout, win)
+        ref = controller.take.remote(batch_size, columns, whole_groups, timeout, win, self._local_shards())
         status, indices, meta = self._await_controller(ref, consumer, timeout)
         if status != "ok":
             raise get_failure(status, indices)
@@ -175,6 +177,14 @@ class DistributedDock(TransferDock):
             data=TensorDict(data, batch_size=[len(indices)]),
             meta={k: torch.from_numpy(v) for k, v in meta.items()},
         )
+
+    def _local_shards(self) -> list[int] | None:
+        """Warehouses on this process's node (a get prefers their samples); None when that is all or none."""
+        node = placement.current_node()
+        if self._shards_node != node:  # a pickled copy may run on another node
+            local = [i for i, n in enumerate(self.warehouse_nodes) if n == node]
+            self._shards_node, self._shards = node, local if 0 < len(local) < len(self.warehouse_nodes) else None
+        return self._shards
 
     def _await_controller(self, ref: ray.ObjectRef, consumer: str, timeout: float) -> tuple[str, Any, Any]:
         """Wait for the controller's answer; meanwhile report dead warehouses instead of waiting on them."""

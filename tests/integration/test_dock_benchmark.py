@@ -15,7 +15,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 NODES = 2
-FIELDS = {"backend", "samples", "seq_tokens", "wall_s", "busiest_bytes", "p50_get_s", "p99_get_s",
+FIELDS = {"backend", "samples", "seq_tokens", "wall_s", "cpu_s", "busiest_bytes", "p50_get_s", "p99_get_s",
           "tcv_bytes_eq2", "tcv_bytes_eq4"}
 
 
@@ -31,7 +31,7 @@ def test_quick_benchmark_writes_one_record_per_backend(tmp_path):
     assert sorted(r["backend"] for r in results) == ["centralized", "dock"]
     for record in results:
         assert FIELDS <= set(record)
-        assert record["wall_s"] > 0 and record["busiest_bytes"] > 0
+        assert record["wall_s"] > 0 and record["cpu_s"] > 0 and record["busiest_bytes"] > 0
         assert 0 < record["p50_get_s"] <= record["p99_get_s"]
         assert record["tcv_bytes_eq4"] < record["tcv_bytes_eq2"]
     by_backend = {r["backend"]: r for r in results}

@@ -58,6 +58,9 @@ class Worker:
         value = data if column == "responses" else data.sum(dim=1).to(torch.float32)
         dock.put(indices, TensorDict({column: value}, batch_size=[n]))
 
+    def take_indices(self, dock, consumer, batch_size):
+        return dock.get(consumer, batch_size, timeout_s=60).indices
+
     def consume(self, dock, consumer, batch_size, rounds):
         checks = []
         for _ in range(rounds):
@@ -70,6 +73,12 @@ class Worker:
 
 def on(node_id: str) -> Worker:
     return Worker.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
+
+
+@pytest.fixture(scope="module")
+def workers(nodes):
+    """One worker per node, shared by the tests (each takes seconds to start)."""
+    return [on(n) for n in nodes]
 
 
 def test_warehouse_i_on_node_i(nodes):
@@ -88,11 +97,11 @@ def test_warehouse_i_on_node_i(nodes):
         default.shutdown()
 
 
-def test_flow_places_controllers_by_consumers_and_bypasses_driver(nodes):
+def test_flow_places_controllers_by_consumers_and_bypasses_driver(nodes, workers):
     dock = create_dock(DockSpec(columns=COLUMNS, capacity=CAPACITY, group_size=GROUP, warehouse_nodes=nodes,
                                 name="flow", get_timeout_s=60))
     try:
-        producer, scorer, trainer = on(nodes[0]), on(nodes[1]), on(nodes[2])
+        producer, scorer, trainer = workers
         # The scorer registers itself (controller lands on its node); the trainer's is placed by node id.
         ray.get(scorer.register.remote(dock, "reward", ["responses"]))
         dock.register_consumer("update", ["responses", "rewards"], node_id=nodes[2])
@@ -123,5 +132,21 @@ def test_flow_places_controllers_by_consumers_and_bypasses_driver(nodes):
         data_share = [w["bytes_in"] + w["bytes_out"] for w in stats["warehouses"]]
         assert max(data_share) == moved // NODES
         assert stats["busiest_bytes"] < moved // NODES * 1.5
+    finally:
+        dock.shutdown()
+
+
+def test_get_prefers_the_warehouse_on_its_node_then_takes_from_the_others(nodes, workers):
+    block = CAPACITY // NODES  # warehouse i owns [i*block, (i+1)*block)
+    dock = create_dock(DockSpec(columns=COLUMNS, capacity=CAPACITY, group_size=GROUP, warehouse_nodes=nodes,
+                                name="local", get_timeout_s=60, shard_block=block))
+    try:
+        dock.register_consumer("reward", ["responses"], node_id=nodes[0])
+        reader = workers[2]
+        ray.get(workers[0].produce.remote(dock, list(range(CAPACITY)), "responses"))
+        first = ray.get(reader.take_indices.remote(dock, "reward", block))
+        assert first == list(range(2 * block, 3 * block))  # node 2's shard, though lower indices are ready
+        rest = ray.get(reader.take_indices.remote(dock, "reward", block))
+        assert rest == list(range(block))  # its own shard is used up: it takes from the others, lowest first
     finally:
         dock.shutdown()

@@ -115,3 +115,13 @@ def test_window_limits_takes_validation_and_resets():
     assert s.ready["responses"][:8].tolist() == [False] * 3 + [True] + [False] * 4  # only the kept one
     assert s.ready["responses"][8:].all() and s.consumed[8:10].all()  # the other window untouched
     assert s.meta.values["age"][3] == 1 and s.meta.values["age"][8] == 0
+
+
+def test_take_prefers_the_given_shards_then_fills_from_the_rest():
+    owners = np.repeat(np.arange(3), 4)  # 12 samples, shard s owns [4s, 4s + 4)
+    s = ControllerState("reward", COLUMNS, 12, 2, ["responses"], owners)
+    s.mark_ready(np.arange(12), ["responses"])
+    assert s.take(2, ["responses"], prefer=[2]).tolist() == [8, 9]
+    assert s.take(4, ["responses"], whole_groups=True, prefer=[2]).tolist() == [0, 1, 10, 11]  # still whole groups
+    assert s.take(2, ["responses"], prefer=[0, 1]).tolist() == [2, 3]
+    assert s.take(2, ["responses"]).tolist() == [4, 5]  # no preference: lowest first
