@@ -78,7 +78,6 @@ def setup(config: str, overrides: list[str], address: str | None) -> dict[str, s
     import yaml
 
     from dockflow.config import load_config
-    from dockflow.dock import DockSpec, create_dock
     from dockflow.flow.pipeline_driver import PipelineDriver
     from dockflow.flow.trainer import run_dir_of
     from dockflow.models.initial import initial_model
@@ -86,7 +85,7 @@ def setup(config: str, overrides: list[str], address: str | None) -> dict[str, s
     from dockflow.tracking import Tracker, run_tags
     from dockflow.workers import create_workers, kill_workers
     from dockflow.workers.cluster import run_namespace
-    from dockflow.workers.columns import COLUMNS, consumers
+    from dockflow.workers.columns import create_run_dock
 
     cfg = load_config(config, overrides)
     run_dir = run_dir_of(cfg).resolve()
@@ -106,13 +105,7 @@ def setup(config: str, overrides: list[str], address: str | None) -> dict[str, s
             tags = {**run_tags(cfg), "driver": "kfp"}
             tracker = Tracker.start(cfg.tracking, run_dir, cfg.run.name, params=cfg.flat(), tags=tags)
             tracker.log_metrics(init_metrics, step=0)
-            dock = create_dock(DockSpec(
-                columns=COLUMNS, capacity=cfg.dock_capacity, group_size=cfg.rollout.group_size,
-                backend=cfg.dock.backend, num_warehouses=cfg.dock.num_warehouses, name=f"{cfg.run.name}-dock",
-                namespace=namespace, get_timeout_s=cfg.dock.get_timeout_s, detached=True,
-            ))
-            for consumer, cols in consumers(cfg).items():
-                dock.register_consumer(consumer, cols)
+            dock = create_run_dock(cfg, namespace, detached=True)
             workers = create_workers(cfg, model_dir, dock, cfg.run.name, detached=True)
             handles = {"config": cfg.model_dump(), "model_dir": model_dir, "run_dir": str(run_dir), "dock": dock,
                        "workers": workers, "store": store}

@@ -18,7 +18,6 @@ from typing import Any
 import yaml
 
 from dockflow.config import Config, ConfigError
-from dockflow.dock import DockSpec, create_dock
 from dockflow.flow import record
 from dockflow.flow.sampler import PromptSampler, iteration_sampler
 from dockflow.flow.sync import run_iteration
@@ -28,7 +27,7 @@ from dockflow.storage import open_store
 from dockflow.tracking import Tracker, run_tags
 from dockflow.workers import Workers, create_workers, kill_workers
 from dockflow.workers.cluster import connect, disconnect, run_namespace
-from dockflow.workers.columns import COLUMNS, consumers
+from dockflow.workers.columns import create_run_dock
 
 log = logging.getLogger(__name__)
 
@@ -76,20 +75,7 @@ def train(cfg: Config, resume: bool = False, on_iteration: ProgressFn | None = N
     dock = workers = None
     try:
         tracker.log_metrics(init_metrics, step=0)
-        dock = create_dock(
-            DockSpec(
-                columns=COLUMNS,
-                capacity=cfg.dock_capacity,
-                group_size=cfg.rollout.group_size,
-                backend=cfg.dock.backend,
-                num_warehouses=cfg.dock.num_warehouses,
-                name=f"{cfg.run.name}-dock",
-                namespace=namespace,
-                get_timeout_s=cfg.dock.get_timeout_s,
-            )
-        )
-        for consumer, cols in consumers(cfg).items():
-            dock.register_consumer(consumer, cols)
+        dock = create_run_dock(cfg, namespace)
         workers = _start_workers(cfg, model_dir, dock, store, start_step)
         if start_step is None:
             tracker.log_metrics(_evaluate(cfg, workers, 0, driver_state), step=0)

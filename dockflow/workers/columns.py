@@ -15,9 +15,14 @@ columns listed here from the dock and writes its output columns back:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from dockflow.config import Config
+
+if TYPE_CHECKING:
+    from dockflow.dock import TransferDock
 
 COLUMNS: dict[str, torch.dtype] = {
     "input_ids": torch.long,
@@ -82,3 +87,21 @@ def consumers(cfg: Config) -> dict[str, list[str]]:
         update.append("ref_log_prob")
     out["actor_update"] = update
     return out
+
+
+def create_run_dock(cfg: Config, namespace: str, *, detached: bool = False) -> TransferDock:
+    """The run's transfer dock with this config's schema, every consumer registered (both drivers use it)."""
+    from dockflow.dock import DockSpec, create_dock
+
+    dock = create_dock(DockSpec(
+        columns=COLUMNS, capacity=cfg.dock_capacity, group_size=cfg.rollout.group_size, backend=cfg.dock.backend,
+        num_warehouses=cfg.dock.num_warehouses, name=f"{cfg.run.name}-dock", namespace=namespace,
+        get_timeout_s=cfg.dock.get_timeout_s, detached=detached,
+    ))
+    try:
+        for consumer, cols in consumers(cfg).items():
+            dock.register_consumer(consumer, cols)
+    except BaseException:
+        dock.shutdown()
+        raise
+    return dock
