@@ -1,0 +1,43 @@
+"""Resharding flow: update layout -> generation layout for the actor's weights (MindSpeed RL, Fig. 3 / Fig. 5).
+
+``ParallelLayout`` describes a TP / DP / EP (/ FSDP) layout; ``ModelPartition`` applies per-parameter rules
+(``PartitionRules``) to a model's parameters; ``naive_reshard`` and ``allgather_swap`` turn this rank's update
+shards into its generation shards over torch.distributed; ``MemoryLedger`` measures device bytes by category;
+``eq3_inputs`` / ``predicted_redundant_bytes`` give the paper's Eq. (3). See docs/reshard.md.
+"""
+
+from dockflow.reshard.allgather_swap import DEFAULT_BUCKET_BYTES, allgather_swap
+from dockflow.reshard.blocks import Block, ShardMap
+from dockflow.reshard.gather import ReshardResult
+from dockflow.reshard.groups import ReshardGroups
+from dockflow.reshard.layout import ParallelLayout, RankCoords
+from dockflow.reshard.ledger import CATEGORIES, UPDATE_STATE, MemoryLedger, Snapshot, storage_bytes
+from dockflow.reshard.naive import naive_reshard
+from dockflow.reshard.partition import (
+    DEFAULT_RULES,
+    KINDS,
+    ModelPartition,
+    ParamMeta,
+    PartitionRules,
+    UnknownParameterError,
+    param_meta,
+    qkv_sections_from_config,
+)
+from dockflow.reshard.redundancy import (
+    Eq3Inputs,
+    eq3_inputs,
+    measured_redundant_bytes,
+    predicted_redundant_bytes,
+    predicted_redundant_bytes_per_rank,
+)
+from dockflow.reshard.state import UpdateState
+from dockflow.reshard.swap import HostSwap
+
+__all__ = [
+    "CATEGORIES", "DEFAULT_BUCKET_BYTES", "DEFAULT_RULES", "KINDS", "UPDATE_STATE", "Block", "Eq3Inputs",
+    "HostSwap", "MemoryLedger", "ModelPartition", "ParallelLayout", "ParamMeta", "PartitionRules", "RankCoords",
+    "ReshardGroups", "ReshardResult", "ShardMap", "Snapshot", "UnknownParameterError", "UpdateState",
+    "allgather_swap", "eq3_inputs", "measured_redundant_bytes", "naive_reshard", "param_meta",
+    "predicted_redundant_bytes", "predicted_redundant_bytes_per_rank", "qkv_sections_from_config",
+    "storage_bytes",
+]

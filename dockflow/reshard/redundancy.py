@@ -1,0 +1,75 @@
+"""Redundant memory of naive resharding: the paper's Eq. (3) prediction and the measured value.
+
+Eq. (3): ``R = GDP * (TW / UTP + EW / GEP)``, with TW / EW the bytes of the TP-split / expert weights, UTP
+the update TP size, GDP / GEP the generation DP / EP sizes. Per device the bracket is what naive resharding
+leaves behind: the old TP shard (``TW / UTP``) and the experts this device no longer serves (``EW / GEP``);
+R multiplies it by GDP, the device count of the paper's Fig. 3 where generation TP is 1.
+
+Eq. (3) has no FSDP term. For an FSDP-sharded update layout we apply it with every weight counted as
+"split" (``TW`` := all weight bytes, ``EW`` := 0) and ``UTP`` := tp * dp, the total shard factor: under
+naive resharding each rank then keeps its 1/(tp*dp) flat shard beside the gathered weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from dockflow.reshard.layout import ParallelLayout
+from dockflow.reshard.ledger import storage_bytes
+from dockflow.reshard.partition import ModelPartition
+
+
+def predicted_redundant_bytes(tw_bytes: float, ew_bytes: float, update_tp: int, gen_dp: int, gen_ep: int) -> float:
+    """Eq. (3) as printed: R = GDP * (TW / UTP + EW / GEP), summed over the generation devices."""
+    for name, value in (("update_tp", update_tp), ("gen_dp", gen_dp), ("gen_ep", gen_ep)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    return gen_dp * predicted_redundant_bytes_per_rank(tw_bytes, ew_bytes, update_tp, gen_ep)
+
+
+def predicted_redundant_bytes_per_rank(tw_bytes: float, ew_bytes: float, update_tp: int, gen_ep: int) -> float:
+    """The bracket of Eq. (3): one device's redundant bytes, TW / UTP + EW / GEP."""
+    return tw_bytes / update_tp + ew_bytes / gen_ep
+
+
+@dataclass(frozen=True)
+class Eq3Inputs:
+    """The terms of Eq. (3) for one model and pair of layouts."""
+
+    tw_bytes: int
+    ew_bytes: int
+    update_tp: int
+    gen_dp: int
+    gen_ep: int
+
+    @property
+    def total(self) -> float:
+        return predicted_redundant_bytes(self.tw_bytes, self.ew_bytes, self.update_tp, self.gen_dp, self.gen_ep)
+
+    @property
+    def per_rank(self) -> float:
+        return predicted_redundant_bytes_per_rank(self.tw_bytes, self.ew_bytes, self.update_tp, self.gen_ep)
+
+
+def eq3_inputs(partition: ModelPartition, update: ParallelLayout, gen: ParallelLayout) -> Eq3Inputs:
+    """TW, EW and the sizes of Eq. (3) from a model's partition (FSDP: see the module docstring)."""
+    if update.fsdp:
+        total = sum(partition.nbytes(n) for n in partition.meta)
+        return Eq3Inputs(total, 0, update.tp * update.dp, gen.dp, gen.ep)
+    tw = sum(partition.nbytes(n) for n in partition.meta
+             if update.tp > 1 and not partition.is_expert(n) and partition.kind(n).tp_dim is not None)
+    ew = sum(partition.nbytes(n) for n in partition.meta if partition.is_expert(n))
+    return Eq3Inputs(tw, ew, update.tp, gen.dp, gen.ep)
+
+
+def measured_redundant_bytes(update_weights: Iterable[torch.Tensor], generation_weights: Iterable[torch.Tensor],
+                             device: torch.device | str) -> int:
+    """Weight bytes on ``device`` that generation does not use: the distinct storages of update and generation
+    weights, less the bytes the generation weights themselves need."""
+    generation = list(generation_weights)
+    resident = storage_bytes([*update_weights, *generation], torch.device(device))
+    needed = sum(t.numel() * t.element_size() for t in generation)
+    return resident - needed
