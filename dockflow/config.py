@@ -191,8 +191,19 @@ class TrainConfig(_Section):
         ge=0,
         description="Policy versions generation may run ahead of the update (the dock then holds 1 + max_staleness "
         "iterations, each in its own window). 0 = on-policy. The KFP pipeline turns it into DAG edges: generate(i) "
-        "waits for reshard(i - 1 - max_staleness); the CLI loop is synchronous and needs 0.",
+        "waits for reshard(i - 1 - max_staleness); the CLI loop needs placement.mode: disaggregated for it.",
     )
+
+
+class PlacementConfig(_Section):
+    mode: Literal["colocated", "disaggregated"] = Field(
+        "colocated",
+        description="colocated: the actor worker generates and trains (one process, stages take turns); "
+        "disaggregated: generator workers hold their own copy of the policy and generate while the actor "
+        "trains, up to train.max_staleness policy versions ahead (the asynchronous scheduler).",
+    )
+    generators: int = Field(1, ge=1, description="Generator workers in disaggregated mode; each takes a share of the prompts.")
+    generator_cpus: float = Field(1.0, ge=0.0, description="CPUs each generator worker asks Ray for.")
 
 
 class DockConfig(_Section):
@@ -286,6 +297,7 @@ class Config(_Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
     dock: DockConfig = Field(default_factory=DockConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
@@ -321,6 +333,11 @@ class Config(_Section):
             raise ValueError(
                 "algorithm.name=dpo keeps each (chosen, rejected) pair in one micro-batch: "
                 "train.mini_batch_size and train.micro_batch_size must be even"
+            )
+        if self.placement.mode == "disaggregated" and (alg.name == "dpo" or self.rounds > 1):
+            raise ValueError(
+                f"placement.mode=disaggregated runs on-line generation ahead of the update; algorithm.name="
+                f"{alg.name}{' with dynamic sampling' if self.rounds > 1 else ''} is supported colocated only"
             )
         if self.data.source == "file" and not self.data.train_path:
             raise ValueError("data.source is 'file' but data.train_path is not set: give a JSONL or Parquet path")

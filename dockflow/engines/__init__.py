@@ -28,6 +28,7 @@ __all__ = [
     "TrainingEngine",
     "batched_log_probs",
     "create_engines",
+    "create_generation_engine",
     "create_critic_engine",
     "decode_responses",
     "encode_rollouts",
@@ -48,8 +49,12 @@ def create_engines(cfg, model: nn.Module, tokenizer, device: str = "cpu") -> tup
         temperature=cfg.rollout.temperature,
         device=device,
     )
-    gen = HFGenerationEngine(model, tokenizer, device=device, batch_size=cfg.rollout.batch_size)
-    return train, gen
+    return train, create_generation_engine(cfg, model, tokenizer, device)
+
+
+def create_generation_engine(cfg, model: nn.Module, tokenizer, device: str = "cpu") -> GenerationEngine:
+    """The generation engine over ``model`` (the actor's own module when colocated, a generator's copy else)."""
+    return HFGenerationEngine(model, tokenizer, device=device, batch_size=cfg.rollout.batch_size)
 
 
 def create_critic_engine(cfg, model: nn.Module, device: str = "cpu") -> TrainingEngine:

@@ -27,12 +27,14 @@ def initial_state() -> dict[str, Any]:
 
 
 def devices(cfg: Config) -> float:
-    """ND of Eq. (5): the cores reserved by model workers."""
-    ray = cfg.ray
+    """ND of Eq. (5): the cores reserved by model workers (generator workers included)."""
+    ray, placement = cfg.ray, cfg.placement
+    generators = placement.generators * placement.generator_cpus if placement.mode == "disaggregated" else 0.0
     return (
         ray.actor_cpus
         + (ray.reference_cpus if uses_reference(cfg) else 0.0)
         + (ray.critic_cpus if uses_critic(cfg) else 0.0)
+        + generators
     )
 
 

@@ -15,12 +15,31 @@ from dockflow.workers import Workers
 Refs = dict[str, Any]
 
 
-def generate(workers: Workers, iteration: int, prompt_ids: list[int], first_index: int = 0, offline: bool = False) -> Refs:
-    """Sample N responses per prompt into the dock from index ``first_index`` on; ``offline`` (DPO) puts the
-    preference pairs ``prompt_ids`` instead."""
+def generate(
+    workers: Workers, iteration: int, prompt_ids: list[int], first_index: int = 0, offline: bool = False, group_size: int = 1
+) -> Refs:
+    """Sample N (``group_size``) responses per prompt into the dock from index ``first_index`` on; ``offline``
+    (DPO) puts the preference pairs ``prompt_ids`` instead. With generator workers (disaggregated placement)
+    each takes a contiguous share of the prompts and writes the matching slice of the window."""
     if offline:
         return {"generate": workers.actor.put_pairs.remote(iteration, prompt_ids)}
-    return {"generate": workers.actor.generate.remote(iteration, prompt_ids, first_index)}
+    if not workers.generators:
+        return {"generate": workers.actor.generate.remote(iteration, prompt_ids, first_index)}
+    refs: Refs = {}
+    for k, (lo, hi) in enumerate(shares(len(prompt_ids), len(workers.generators))):
+        if hi > lo:
+            start = first_index + lo * group_size
+            refs[f"generate/{k}"] = workers.generators[k].generate.remote(iteration, prompt_ids[lo:hi], start)
+    return refs
+
+
+def shares(n: int, parts: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` of each of ``parts`` contiguous, near-equal shares of ``n`` items (earlier ones larger)."""
+    size, extra = divmod(n, parts)
+    bounds = [0]
+    for k in range(parts):
+        bounds.append(bounds[-1] + size + (k < extra))
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
 def score(workers: Workers, iteration: int, round_index: int = 0, last_round: bool = True) -> Refs:
@@ -52,8 +71,12 @@ def update(workers: Workers, iteration: int) -> Refs:
 
 
 def reshard(workers: Workers, iteration: int) -> Refs:
-    """Move the updated weights from the update layout to the generation layout."""
-    return {"reshard": workers.actor.reshard.remote(iteration)}
+    """Move the updated weights from the update layout to the generation layout: within the actor when
+    colocated; to every generator worker when disaggregated (the weights go once through the object store)."""
+    if not workers.generators:
+        return {"reshard": workers.actor.reshard.remote(iteration)}
+    published = workers.actor.publish_weights.remote()
+    return {f"reshard/{k}": g.load_weights.remote(published) for k, g in enumerate(workers.generators)}
 
 
 def evaluate(workers: Workers, limit: int) -> Refs:

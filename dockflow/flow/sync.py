@@ -19,7 +19,7 @@ from dockflow.flow.waiting import wait_stages
 from dockflow.workers import Workers
 
 
-def _merge(results: dict[str, dict[str, float]]) -> dict[str, float]:
+def merge_results(results: dict[str, dict[str, float]]) -> dict[str, float]:
     metrics: dict[str, float] = {}
     for part in results.values():
         metrics.update(part)
@@ -36,11 +36,14 @@ def _sampling_rounds(
     scored: dict[str, float] = {}
     for r in range(cfg.rounds):
         last = r == cfg.rounds - 1
-        refs = stages.generate(workers, iteration, prompt_ids[r * g : (r + 1) * g], first_index=r * cfg.global_batch)
+        refs = stages.generate(
+            workers, iteration, prompt_ids[r * g : (r + 1) * g], first_index=r * cfg.global_batch,
+            group_size=cfg.rollout.group_size,
+        )
         refs.update(stages.score(workers, iteration, r, last))
         res = wait_stages(refs, cfg.train.stage_timeout_s, iteration)
-        generated.append(res.pop("generate"))
-        scored = _merge(res)
+        generated.append(pop_generated(res))
+        scored = merge_results(res)
         if scored["dapo/kept_groups"] >= g:
             break
     scored["dapo/rounds"] = float(len(generated))
@@ -53,12 +56,14 @@ def generate_and_score(cfg: Config, workers: Workers, prompt_ids: list[int], ite
     if cfg.rounds > 1:
         metrics, generated = _sampling_rounds(cfg, workers, prompt_ids, iteration)
     else:
-        refs = stages.generate(workers, iteration, prompt_ids, offline=cfg.algorithm.name == "dpo")
+        refs = stages.generate(
+            workers, iteration, prompt_ids, offline=cfg.algorithm.name == "dpo", group_size=cfg.rollout.group_size
+        )
         refs.update(stages.score(workers, iteration))
         results = wait_stages(refs, cfg.train.stage_timeout_s, iteration)
-        generated = [results.pop("generate")]
-        metrics = _merge(results)
-    metrics.update(_rollout_summary(generated, cfg.global_batch))
+        generated = [pop_generated(results)]
+        metrics = merge_results(results)
+    metrics.update(rollout_summary(generated, cfg.global_batch))
     return metrics
 
 
@@ -76,17 +81,17 @@ def run_iteration(
     if cfg.rounds > 1:
         metrics, generated = _sampling_rounds(cfg, workers, prompt_ids, iteration)
     else:
-        refs.update(stages.generate(workers, iteration, prompt_ids, offline=offline))
+        refs.update(stages.generate(workers, iteration, prompt_ids, offline=offline, group_size=cfg.rollout.group_size))
         refs.update(stages.score(workers, iteration))
     refs.update(stages.infer(workers, iteration, offline=offline))
     refs.update(stages.update(workers, iteration))
     refs.update(stages.reshard(workers, iteration))
     results = wait_stages(refs, cfg.train.stage_timeout_s, iteration)
-    if "generate" in results:
-        generated.append(results.pop("generate"))
+    if any(is_generation(k) for k in results):
+        generated.append(pop_generated(results))
     seconds = time.perf_counter() - start
-    metrics.update(_merge(results))
-    metrics.update(_rollout_summary(generated, cfg.global_batch))
+    metrics.update(merge_results(results))
+    metrics.update(rollout_summary(generated, cfg.global_batch))
     metrics["timing/iteration_s"] = seconds
     metrics["perf/throughput_tps"] = iteration_throughput(metrics, devices, seconds)
     return metrics
@@ -100,13 +105,41 @@ def iteration_throughput(metrics: dict[str, float], devices: float, seconds: flo
     )
 
 
-def _rollout_summary(rounds: list[dict[str, float]], round_samples: int) -> dict[str, float]:
+def is_generation(stage: str) -> bool:
+    return stage == "generate" or stage.startswith("generate/")
+
+
+def pop_generated(results: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Remove the generation results (one, or one per generator worker) and merge them into one round:
+    sample-weighted mean lengths, summed samples and tokens, the slowest generator's seconds."""
+    parts = [results.pop(k) for k in sorted(results) if is_generation(k)]
+    samples = sum(p["rollout/samples"] for p in parts)
+    merged = {
+        "rollout/samples": samples,
+        "rollout/tokens": sum(p["rollout/tokens"] for p in parts),
+        "timing/generate_s": max(p["timing/generate_s"] for p in parts),
+        "timing/generate_busy_s": sum(p["timing/generate_s"] for p in parts),
+    }
+    for key in ("rollout/prompt_length", "rollout/response_length"):
+        merged[key] = sum(p[key] * p["rollout/samples"] for p in parts) / samples
+    versions = [p["rollout/policy_version"] for p in parts if "rollout/policy_version" in p]
+    if versions:
+        merged["rollout/policy_version"] = min(versions)
+    return merged
+
+
+def rollout_summary(rounds: list[dict[str, float]], round_samples: int) -> dict[str, float]:
     """Generation metrics over rounds of equal size: mean lengths, total samples, tokens and seconds."""
     n = len(rounds)
-    return {
+    out = {
         "rollout/samples": float(round_samples * n),
         "rollout/prompt_length": sum(r["rollout/prompt_length"] for r in rounds) / n,
         "rollout/response_length": sum(r["rollout/response_length"] for r in rounds) / n,
         "rollout/tokens": sum(r["rollout/tokens"] for r in rounds),
         "timing/generate_s": sum(r["timing/generate_s"] for r in rounds),
+        "timing/generate_busy_s": sum(r.get("timing/generate_busy_s", r["timing/generate_s"]) for r in rounds),
     }
+    versions = [r["rollout/policy_version"] for r in rounds if "rollout/policy_version" in r]
+    if versions:
+        out["rollout/policy_version"] = min(versions)
+    return out

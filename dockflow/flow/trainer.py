@@ -20,7 +20,7 @@ import yaml
 from dockflow.config import Config, ConfigError
 from dockflow.flow import record
 from dockflow.flow.sampler import PromptSampler, iteration_sampler
-from dockflow.flow.sync import run_iteration
+from dockflow.flow.scheduler import make_scheduler
 from dockflow.flow.waiting import StageError
 from dockflow.models.initial import initial_model
 from dockflow.storage import open_store
@@ -46,10 +46,10 @@ def _evaluate(cfg: Config, workers: Workers, step: int, state: dict[str, Any]) -
 
 def train(cfg: Config, resume: bool = False, on_iteration: ProgressFn | None = None) -> dict[str, Any]:
     """Run SFT (cached) then ``cfg.train.iterations`` RL iterations; returns the summary."""
-    if cfg.train.max_staleness:
+    if cfg.train.max_staleness and cfg.placement.mode == "colocated":
         raise ConfigError(
-            f"train.max_staleness={cfg.train.max_staleness}: the CLI loop is synchronous (on-policy) and needs 0; "
-            "run the KFP pipeline (dockflow pipeline run) to let generation run ahead of the update"
+            f"train.max_staleness={cfg.train.max_staleness} with placement.mode=colocated: one actor worker cannot "
+            "generate ahead of its own update; set placement.mode: disaggregated (generator workers), or 0"
         )
     t_start = time.perf_counter()
     run_dir = run_dir_of(cfg)
@@ -122,9 +122,10 @@ def _start_workers(cfg: Config, model_dir: str, dock, store, step: int | None) -
 def _iterate(cfg: Config, workers: Workers, dock, sampler: PromptSampler, store, state: dict[str, Any],
              tracker: Tracker, on_iteration: ProgressFn | None) -> None:
     """Iterations from ``state["iteration"]`` to the end: run, evaluate, log, checkpoint."""
+    scheduler = make_scheduler(cfg, workers, dock, sampler, record.devices(cfg), cfg.train.iterations)
     for it in range(state["iteration"], cfg.train.iterations):
         step = it + 1
-        metrics = run_iteration(cfg, workers, dock, sampler, it, record.devices(cfg))
+        metrics = scheduler.run_iteration(it)
         if record.eval_due(cfg, step):
             metrics.update(_evaluate(cfg, workers, step, state))
         record.record_iteration(cfg, state, step, metrics)
@@ -133,6 +134,7 @@ def _iterate(cfg: Config, workers: Workers, dock, sampler: PromptSampler, store,
             on_iteration(step, metrics)
         if record.ckpt_due(cfg, step):
             record.save_checkpoint(store, workers, step, state, cfg)
+    scheduler.close()
 
 
 def _recover_state(store, state: dict[str, Any], exc: StageError) -> dict[str, Any]:

@@ -20,18 +20,15 @@ from dockflow.config import Config
 from dockflow.data import apply_template, load_task
 from dockflow.data.preferences import PreferencePair, preference_splits
 from dockflow.dock import TransferDock
-from dockflow.engines import SamplingParams, create_engines, encode_rollouts
+from dockflow.engines import create_engines, encode_rollouts
 from dockflow.eval import evaluate_policy
 from dockflow.models import load_model_and_tokenizer
 from dockflow.workers.columns import consumers, kl_in_loss
-from dockflow.workers.consume import consume
+from dockflow.workers.consume import WaitClock, consume
+from dockflow.workers.rollout import generate_into_dock, rollout_metrics
 from dockflow.workers.runtime import ModelWorker
+from dockflow.workers.staleness import StalenessCounter
 from dockflow.workers.training import train_epochs
-
-
-def generation_seed(run_seed: int, iteration: int) -> int:
-    """Sampling seed of one iteration: a resumed run draws the same responses as an uninterrupted one."""
-    return (run_seed * 1_000_003 + iteration) % 2**62
 
 
 class ActorWorker(ModelWorker):
@@ -53,34 +50,12 @@ class ActorWorker(ModelWorker):
     def ready(self) -> bool:
         return True
 
-    def _prompts(self, examples) -> list[str]:
-        return [apply_template(self.cfg.data.prompt_template, ex.prompt) for ex in examples]
-
     def generate(self, iteration: int, prompt_ids: list[int], first_index: int = 0) -> dict[str, float]:
         """Sample N responses for each prompt and stream them into the dock, group by group, from dock index
         ``first_index`` on (later rounds of dynamic sampling write after the earlier ones)."""
-        start = time.perf_counter()
-        ro = self.cfg.rollout
-        prompts = self._prompts([self.task.train[i] for i in prompt_ids])
-        width = self.gen_engine.prompt_width(prompts)
-        params = SamplingParams(ro.max_new_tokens, ro.temperature, ro.top_p, greedy=False, n=ro.group_size)
-        per_chunk = max(1, ro.batch_size // ro.group_size)
-        seed = generation_seed(self.cfg.run.seed, iteration) + first_index
-        prompt_tokens = response_tokens = 0
-        for c in range(0, len(prompts), per_chunk):
-            out = self.gen_engine.generate(prompts[c : c + per_chunk], params, seed + c, prompt_width=width)
-            first = self.cfg.dock_window(iteration)[0] + first_index + c * ro.group_size
-            indices = list(range(first, first + out.batch_size[0]))
-            pids = torch.tensor(prompt_ids[c : c + per_chunk]).repeat_interleave(ro.group_size)
-            meta = {
-                "prompt_id": pids,
-                "response_length": out["response_length"],
-                "policy_version": torch.full((len(indices),), self.policy_version),
-            }
-            self.dock.put(indices, out.select("input_ids", "attention_mask", "responses", "response_mask"), meta)
-            prompt_tokens += int(out["prompt_length"].sum())
-            response_tokens += int(out["response_length"].sum())
-        return rollout_metrics(prompt_tokens, response_tokens, len(prompts) * ro.group_size, start)
+        return generate_into_dock(
+            self.cfg, self.gen_engine, self.dock, self.task.train, iteration, prompt_ids, first_index, self.policy_version
+        )
 
     def put_pairs(self, iteration: int, pair_ids: list[int]) -> dict[str, float]:
         """DPO's "generation": the iteration's preference pairs into the dock, chosen at 2i, rejected at 2i+1."""
@@ -101,12 +76,14 @@ class ActorWorker(ModelWorker):
         """Log-probs of the behaviour policy (the weights that generated), for the ratio."""
         start = time.perf_counter()
         cols = self.columns["actor_infer"]
+        waited = WaitClock()
         for batch in consume(
-            self.dock, "actor_infer", cols, self.cfg.global_batch, self.cfg.train.infer_batch_size, window=self.cfg.dock_window(iteration)
+            self.dock, "actor_infer", cols, self.cfg.global_batch, self.cfg.train.infer_batch_size,
+            window=self.cfg.dock_window(iteration), clock=waited,
         ):
             logp = self.train_engine.infer(batch.data)
             self.dock.put(batch.indices, TensorDict({"old_log_prob": logp}, batch_size=[len(batch)]))
-        return {"timing/old_log_prob_s": time.perf_counter() - start}
+        return {"timing/old_log_prob_s": time.perf_counter() - start, "timing/old_log_prob_wait_s": waited.seconds}
 
     def _loss(self, logp: torch.Tensor, micro: TensorDict, tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
         alg = self.cfg.algorithm
@@ -152,20 +129,31 @@ class ActorWorker(ModelWorker):
         return loss, metrics
 
     def update(self, iteration: int) -> dict[str, float]:
-        """Train on the iteration's samples: mini-batches as they become ready, then further epochs."""
+        """Train on the iteration's samples: mini-batches as they become ready, then further epochs. Samples more
+        than ``train.max_staleness`` policy versions old are masked out of the loss and counted."""
         start = time.perf_counter()
         tc = self.cfg.train
         dpo = self.cfg.algorithm.name == "dpo"
+        waited = WaitClock()
         batches = consume(
             self.dock, "actor_update", self.columns["actor_update"], self.cfg.train_batch, tc.mini_batch_size,
-            whole_groups=dpo, window=self.cfg.dock_window(iteration),
+            whole_groups=dpo, window=self.cfg.dock_window(iteration), clock=waited,
         )
+        staleness = StalenessCounter(self.policy_version, tc.max_staleness)
         loss_fn = self._dpo_loss if dpo else self._loss
-        out = train_epochs(self.train_engine, (b.data for b in batches), loss_fn, tc.epochs, tc.micro_batch_size)
+        mini_batches = (staleness.admit(b.data, b.meta["policy_version"]) for b in batches)
+        out = train_epochs(self.train_engine, mini_batches, loss_fn, tc.epochs, tc.micro_batch_size)
+        out.update(staleness.metrics())
         self.policy_version += 1
         out["timing/update_s"] = time.perf_counter() - start
+        out["timing/update_wait_s"] = waited.seconds
         out["train/policy_version"] = float(self.policy_version)
         return out
+
+    def publish_weights(self) -> dict[str, Any]:
+        """The policy's version and current weights, for the generator workers (disaggregated placement)."""
+        weights = {k: v.detach() for k, v in self.train_engine.model.state_dict().items()}
+        return {"version": self.policy_version, "weights": weights}
 
     def reshard(self, iteration: int) -> dict[str, float]:
         """Hand the updated weights to the generation engine (colocated: the same tensors, nothing copied)."""
@@ -201,14 +189,4 @@ class ActorWorker(ModelWorker):
         self.train_engine.model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         return path
-
-
-def rollout_metrics(prompt_tokens: int, response_tokens: int, samples: int, start: float) -> dict[str, float]:
-    """What a generation round reports: its time and mean token lengths (for Eq. 5 throughput)."""
-    return {
-        "timing/generate_s": time.perf_counter() - start,
-        "rollout/prompt_length": prompt_tokens / samples,
-        "rollout/response_length": response_tokens / samples,
-        "rollout/tokens": float(prompt_tokens + response_tokens),
-    }
 

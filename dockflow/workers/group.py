@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dockflow.config import Config
@@ -11,6 +11,7 @@ from dockflow.dock import TransferDock
 from dockflow.workers.actor import ActorWorker
 from dockflow.workers.columns import uses_critic, uses_reference
 from dockflow.workers.critic import CriticWorker
+from dockflow.workers.generator import GeneratorWorker
 from dockflow.workers.reference import ReferenceWorker
 from dockflow.workers.reward import RewardWorker
 
@@ -27,10 +28,12 @@ class Workers:
     reward: Any | None = None  # all but DPO
     reference: Any | None = None  # DPO, or a KL penalty
     critic: Any | None = None  # PPO, PF-PPO
+    generators: list[Any] = field(default_factory=list)  # placement.mode=disaggregated
     prefix: str = ""  # the actors are named "<prefix>-<role>"
 
     def all(self) -> dict[str, Any]:
         named = {"actor": self.actor, "reward": self.reward, "reference": self.reference, "critic": self.critic}
+        named.update({f"generator-{k}": g for k, g in enumerate(self.generators)})
         return {k: v for k, v in named.items() if v is not None}
 
 
@@ -50,6 +53,10 @@ def create_workers(cfg: Config, model_dir: str, dock: TransferDock, name: str, d
         reward=spawn(RewardWorker, "reward", 0) if cfg.algorithm.name != "dpo" else None,
         reference=spawn(ReferenceWorker, "reference", cfg.ray.reference_cpus) if uses_reference(cfg) else None,
         critic=spawn(CriticWorker, "critic", cfg.ray.critic_cpus) if uses_critic(cfg) else None,
+        generators=[
+            spawn(GeneratorWorker, f"generator-{k}", cfg.placement.generator_cpus)
+            for k in range(cfg.placement.generators if cfg.placement.mode == "disaggregated" else 0)
+        ],
         prefix=name,
     )
     handles = workers.all()
@@ -58,10 +65,12 @@ def create_workers(cfg: Config, model_dir: str, dock: TransferDock, name: str, d
     if pending:
         waiting = [label for label, r in refs.items() if r in pending]
         need = {"actor": cfg.ray.actor_cpus, "reference": cfg.ray.reference_cpus, "critic": cfg.ray.critic_cpus, "reward": 0}
+        need.update({g: cfg.placement.generator_cpus for g in refs if g.startswith("generator-")})
         raise WorkerStartError(
             f"workers {waiting} did not start within ray.init_timeout_s={cfg.ray.init_timeout_s}s. They ask for "
             f"{ {w: need[w] for w in waiting} } CPUs; the cluster has {ray.available_resources().get('CPU', 0)} free. "
-            "Lower ray.actor_cpus / ray.reference_cpus / ray.critic_cpus, raise ray.num_cpus, or add nodes."
+            "Lower ray.actor_cpus / ray.reference_cpus / ray.critic_cpus / placement.generator_cpus, raise "
+            "ray.num_cpus, or add nodes."
         )
     for label, r in refs.items():
         try:

@@ -42,6 +42,8 @@ def test_two_iterations_train_the_policy(algorithm, ray_cluster, tiny_config):
         extra |= {"rollout__group_size": 2, "algorithm__dpo__num_eval_pairs": 10}
     if algorithm == "pf_ppo":
         extra["algorithm__pf_ppo__keep"] = 2  # G x keep = 8 = one mini-batch
+    if algorithm == "reinforce_pp":  # also the asynchronous scheduler: a generator worker runs one version ahead
+        extra |= {"placement__mode": "disaggregated", "train__max_staleness": 1, "placement__generator_cpus": 0}
     cfg = tiny_config(algorithm, 2, config=f"configs/{algorithm}_arith.yaml", **extra)
     summary = train(cfg)
 
@@ -55,5 +57,9 @@ def test_two_iterations_train_the_policy(algorithm, ray_cluster, tiny_config):
         history = read_metric_history(uri, summary["mlflow_run_id"], key)
         assert [s for s, _ in history] == [1, 2], key
         assert all(v == v for _, v in history), f"{key} is NaN"
+    if algorithm == "reinforce_pp":
+        ages = read_metric_history(uri, summary["mlflow_run_id"], "staleness/max")
+        assert [v for _, v in ages] == [0.0, 1.0]  # iteration 2 was generated before update 1 finished
+        assert read_metric_history(uri, summary["mlflow_run_id"], "flow/idle_generator")
     if algorithm == "dpo":
         assert summary["margin_before"] is not None and summary["margin_after"] is not None

@@ -3,12 +3,23 @@
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from dockflow.flow.trainer import train
+from dockflow.storage import open_store
 from dockflow.tracking import read_metric_history, resolve_tracking_uri
 
 pytestmark = pytest.mark.slow
+
+
+def _flat(state) -> list:
+    """An optimizer state as comparable (path, value) pairs: tensors become lists."""
+    if isinstance(state, dict):
+        return [(k, _flat(v)) for k, v in sorted(state.items(), key=lambda kv: str(kv[0]))]
+    if isinstance(state, (list, tuple)):
+        return [_flat(v) for v in state]
+    return state.tolist() if isinstance(state, torch.Tensor) else state
 
 
 def weights(model_dir: str | Path) -> dict:
@@ -16,16 +27,19 @@ def weights(model_dir: str | Path) -> dict:
 
 
 def test_train_learns_logs_and_resumes_bit_identically_through_s3(tiny_config, s3_checkpoint_dir):
-    """A 4-iteration run changes every policy tensor and logs each iteration to MLflow; a run stopped after 2
-    iterations and resumed from its checkpoint ends bit-identical to it. Checkpoints go to a real S3-protocol
-    server (moto on 127.0.0.1), as they would to MinIO. (One test: each run costs Ray start-up.)"""
+    """A 4-iteration run changes every policy tensor and logs each iteration to MLflow. A run of its first 2
+    iterations with a generator worker (disaggregated, max_staleness 0) checkpoints the same policy and
+    optimizer state bit for bit, and resumed from that checkpoint (colocated) ends bit-identical to the
+    4-iteration run. Checkpoints go to a real S3-protocol server (moto on 127.0.0.1), as they would to MinIO.
+    (One test: each run costs Ray start-up.)"""
 
-    def cfg(name: str, iterations: int):
+    def cfg(name: str, iterations: int, **extra):
         # No KL term: the reference worker (frozen, not checkpointed) would only add start-up time here; the
         # KL algorithms (REINFORCE++, PPO, DPO) run it in test_algorithms.
-        return tiny_config(name, iterations, checkpoint__dir=f"{s3_checkpoint_dir}/{name}")
+        return tiny_config(name, iterations, checkpoint__dir=f"{s3_checkpoint_dir}/{name}", **extra)
 
-    full = train(cfg("full", 4))
+    full_cfg = cfg("full", 4)
+    full = train(full_cfg)
     assert full["iterations"] == 4
     assert {"accuracy_before", "accuracy_after", "throughput_tps", "wall_seconds", "mlflow_run_id"} <= full.keys()
     assert full["throughput_tps"] > 0
@@ -40,7 +54,14 @@ def test_train_learns_logs_and_resumes_bit_identically_through_s3(tiny_config, s
         assert [s for s, _ in read_metric_history(uri, full["mlflow_run_id"], key)] == [1, 2, 3, 4], key
     assert [s for s, _ in read_metric_history(uri, full["mlflow_run_id"], "eval/test_accuracy")] == [0, 2, 4]
 
-    train(cfg("split", 2))
+    split = cfg("split", 2, placement__mode="disaggregated", placement__generator_cpus=0)
+    first_half = train(split)
+    assert first_half["reward_per_iteration"] == full["reward_per_iteration"][:2]
+    on_policy = open_store(split.checkpoint, Path(first_half["final_model"]).parent).read_part(2, "actor", weights_only=False)["engine"]
+    reference = open_store(full_cfg.checkpoint, run_dir).read_part(2, "actor", weights_only=False)["engine"]
+    for k, v in reference["model"].items():
+        assert torch.equal(v, on_policy["model"][k]), f"{k}: max_staleness 0 with a generator worker differs from sync"
+    assert _flat(reference["optimizer"]) == _flat(on_policy["optimizer"])
     resumed = train(cfg("split", 4), resume=True)
     assert resumed["iterations"] == 4
     a, b = weights(full["final_model"]), weights(resumed["final_model"])

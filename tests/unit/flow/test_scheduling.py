@@ -1,0 +1,48 @@
+import pytest
+
+from dockflow.config import ConfigError, load_config
+from dockflow.flow.idle import IdleTracker
+from dockflow.flow.stages import shares
+from dockflow.flow.sync import pop_generated
+
+
+def test_shares_split_prompts_contiguously_and_nearly_evenly():
+    assert shares(10, 3) == [(0, 4), (4, 7), (7, 10)]
+    assert shares(2, 3) == [(0, 1), (1, 2), (2, 2)]
+    assert shares(8, 1) == [(0, 8)]
+
+
+def test_generations_of_several_workers_merge_into_one_round():
+    results = {
+        "generate/0": {"rollout/samples": 8.0, "rollout/prompt_length": 4.0, "rollout/response_length": 2.0,
+                       "rollout/tokens": 48.0, "timing/generate_s": 1.0, "rollout/policy_version": 3.0},
+        "generate/1": {"rollout/samples": 4.0, "rollout/prompt_length": 1.0, "rollout/response_length": 5.0,
+                       "rollout/tokens": 24.0, "timing/generate_s": 3.0, "rollout/policy_version": 2.0},
+        "reward": {"reward/mean": 0.5},
+    }
+    merged = pop_generated(results)
+    assert list(results) == ["reward"]
+    assert merged == {"rollout/samples": 12.0, "rollout/tokens": 72.0, "timing/generate_s": 3.0,
+                      "timing/generate_busy_s": 4.0, "rollout/prompt_length": 3.0,
+                      "rollout/response_length": 3.0, "rollout/policy_version": 2.0}
+
+
+def test_idle_fractions_count_dock_waits_as_idle():
+    cfg = load_config("configs/grpo_arith.yaml", ["placement.mode=disaggregated", "placement.generators=2"])
+    idle = IdleTracker.for_placement(cfg)
+    first = idle.add({"timing/generate_busy_s": 4.0, "timing/old_log_prob_s": 1.0, "timing/update_s": 3.0,
+                      "timing/update_wait_s": 2.0}, seconds=4.0)
+    assert first == {"flow/idle_trainer": 0.5, "flow/idle_generator": 0.5}
+    second = idle.add({"timing/generate_busy_s": 8.0, "timing/update_s": 4.0}, seconds=4.0)
+    assert second == {"flow/idle_trainer": 0.25, "flow/idle_generator": 0.25}  # cumulative over 8 s
+    colocated = IdleTracker.for_placement(load_config("configs/grpo_arith.yaml"))
+    assert colocated.add({"timing/generate_busy_s": 1.0, "timing/update_s": 1.0}, seconds=4.0) == {"flow/idle_actor": 0.5}
+
+
+def test_disaggregated_placement_refuses_offline_and_dynamic_sampling_algorithms():
+    with pytest.raises(ConfigError, match="placement.mode=disaggregated"):
+        load_config("configs/dpo_arith.yaml", ["placement.mode=disaggregated"])
+    with pytest.raises(ConfigError, match="dynamic sampling"):
+        load_config("configs/dapo_arith.yaml", ["placement.mode=disaggregated"])
+    cfg = load_config("configs/grpo_arith.yaml", ["placement.mode=disaggregated", "train.max_staleness=2"])
+    assert cfg.dock_capacity == 3 * cfg.global_batch
