@@ -206,6 +206,24 @@ class PlacementConfig(_Section):
     generator_cpus: float = Field(1.0, ge=0.0, description="CPUs each generator worker asks Ray for.")
 
 
+class CostModelConfig(_Section):
+    prefill_s_per_token: float = Field(2e-5, ge=0.0, description="Seconds per prompt token per CPU (prefill).")
+    decode_s_per_step: float = Field(0.02, ge=0.0, description="Seconds per decoding step of a chunk (its longest response sets the steps).")
+    length_mu: float = Field(3.0, description="Mean of log(response length): lognormal response lengths.")
+    length_sigma: float = Field(0.8, ge=0.0, description="Std of log(response length); larger: a longer tail.")
+    infer_s_per_token: float = Field(2e-5, ge=0.0, description="Seconds per token per CPU of a log-prob forward.")
+    train_s_per_token: float = Field(6e-5, ge=0.0, description="Seconds per token per CPU of forward + backward.")
+
+
+class EngineConfig(_Section):
+    backend: Literal["hf", "cost_model"] = Field(
+        "hf",
+        description="hf: transformers generation and torch training (the real model); cost_model: modelled "
+        "durations and random responses, to measure the scheduler itself (dockflow/engines/cost_model.py).",
+    )
+    cost_model: CostModelConfig = Field(default_factory=CostModelConfig)
+
+
 class DockConfig(_Section):
     backend: Literal["distributed", "centralized"] = Field("distributed", description="Transfer dock backend.")
     num_warehouses: int | None = Field(None, ge=1, description="Warehouse actors; null = one per Ray node.")
@@ -298,6 +316,7 @@ class Config(_Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
     dock: DockConfig = Field(default_factory=DockConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)

@@ -38,8 +38,15 @@ __all__ = [
 ]
 
 
-def create_engines(cfg, model: nn.Module, tokenizer, device: str = "cpu") -> tuple[TrainingEngine, GenerationEngine]:
-    """Training and generation engines over one policy module (colocated: generation shares its weights)."""
+def create_engines(
+    cfg, model: nn.Module, tokenizer, device: str = "cpu", cpus: float = 1.0
+) -> tuple[TrainingEngine, GenerationEngine]:
+    """Training and generation engines over one policy module (colocated: generation shares its weights).
+    ``cpus``: what the worker reserved (the cost model divides its work by it)."""
+    if cfg.engine.backend == "cost_model":
+        from dockflow.engines.cost_model import CostModelTraining
+
+        return CostModelTraining(cfg.engine.cost_model, cpus, model), create_generation_engine(cfg, model, tokenizer, device, cpus)
     train = TorchTrainingEngine(
         model,
         lr=cfg.train.lr,
@@ -52,8 +59,12 @@ def create_engines(cfg, model: nn.Module, tokenizer, device: str = "cpu") -> tup
     return train, create_generation_engine(cfg, model, tokenizer, device)
 
 
-def create_generation_engine(cfg, model: nn.Module, tokenizer, device: str = "cpu") -> GenerationEngine:
+def create_generation_engine(cfg, model: nn.Module, tokenizer, device: str = "cpu", cpus: float = 1.0) -> GenerationEngine:
     """The generation engine over ``model`` (the actor's own module when colocated, a generator's copy else)."""
+    if cfg.engine.backend == "cost_model":
+        from dockflow.engines.cost_model import CostModelGeneration
+
+        return CostModelGeneration(tokenizer, cfg.engine.cost_model, cfg.rollout.batch_size, cpus)
     return HFGenerationEngine(model, tokenizer, device=device, batch_size=cfg.rollout.batch_size)
 
 

@@ -45,6 +45,10 @@ class GenerationEngine(ABC):
         """Sample ``params.n`` responses per prompt; ``prompt_width`` pads prompts to a fixed width."""
 
     @abstractmethod
+    def prompt_width(self, prompts: list[str]) -> int:
+        """Token width that fits every prompt (chunks of one iteration are padded to it)."""
+
+    @abstractmethod
     def decode(self, responses: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
         """Response tokens to text, without padding and special tokens."""
 

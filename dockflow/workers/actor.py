@@ -39,7 +39,7 @@ class ActorWorker(ModelWorker):
     def __init__(self, cfg: Config, model_dir: str, dock: TransferDock):
         super().__init__(cfg, dock)
         model, self.tokenizer = load_model_and_tokenizer(model_dir, dtype=cfg.model.dtype)
-        self.train_engine, self.gen_engine = create_engines(cfg, model, self.tokenizer)
+        self.train_engine, self.gen_engine = create_engines(cfg, model, self.tokenizer, cpus=cfg.ray.actor_cpus)
         self.engine = self.train_engine  # the checkpointed one
         self.task = load_task(cfg.data, cfg.run.seed)
         self.columns = consumers(cfg)
@@ -152,8 +152,7 @@ class ActorWorker(ModelWorker):
 
     def publish_weights(self) -> dict[str, Any]:
         """The policy's version and current weights, for the generator workers (disaggregated placement)."""
-        weights = {k: v.detach() for k, v in self.train_engine.model.state_dict().items()}
-        return {"version": self.policy_version, "weights": weights}
+        return {"version": self.policy_version, "weights": dict(self.train_engine.named_weights())}
 
     def reshard(self, iteration: int) -> dict[str, float]:
         """Hand the updated weights to the generation engine (colocated: the same tensors, nothing copied)."""

@@ -29,7 +29,7 @@ class GeneratorWorker:
         self.dock = dock
         self.model, tokenizer = load_model_and_tokenizer(model_dir, dtype=cfg.model.dtype)
         self.model.eval()
-        self.engine = create_generation_engine(cfg, self.model, tokenizer)
+        self.engine = create_generation_engine(cfg, self.model, tokenizer, cpus=cfg.placement.generator_cpus)
         self.train_prompts = load_task(cfg.data, cfg.run.seed).train
         self.policy_version = 0
 
@@ -47,6 +47,6 @@ class GeneratorWorker:
     def load_weights(self, published: dict[str, Any]) -> dict[str, float]:
         """Take what ``ActorWorker.publish_weights`` returned: bit-exact copies of the policy's tensors."""
         start = time.perf_counter()
-        self.model.load_state_dict(published["weights"])
+        self.engine.load_weights(iter(published["weights"].items()))
         self.policy_version = int(published["version"])
         return {"timing/load_weights_s": time.perf_counter() - start}
