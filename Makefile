@@ -33,7 +33,7 @@ lint: setup
 	$(BIN)/ruff check dockflow components pipelines tests benchmarks
 
 bench-dock: setup
-	$(BIN)/python benchmarks/dock.py --out runs/bench_dock.json
+	$(BIN)/python -m benchmarks.dock --out runs/bench_dock.json
 
 clean:
 	rm -rf runs .pytest_cache

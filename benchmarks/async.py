@@ -23,9 +23,7 @@ generation ``i`` waits for update ``i - 1 - max_staleness``; sync: their sum).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import time
 from typing import Any
@@ -33,6 +31,7 @@ from typing import Any
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
+from benchmarks.results_file import write_results  # noqa: E402
 from dockflow.config import Config, load_config  # noqa: E402
 from dockflow.flow.record import devices  # noqa: E402
 from dockflow.flow.trainer import train  # noqa: E402
@@ -141,9 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             record = run_one(engine, mode, staleness, args.iterations, args.runs_dir)
             results.append(record)
             print(f"{engine} {mode} {staleness}: {record['tps']:.1f} tok/s/device", file=sys.stderr, flush=True)
-    machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()}
-    with open(args.out, "w") as f:
-        json.dump({"machine": machine, "results": results}, f, indent=2)
+    write_results(args.out, results, iterations=args.iterations)
     print_table(results)
     return 0
 

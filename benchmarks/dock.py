@@ -13,9 +13,7 @@ get latency as consumers see it, and the paper's analytical volumes, Eq. (2) (ce
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import time
 from collections import defaultdict
@@ -30,6 +28,8 @@ import ray  # noqa: E402
 import torch  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
+
+from benchmarks.results_file import write_results  # noqa: E402
 
 NODES = 4  # the simulated cluster; --nodes changes it (the smoke test uses 2)
 GROUP = 16  # N responses per prompt
@@ -284,10 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             tq.close()
         ray.shutdown()
         cluster.shutdown()
-    machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
-               "ray": ray.__version__, "nodes": args.nodes, "quick": args.quick}
-    with open(args.out, "w") as f:
-        json.dump({"machine": machine, "results": results}, f, indent=2)
+    write_results(args.out, results, ray=ray.__version__, nodes=args.nodes, quick=args.quick)
     print_table(results)
     return 0
 

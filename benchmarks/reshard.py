@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
 import multiprocessing
 import os
-import platform
 import queue
 import statistics
 import sys
@@ -35,6 +33,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from benchmarks.results_file import write_results
 from dockflow.reshard import (
     UPDATE_STATE,
     MemoryLedger,
@@ -246,11 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     bucket_bytes = int(args.bucket_mb * 2**20)
     started = time.perf_counter()
     results = run(models, bucket_bytes, repeats)
-    machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
-               "torch": torch.__version__, "backend": "gloo", "device": "cpu (tracked tensors)",
-               "world": WORLD, "wall_s": round(time.perf_counter() - started, 1)}
-    with open(args.out, "w") as f:
-        json.dump({"machine": machine, "results": results}, f, indent=2)
+    write_results(args.out, results, torch=torch.__version__, backend="gloo", device="cpu (tracked tensors)",
+                  world=WORLD, wall_s=round(time.perf_counter() - started, 1))
     print_table(results)
     return 0
 
