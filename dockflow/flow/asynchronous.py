@@ -89,5 +89,5 @@ class AsyncScheduler:
     def close(self) -> None:
         """Wait for the last weights to reach the generators (bounded by ``train.stage_timeout_s``)."""
         if self.reshard:
-            wait_stages(self.reshard, self.cfg.train.stage_timeout_s, -1)
+            wait_stages(self.reshard, self.cfg.train.stage_timeout_s, self.end - 1)
             self.reshard = {}

@@ -20,6 +20,7 @@ FIELDS = {"backend", "samples", "seq_tokens", "wall_s", "cpu_s", "busiest_bytes"
 
 
 @pytest.mark.slow
+@pytest.mark.bench  # about a minute: outside the CI budget; run with `pytest -m bench`
 def test_quick_benchmark_writes_one_record_per_backend(tmp_path):
     out = tmp_path / "dock.json"
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
