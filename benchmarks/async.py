@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import time
 from typing import Any
@@ -31,12 +32,16 @@ from typing import Any
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
+from benchmarks.modes import mode_overrides  # noqa: E402
 from benchmarks.results_file import write_results  # noqa: E402
 from dockflow.config import Config, load_config  # noqa: E402
 from dockflow.flow.record import devices  # noqa: E402
-from dockflow.flow.trainer import train  # noqa: E402
+from dockflow.flow.trainer import run_dir_of, train  # noqa: E402
 
-MODES = [("sync", 0), ("async", 1), ("async", 2)]
+# (mode, max_staleness, partial rollout): the last async mode also interrupts responses at a token budget
+# (rollout.partial.token_budget, PARTIAL_BUDGET per engine; max_age 1) and finishes them with newer weights.
+MODES = [("sync", 0, False), ("async", 1, False), ("async", 2, False), ("async", 1, True)]
+PARTIAL_BUDGET = {"cost_model": 24, "tiny": 4}  # new tokens per call: ~3/8 of max_new_tokens (64 and 8)
 # The cost model's explicit times (seconds); chosen so that generation (latency-bound: it does not get
 # faster with more CPUs) and training (per token / CPUs) take about as long at 1 CPU each.
 COST_MODEL = {
@@ -53,20 +58,13 @@ COST_MODEL = {
 }
 
 
-def mode_overrides(mode: str, staleness: int) -> dict[str, Any]:
-    if mode == "sync":
-        return {"placement.mode": "colocated", "ray.actor_cpus": 2, "ray.torch_threads": 2}
-    return {"placement.mode": "disaggregated", "train.max_staleness": staleness, "ray.actor_cpus": 1,
-            "placement.generator_cpus": 1, "ray.torch_threads": 1}
-
-
 def ideal_seconds(history: list[dict[str, float]], staleness: int, colocated: bool) -> float:
     """Makespan of the measured stage times with zero overhead: generation i starts when the generator is
     free and update i - 1 - staleness is done; training i starts when the trainer is free and generation i
     is done. Colocated (one worker), the stages simply add up."""
     gen = [h["timing/generate_busy_s"] for h in history]
-    trained = [h["timing/old_log_prob_s"] - h["timing/old_log_prob_wait_s"] + h["timing/update_s"]
-               - h["timing/update_wait_s"] for h in history]
+    trained = [h.get("timing/old_log_prob_s", 0.0) - h.get("timing/old_log_prob_wait_s", 0.0) + h["timing/update_s"]
+               - h["timing/update_wait_s"] for h in history]  # no old_log_prob stage with train.old_log_prob: rollout
     if colocated:
         return sum(gen) + sum(trained)
     gen_done: list[float] = []
@@ -78,13 +76,16 @@ def ideal_seconds(history: list[dict[str, float]], staleness: int, colocated: bo
     return train_done[-1]
 
 
-def run_one(engine: str, mode: str, staleness: int, iterations: int, out_dir: str) -> dict[str, Any]:
+def run_one(engine: str, mode: str, staleness: int, partial: bool, iterations: int, out_dir: str) -> dict[str, Any]:
+    budget = PARTIAL_BUDGET[engine] if partial else None
     overrides = {
-        "run.name": f"bench_async_{engine}_{mode}{staleness}", "run.output_dir": out_dir,
+        "run.name": f"bench_async_{engine}_{mode}{staleness}{'_partial' if partial else ''}", "run.output_dir": out_dir,
         "train.iterations": iterations, "eval.every": 0, "checkpoint.every": 0,
         **(COST_MODEL if engine == "cost_model" else {}), **mode_overrides(mode, staleness),
+        **({"rollout.partial.token_budget": budget, "rollout.partial.max_age": 1} if partial else {}),
     }
     cfg: Config = load_config("configs/grpo_arith.yaml", [f"{k}={v}" for k, v in overrides.items()])
+    shutil.rmtree(run_dir_of(cfg), ignore_errors=True)  # a previous run's checkpoints would refuse to be overwritten
     history: list[dict[str, float]] = []
     start = time.perf_counter()
     summary = train(cfg, on_iteration=lambda step, metrics: history.append(dict(metrics)))
@@ -99,6 +100,8 @@ def run_one(engine: str, mode: str, staleness: int, iterations: int, out_dir: st
         "engine": engine,
         "mode": mode,
         "max_staleness": staleness,
+        "partial_token_budget": budget,
+        "parked_groups": sum(h.get("flow/parked_groups", 0.0) for h in history),
         "iterations": len(history),
         "devices": nd,
         "tps": tokens / nd / seconds,
@@ -114,7 +117,7 @@ def run_one(engine: str, mode: str, staleness: int, iterations: int, out_dir: st
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
-    header = f"{'engine':<12}{'mode':<7}{'stale':>6}{'tps':>10}{'ideal':>10}{'vs sync':>9}{'s/iter':>8}  idle    acc"
+    header = f"{'engine':<12}{'mode':<10}{'stale':>6}{'tps':>10}{'ideal':>10}{'vs sync':>9}{'s/iter':>8}  idle    acc"
     print(header)
     print("-" * len(header))
     sync = {r["engine"]: r["tps"] for r in results if r["mode"] == "sync"}
@@ -123,7 +126,8 @@ def print_table(results: list[dict[str, Any]]) -> None:
         ratio = f"{r['tps'] / sync[r['engine']]:.2f}x" if r["engine"] in sync else "-"
         idle = " ".join(f"{k}={v:.2f}" for k, v in r["idle_fraction"].items())
         acc = f"{r['accuracy_before']:.3f}->{r['accuracy_after']:.3f}" if r["accuracy_before"] is not None else "-"
-        print(f"{r['engine']:<12}{r['mode']:<7}{r['max_staleness']:>6}{r['tps']:>10.1f}{ideal:>10}{ratio:>9}"
+        mode = r["mode"] + ("+pr" if r.get("partial_token_budget") else "")
+        print(f"{r['engine']:<12}{mode:<10}{r['max_staleness']:>6}{r['tps']:>10.1f}{ideal:>10}{ratio:>9}"
               f"{r['seconds_per_iteration']:>8.2f}  {idle}  {acc}")
 
 
@@ -136,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results = []
     for engine in args.engines.split(","):
-        for mode, staleness in MODES:
-            record = run_one(engine, mode, staleness, args.iterations, args.runs_dir)
+        for mode, staleness, partial in MODES:
+            record = run_one(engine, mode, staleness, partial, args.iterations, args.runs_dir)
             results.append(record)
             print(f"{engine} {mode} {staleness}: {record['tps']:.1f} tok/s/device", file=sys.stderr, flush=True)
     write_results(args.out, results, iterations=args.iterations)

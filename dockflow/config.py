@@ -61,7 +61,10 @@ class DataConfig(_Section):
 
 
 class TinyModelConfig(_Section):
-    hidden_size: int = Field(128, description="Hidden size of the tiny Qwen2 model.")
+    architecture: Literal["qwen2", "qwen3_moe"] = Field(
+        "qwen2", description="transformers architecture of the tiny model: dense Qwen2, or Qwen3-MoE (experts below)."
+    )
+    hidden_size: int = Field(128, description="Hidden size of the tiny model.")
     num_layers: int = Field(4, description="Transformer layers.")
     num_heads: int = Field(4, description="Attention heads.")
     num_kv_heads: int = Field(2, description="Key/value heads (GQA).")
@@ -70,6 +73,9 @@ class TinyModelConfig(_Section):
     tokenizer_merges: int = Field(
         64, ge=0, description="BPE merges the local tokenizer learns from the train prompts (0 = characters only)."
     )
+    num_experts: int = Field(8, ge=1, description="qwen3_moe only: experts per MoE layer.")
+    num_experts_per_tok: int = Field(2, ge=1, description="qwen3_moe only: experts each token is routed to (top-k).")
+    moe_intermediate_size: int = Field(128, ge=1, description="qwen3_moe only: inner size of each expert's MLP.")
 
 
 class ModelConfig(_Section):
@@ -167,6 +173,18 @@ ALGORITHM_SECTIONS: dict[str, tuple[str, ...]] = {
 }
 
 
+class PartialRolloutConfig(_Section):
+    token_budget: int | None = Field(
+        None,
+        ge=1,
+        description="Partial rollout: new tokens a response may get in one generation call; unfinished groups are "
+        "parked (in the generator) and continued by the next iteration's generation with newer weights. null = off.",
+    )
+    max_age: int = Field(
+        1, ge=0, description="Times a group may be parked; a group parked this often is finished without a budget."
+    )
+
+
 class RolloutConfig(_Section):
     prompts_per_iter: int = Field(32, ge=1, description="G: prompts per iteration.")
     group_size: int = Field(8, ge=1, description="N: responses per prompt.")
@@ -174,6 +192,7 @@ class RolloutConfig(_Section):
     temperature: float = Field(1.0, gt=0.0, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold.")
     batch_size: int = Field(256, ge=1, description="Sequences generated per forward batch.")
+    partial: PartialRolloutConfig = Field(default_factory=PartialRolloutConfig)
 
 
 class TrainConfig(_Section):
@@ -186,12 +205,35 @@ class TrainConfig(_Section):
     grad_clip: float = Field(1.0, gt=0.0, description="Max global gradient norm.")
     infer_batch_size: int = Field(256, ge=1, description="Samples per forward in log-prob inference.")
     stage_timeout_s: float = Field(1800.0, gt=0.0, description="Seconds one stage may take before the run fails.")
+    dp: int = Field(
+        1,
+        ge=1,
+        description="Data-parallel ranks of the actor's update: 1 = one worker (plain torch); W >= 2 = W actor "
+        "workers training with FSDP2 over torch.distributed (gloo on CPU), resharded to a full copy per rank for "
+        "generation by allgather-swap (docs/reshard.md). train.mini_batch_size must divide by it.",
+    )
+    reshard_bucket_mb: float = Field(
+        64.0, gt=0.0, description="dp >= 2: size of one allgather bucket when resharding for generation (MiB)."
+    )
     max_staleness: int = Field(
         0,
         ge=0,
         description="Policy versions generation may run ahead of the update (the dock then holds 1 + max_staleness "
         "iterations, each in its own window). 0 = on-policy. The KFP pipeline turns it into DAG edges: generate(i) "
         "waits for reshard(i - 1 - max_staleness); the CLI loop needs placement.mode: disaggregated for it.",
+    )
+    old_log_prob: Literal["recompute", "rollout"] = Field(
+        "recompute",
+        description="Where the behaviour policy's log-probs (the ratio's denominator) come from: 'recompute' = a "
+        "forward pass of the actor over every sample (the actor_infer stage); 'rollout' = the log-probs the "
+        "generation engine computed while sampling, stored as old_log_prob (no extra pass; exact when generation "
+        "and training run the same numerics, as the HF engine does).",
+    )
+    tis_cap: float | None = Field(
+        None,
+        gt=0.0,
+        description="Truncated importance sampling: weight each token's policy loss by min(exp(old_log_prob - "
+        "rollout_log_prob), tis_cap), the generating engine's log-probs as behaviour policy. null = off.",
     )
 
 
@@ -358,9 +400,42 @@ class Config(_Section):
                 f"placement.mode=disaggregated runs on-line generation ahead of the update; algorithm.name="
                 f"{alg.name}{' with dynamic sampling' if self.rounds > 1 else ''} is supported colocated only"
             )
+        if self.train.old_log_prob == "rollout" and (alg.name == "dpo" or self.train.tis_cap is not None):
+            raise ValueError(
+                "train.old_log_prob=rollout takes the generation engine's log-probs as old_log_prob: it needs on-line "
+                "generation (not algorithm.name=dpo), and makes train.tis_cap's weights 1 (set tis_cap: null)"
+            )
+        if self.train.tis_cap is not None and alg.name == "dpo":
+            raise ValueError("train.tis_cap weights generated tokens; algorithm.name=dpo trains on offline pairs")
+        if self.rollout.partial.token_budget is not None and self.placement.mode != "disaggregated":
+            raise ValueError(
+                "rollout.partial.token_budget parks unfinished groups in the generator workers: it needs "
+                "placement.mode: disaggregated"
+            )
+        self._check_dp()
         if self.data.source == "file" and not self.data.train_path:
             raise ValueError("data.source is 'file' but data.train_path is not set: give a JSONL or Parquet path")
         return self
+
+    def _check_dp(self) -> None:
+        dp = self.train.dp
+        if dp == 1:
+            return
+        refused = {
+            "placement.mode=disaggregated": self.placement.mode == "disaggregated",
+            "algorithm.name=dpo": self.algorithm.name == "dpo",
+            "engine.backend=cost_model": self.engine.backend == "cost_model",
+        }
+        for setting, hit in refused.items():
+            if hit:
+                raise ValueError(f"train.dp={dp} is supported with colocated on-line RL on the hf engine, not with {setting}")
+        if self.train.mini_batch_size % dp:
+            raise ValueError(
+                f"train.dp={dp} must divide train.mini_batch_size={self.train.mini_batch_size}: every rank takes an "
+                "equal share of each mini-batch"
+            )
+        if self.rollout.prompts_per_iter < dp:
+            raise ValueError(f"train.dp={dp} ranks each generate for some prompts: rollout.prompts_per_iter must be >= it")
 
     @property
     def global_batch(self) -> int:

@@ -7,6 +7,7 @@ from dockflow.algos.kl import KLEstimator, kl_penalty
 from dockflow.algos.pf_ppo import FilterMode, filter_by_reward
 from dockflow.algos.ppo import clipped_value_loss, gae_advantages, outcome_token_rewards
 from dockflow.algos.reinforce_pp import reinforce_pp_advantages
+from dockflow.algos.tis import TISWeights, truncated_is_weights
 from dockflow.algos.utils import (
     last_token_index,
     masked_discounted_cumsum,
@@ -21,6 +22,7 @@ __all__ = [
     "FilterMode",
     "KLEstimator",
     "PolicyLossOutput",
+    "TISWeights",
     "clipped_policy_loss",
     "clipped_value_loss",
     "dpo_loss",
@@ -39,4 +41,5 @@ __all__ = [
     "overlong_penalty",
     "reinforce_pp_advantages",
     "sequence_log_probs",
+    "truncated_is_weights",
 ]

@@ -56,11 +56,13 @@ def clipped_policy_loss(
     kl_estimator: KLEstimator = "k3",
     token_denom: float | None = None,
     clip_eps_high: float | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> PolicyLossOutput:
     """GRPO loss on [B, R] token tensors; ``advantages`` is per sample [B] or per token [B, R].
 
     The ratio is clipped to ``[1 - clip_eps, 1 + clip_eps_high]``; ``clip_eps_high=None`` means
-    ``clip_eps`` (the symmetric PPO clip).
+    ``clip_eps`` (the symmetric PPO clip). ``token_weights`` [B, R] (no grad) scale each token's policy term,
+    e.g. truncated importance-sampling weights against the behaviour policy (``dockflow.algos.tis``).
 
     ``token_denom`` is the number of response tokens in the whole mini-batch when this call sees one
     micro-batch of it, so that summed micro-batch gradients equal the mini-batch token-level mean.
@@ -73,6 +75,8 @@ def clipped_policy_loss(
     eps_high = clip_eps if clip_eps_high is None else clip_eps_high
     clipped = -adv * ratio.clamp(1.0 - clip_eps, 1.0 + eps_high)
     pg_tok = torch.maximum(unclipped, clipped)
+    if token_weights is not None:
+        pg_tok = pg_tok * token_weights
     if kl_coef > 0.0:
         if ref_logp is None:
             raise ValueError("kl_coef > 0 needs ref_logp (the reference worker's log-probs)")

@@ -1,8 +1,9 @@
 """Engines: one interface for generation, one for training; backends are picked by device kind.
 
 ``create_engines`` is the only constructor the workers call. Today's backends: transformers
-generation and plain-torch training on CPU (or one CUDA device). vLLM / FSDP2 / MindSpeed backends plug
-in here behind the same interfaces (see docs/engines.md).
+generation; plain-torch training on one process (``train.dp: 1``) or FSDP2 over the actor's data-parallel
+process group (``train.dp >= 2``, ``fsdp_training.py``). vLLM / MindSpeed backends plug in here behind the
+same interfaces (see docs/engines.md).
 """
 
 from __future__ import annotations
@@ -47,15 +48,15 @@ def create_engines(
         from dockflow.engines.cost_model import CostModelTraining
 
         return CostModelTraining(cfg.engine.cost_model, cpus, model), create_generation_engine(cfg, model, tokenizer, device, cpus)
-    train = TorchTrainingEngine(
-        model,
-        lr=cfg.train.lr,
-        weight_decay=cfg.train.weight_decay,
-        grad_clip=cfg.train.grad_clip,
-        infer_batch_size=cfg.train.infer_batch_size,
-        temperature=cfg.rollout.temperature,
-        device=device,
-    )
+    tc = cfg.train
+    common = dict(lr=tc.lr, weight_decay=tc.weight_decay, grad_clip=tc.grad_clip, infer_batch_size=tc.infer_batch_size,
+                  temperature=cfg.rollout.temperature, device=device)
+    if tc.dp > 1:  # FSDP2 over the actor's DP group; generation on a plain copy filled by allgather-swap
+        from dockflow.engines.fsdp_training import FSDPTrainingEngine
+
+        fsdp = FSDPTrainingEngine(model, bucket_bytes=int(tc.reshard_bucket_mb * 2**20), **common)
+        return fsdp, create_generation_engine(cfg, fsdp.generation_model, tokenizer, device)
+    train = TorchTrainingEngine(model, **common)
     return train, create_generation_engine(cfg, model, tokenizer, device)
 
 

@@ -11,6 +11,8 @@ Rollout layout (B sequences, prompt width P, response width R = max_new_tokens):
     response_mask   [B, R]   long   1 on generated tokens up to and including EOS
     prompt_length   [B]      long   real prompt tokens
     response_length [B]      long   real response tokens (incl. EOS)
+    rollout_log_prob [B, R]  float  the generating engine's log-prob of each response token (logits divided by
+                                    the sampling temperature, as ``dockflow.engines.logprobs``), 0 past the mask
 """
 
 from __future__ import annotations
@@ -56,6 +58,15 @@ class GenerationEngine(ABC):
     def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
         """Take new policy weights (the reshard target)."""
 
+    def sample(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int, params: SamplingParams,
+        seed: int, generated: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Continue left-padded token rows by up to ``max_new_tokens`` tokens: (tokens, log-probs), [B, T] each.
+        ``generated`` [B] counts the response tokens each row already holds (a backend may ignore it). What
+        partial rollouts need (``dockflow.engines.partial``); a backend without it cannot resume."""
+        raise NotImplementedError(f"{type(self).__name__} cannot continue partial rollouts")
+
 
 LossFn = Callable[[torch.Tensor, TensorDict, float], tuple[torch.Tensor, dict[str, float]]]
 """(per-token outputs [b, R] with grad (log-probs, or values), micro-batch, token count of the mini-batch)
@@ -86,3 +97,12 @@ class TrainingEngine(ABC):
     @abstractmethod
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Current weights, for resharding into a generation engine."""
+
+    def generation_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The weights generation runs with after an update: the reshard step. On one process they are the
+        training weights themselves; a sharded backend gathers them into full copies (collective)."""
+        return self.named_weights()
+
+    def memory_metrics(self) -> dict[str, float]:
+        """Memory ledger metrics since the last call (``memory/...`` bytes; none where nothing is measured)."""
+        return {}

@@ -66,7 +66,42 @@ class CostModelGeneration(GenerationEngine):
         for start in range(0, count, self.batch_size):
             seconds += self.cost.decode_s_per_step * int(lengths[start : start + self.batch_size].max())
         time.sleep(seconds)
-        return rollout_batch(prompt_ids, prompt_mask, responses, response_mask)
+        out = rollout_batch(prompt_ids, prompt_mask, responses, response_mask)
+        out["rollout_log_prob"] = torch.zeros(responses.shape, dtype=torch.float32)  # no policy: modelled as 0
+        return out
+
+    def remaining_lengths(self, generated: torch.Tensor, max_new_tokens: int, seed: int) -> torch.Tensor:
+        """Tokens each row still produces (EOS included): its total length drawn from the lognormal conditioned on
+        exceeding the ``generated`` tokens it already has (inverse CDF on the upper tail), reproducible from ``seed``."""
+        gen = torch.Generator().manual_seed(seed)
+        mu, sigma = self.cost.length_mu, self.cost.length_sigma
+        floor = torch.special.ndtr((torch.log(generated.double() + 0.5) - mu) / sigma)  # P(length <= generated)
+        u = floor + (1 - floor) * torch.rand(len(generated), generator=gen, dtype=torch.float64)
+        total = torch.exp(mu + sigma * torch.special.ndtri(u.clamp(max=1 - 1e-12))).round().long()
+        return torch.maximum(total.clamp(max=max_new_tokens), generated + 1) - generated
+
+    def sample(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int, params: SamplingParams,
+        seed: int, generated: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Continue rows (partial rollouts): each ends at its modelled length or after ``max_new_tokens``, and the
+        call takes the prefill of every real token (the resumed prefix is recomputed) plus the decode steps."""
+        count = input_ids.shape[0]
+        done = torch.zeros(count, dtype=torch.long) if generated is None else generated.long()
+        remaining = self.remaining_lengths(done, params.max_new_tokens, seed)
+        gen = torch.Generator().manual_seed(seed + 1)
+        pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        tokens = torch.randint(len(self.tokenizer), (count, max_new_tokens), generator=gen)
+        tokens[tokens == eos] = pad
+        steps = remaining.clamp(max=max_new_tokens)
+        ends = remaining <= max_new_tokens
+        tokens[ends.nonzero().flatten(), remaining[ends] - 1] = eos
+        tokens = torch.where(torch.arange(max_new_tokens).unsqueeze(0) < steps.unsqueeze(1), tokens, pad)
+        seconds = self.cost.prefill_s_per_token * float(attention_mask.sum()) / self.cpus
+        for start in range(0, count, self.batch_size):
+            seconds += self.cost.decode_s_per_step * int(steps[start : start + self.batch_size].max())
+        time.sleep(seconds)
+        return tokens, torch.zeros(tokens.shape, dtype=torch.float32)
 
     def decode(self, responses: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
         return decode_responses(self.tokenizer, responses, response_mask)

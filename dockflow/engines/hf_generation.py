@@ -80,7 +80,7 @@ def rollout_batch(
 
 
 class HFGenerationEngine(GenerationEngine):
-    """Batched sampling with ``model.generate`` on one device."""
+    """Batched sampling with ``model.generate`` on one device; also returns the sampled tokens' log-probs."""
 
     def __init__(self, model: nn.Module, tokenizer, device: str | torch.device = "cpu", batch_size: int = 256):
         self.model = model
@@ -104,35 +104,54 @@ class HFGenerationEngine(GenerationEngine):
         prompt_ids, prompt_mask = self._encode_prompts(prompts, prompt_width)
         prompt_ids = prompt_ids.repeat_interleave(params.n, dim=0)
         prompt_mask = prompt_mask.repeat_interleave(params.n, dim=0)
-        width_r = params.max_new_tokens
+        tokens, logp = self.sample(prompt_ids, prompt_mask, params.max_new_tokens, params, seed)
+        eos = self.tokenizer.eos_token_id
+        response_mask = first_eos_mask(tokens, eos)
+        responses = torch.where(response_mask.bool(), tokens, torch.full_like(tokens, self.tokenizer.pad_token_id))
+        out = rollout_batch(prompt_ids, prompt_mask, responses, response_mask)
+        out["rollout_log_prob"] = logp * response_mask
+        return out
+
+    @torch.no_grad()
+    def sample(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int, params: SamplingParams,
+        seed: int, generated: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Continue left-padded rows by up to ``max_new_tokens`` sampled tokens: (tokens, their log-probs), both
+        [B, max_new_tokens]; tokens after a row's EOS are padding. Log-probs are of the raw logits divided by
+        the temperature (1 when greedy), as ``dockflow.engines.logprobs`` computes them."""
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
-        responses = torch.full((prompt_ids.shape[0], width_r), pad, dtype=torch.long)
+        tokens = torch.full((input_ids.shape[0], max_new_tokens), pad, dtype=torch.long)
+        logp = torch.zeros((input_ids.shape[0], max_new_tokens), dtype=torch.float32)
+        temperature = 1.0 if params.greedy else params.temperature
         gen = torch.Generator().manual_seed(seed)
         was_training = self.model.training
         self.model.eval()
         try:
-            for start in range(0, prompt_ids.shape[0], self.batch_size):
+            for start in range(0, input_ids.shape[0], self.batch_size):
                 sl = slice(start, start + self.batch_size)
                 # generate() samples from the global RNG; seed it per chunk from our own generator.
                 torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
                 out = self.model.generate(
-                    input_ids=prompt_ids[sl].to(self.device),
-                    attention_mask=prompt_mask[sl].to(self.device),
-                    max_new_tokens=width_r,
+                    input_ids=input_ids[sl].to(self.device),
+                    attention_mask=attention_mask[sl].to(self.device),
+                    max_new_tokens=max_new_tokens,
                     do_sample=not params.greedy,
                     temperature=None if params.greedy else params.temperature,
                     top_p=None if params.greedy else params.top_p,
                     top_k=None,
                     pad_token_id=pad,
                     eos_token_id=eos,
+                    output_logits=True,
+                    return_dict_in_generate=True,
                 )
-                new = out[:, prompt_ids.shape[1]:].cpu()
-                responses[sl, : new.shape[1]] = new
+                new = out.sequences[:, input_ids.shape[1]:].cpu()
+                tokens[sl, : new.shape[1]] = new
+                logits = torch.stack(out.logits, dim=1).float().cpu() / temperature  # raw logits, [b, steps, V]
+                logp[sl, : new.shape[1]] = torch.log_softmax(logits, -1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
         finally:
             self.model.train(was_training)
-        response_mask = first_eos_mask(responses, eos)
-        responses = torch.where(response_mask.bool(), responses, torch.full_like(responses, pad))
-        return rollout_batch(prompt_ids, prompt_mask, responses, response_mask)
+        return tokens, logp
 
     def decode(self, responses: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
         return decode_responses(self.tokenizer, responses, response_mask)

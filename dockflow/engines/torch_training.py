@@ -33,14 +33,30 @@ class TorchTrainingEngine(TrainingEngine):
         device: str | torch.device = "cpu",
         response_fn: ResponseFn | None = None,
     ):
-        self.model = model.to(device)
         self.device = torch.device(device)
+        self.model = self._wrap(model.to(device))
         self.grad_clip = grad_clip
         self.infer_batch_size = infer_batch_size
         # A policy's head gives log-probs at the sampling temperature (they must match the behaviour policy);
         # a critic passes response_values instead.
         self.response_fn = response_fn or partial(response_log_probs, temperature=temperature)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        """The module to train (a data-parallel backend shards it here); one process: the module itself."""
+        return model
+
+    def _total_tokens(self, batch: TensorDict) -> float:
+        """Response tokens of the whole mini-batch (the loss's denominator); one process: this batch's."""
+        return float(batch["response_mask"].sum().clamp(min=1))
+
+    def _clip_grads(self) -> torch.Tensor:
+        """Clip to the global grad norm and return it (before clipping)."""
+        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+
+    def _reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Token-weighted metrics of the whole mini-batch; one process: already complete."""
+        return metrics
 
     def _forward(self, batch: TensorDict) -> torch.Tensor:
         ids, mask = batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
@@ -52,7 +68,7 @@ class TorchTrainingEngine(TrainingEngine):
     def train_mini_batch(self, batch: TensorDict, loss_fn: LossFn, micro_batch_size: int) -> dict[str, float]:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        tokens = float(batch["response_mask"].sum().clamp(min=1))
+        tokens = self._total_tokens(batch)
         out: dict[str, float] = {}
         for i in range(0, batch.batch_size[0], micro_batch_size):
             micro = batch[i : i + micro_batch_size]
@@ -62,7 +78,8 @@ class TorchTrainingEngine(TrainingEngine):
             share = float(micro["response_mask"].sum()) / tokens  # metrics are token means of the micro-batch
             for k, v in metrics.items():
                 out[k] = out.get(k, 0.0) + v * share
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        out = self._reduce_metrics(out)
+        grad_norm = self._clip_grads()
         if torch.isfinite(grad_norm):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

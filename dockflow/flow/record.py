@@ -31,7 +31,7 @@ def devices(cfg: Config) -> float:
     ray, placement = cfg.ray, cfg.placement
     generators = placement.generators * placement.generator_cpus if placement.mode == "disaggregated" else 0.0
     return (
-        ray.actor_cpus
+        ray.actor_cpus * cfg.train.dp
         + (ray.reference_cpus if uses_reference(cfg) else 0.0)
         + (ray.critic_cpus if uses_critic(cfg) else 0.0)
         + generators
@@ -69,8 +69,11 @@ def evaluate(cfg: Config, workers: Workers, step: int) -> dict[str, float]:
 
 
 def stateful(workers: Workers) -> dict[str, Any]:
-    """Workers whose state a checkpoint holds (each writes its own part)."""
-    return {k: v for k, v in {"actor": workers.actor, "critic": workers.critic}.items() if v is not None}
+    """Workers whose state a checkpoint holds (each writes its own part; the actor ranks save and load together,
+    rank 0 writes the "actor" part, every rank reads it)."""
+    named = {"actor": workers.actor, "critic": workers.critic}
+    named.update({f"actor-{k}": a for k, a in enumerate(stages.actor_ranks(workers)) if k > 0})
+    return {k: v for k, v in named.items() if v is not None}
 
 
 def save_checkpoint(store, workers: Workers, step: int, state: dict[str, Any], cfg: Config) -> None:

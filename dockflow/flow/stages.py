@@ -19,18 +19,46 @@ def generate(
     workers: Workers, iteration: int, prompt_ids: list[int], first_index: int = 0, offline: bool = False, group_size: int = 1
 ) -> Refs:
     """Sample N (``group_size``) responses per prompt into the dock from index ``first_index`` on; ``offline``
-    (DPO) puts the preference pairs ``prompt_ids`` instead. With generator workers (disaggregated placement)
-    each takes a contiguous share of the prompts and writes the matching slice of the window."""
+    (DPO) puts the preference pairs ``prompt_ids`` instead. With several generator workers (disaggregated
+    placement) each takes chunks of prompts from the run's rollout queue on demand and writes the chunk's fixed
+    slice of the window (``dockflow.workers.rollout_queue``)."""
     if offline:
         return {"generate": workers.actor.put_pairs.remote(iteration, prompt_ids)}
     if not workers.generators:
+        return _generate_on_actor_ranks(workers, iteration, prompt_ids, first_index, group_size)
+    if len(workers.generators) == 1:
+        return {"generate/0": workers.generators[0].generate.remote(iteration, prompt_ids, first_index)}
+    # Several generators draw chunks from one queue as they go: a faster one takes more.
+    opened = workers.rollout_queue.open.remote(iteration, prompt_ids)
+    return {
+        f"generate/{k}": g.generate.remote(iteration, prompt_ids, first_index, workers.rollout_queue, k, opened)
+        for k, g in enumerate(workers.generators)
+    }
+
+
+def _generate_on_actor_ranks(workers: Workers, iteration: int, prompt_ids: list[int], first_index: int,
+                             group_size: int) -> Refs:
+    """Colocated: the actor generates; with train.dp >= 2 each rank a fixed contiguous share of the prompts,
+    written to the matching slice of the window (rank k's result is ``generate/k``)."""
+    ranks = actor_ranks(workers)
+    if len(ranks) == 1:
         return {"generate": workers.actor.generate.remote(iteration, prompt_ids, first_index)}
     refs: Refs = {}
-    for k, (lo, hi) in enumerate(shares(len(prompt_ids), len(workers.generators))):
-        if hi > lo:
-            start = first_index + lo * group_size
-            refs[f"generate/{k}"] = workers.generators[k].generate.remote(iteration, prompt_ids[lo:hi], start)
+    for k, (lo, hi) in enumerate(shares(len(prompt_ids), len(ranks))):
+        refs[f"generate/{k}"] = ranks[k].generate.remote(iteration, prompt_ids[lo:hi], first_index + lo * group_size)
     return refs
+
+
+def actor_ranks(workers: Workers) -> list[Any]:
+    """Every actor rank's handle (one unless train.dp >= 2); a bare handle set without ``actors`` has one."""
+    return getattr(workers, "actors", None) or [workers.actor]
+
+
+def on_actor_ranks(workers: Workers, stage: str, method: str, *args: Any) -> Refs:
+    """Call ``method`` on every actor rank (collective under train.dp >= 2): ``stage`` for rank 0, ``stage/k``
+    for rank k; their metrics merge (the ranks' train metrics are already reduced over the group)."""
+    ranks = actor_ranks(workers)
+    return {stage if k == 0 else f"{stage}/{k}": getattr(a, method).remote(*args) for k, a in enumerate(ranks)}
 
 
 def shares(n: int, parts: int) -> list[tuple[int, int]]:
@@ -54,7 +82,7 @@ def score(workers: Workers, iteration: int, round_index: int = 0, last_round: bo
 
 def infer(workers: Workers, iteration: int, offline: bool = False) -> Refs:
     """Model inferences: old log-probs, reference log-probs and critic values, for the workers that exist."""
-    refs = {} if offline else {"old_log_prob": workers.actor.compute_old_log_prob.remote(iteration)}
+    refs = {} if offline else on_actor_ranks(workers, "old_log_prob", "compute_old_log_prob", iteration)
     if workers.reference is not None:
         refs["ref_log_prob"] = workers.reference.compute_ref_log_prob.remote(iteration)
     if workers.critic is not None:
@@ -64,7 +92,7 @@ def infer(workers: Workers, iteration: int, offline: bool = False) -> Refs:
 
 def update(workers: Workers, iteration: int) -> Refs:
     """Policy (and critic) update on the iteration's samples."""
-    refs = {"update": workers.actor.update.remote(iteration)}
+    refs = on_actor_ranks(workers, "update", "update", iteration)
     if workers.critic is not None:
         refs["critic_update"] = workers.critic.update.remote(iteration)
     return refs
@@ -74,11 +102,11 @@ def reshard(workers: Workers, iteration: int) -> Refs:
     """Move the updated weights from the update layout to the generation layout: within the actor when
     colocated; to every generator worker when disaggregated (the weights go once through the object store)."""
     if not workers.generators:
-        return {"reshard": workers.actor.reshard.remote(iteration)}
+        return on_actor_ranks(workers, "reshard", "reshard", iteration)
     published = workers.actor.publish_weights.remote()
     return {f"reshard/{k}": g.load_weights.remote(published) for k, g in enumerate(workers.generators)}
 
 
 def evaluate(workers: Workers, limit: int) -> Refs:
-    """Held-out scores of the current policy."""
+    """Held-out scores of the current policy (actor rank 0, on its unsharded generation copy)."""
     return {"evaluate": workers.actor.evaluate.remote("test", limit)}

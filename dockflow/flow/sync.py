@@ -125,7 +125,19 @@ def pop_generated(results: dict[str, dict[str, float]]) -> dict[str, float]:
     versions = [p["rollout/policy_version"] for p in parts if "rollout/policy_version" in p]
     if versions:
         merged["rollout/policy_version"] = min(versions)
+    merged.update(merge_flow_counts(parts))
     return merged
+
+
+def merge_flow_counts(parts: list[dict[str, float]]) -> dict[str, float]:
+    """The generators' ``flow/`` counters (chunks taken, groups parked and resumed): summed, except the
+    queue-wide ``*_total`` ones, which every generator reports alike (the largest is the latest)."""
+    out: dict[str, float] = {}
+    for part in parts:
+        for key, value in part.items():
+            if key.startswith("flow/"):
+                out[key] = max(out.get(key, value), value) if key.endswith("_total") else out.get(key, 0.0) + value
+    return out
 
 
 def rollout_summary(rounds: list[dict[str, float]], round_samples: int) -> dict[str, float]:
@@ -142,4 +154,5 @@ def rollout_summary(rounds: list[dict[str, float]], round_samples: int) -> dict[
     versions = [r["rollout/policy_version"] for r in rounds if "rollout/policy_version" in r]
     if versions:
         out["rollout/policy_version"] = min(versions)
+    out.update(merge_flow_counts(rounds))
     return out

@@ -1,6 +1,6 @@
-"""Build, save and load causal LMs: the tiny Qwen2 policy, or any local Hugging Face model directory.
+"""Build, save and load causal LMs: the tiny Qwen2 (or Qwen3-MoE) policy, or any local Hugging Face model directory.
 
-Nothing is downloaded: the tiny model is built from a ``Qwen2Config`` and the local character tokenizer;
+Nothing is downloaded: the tiny model is built from a ``Qwen2Config`` (``Qwen3MoeConfig``) and the local tokenizer;
 ``load_model_and_tokenizer`` reads only local files (``local_files_only=True``).
 
     tok = build_char_tokenizer()
@@ -23,11 +23,14 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForTokenClassification,
     AutoTokenizer,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 from dockflow.config import TinyModelConfig
@@ -49,14 +52,28 @@ def _dtype(dtype: str | torch.dtype) -> torch.dtype:
         raise ValueError(f"model dtype '{dtype}' is not supported: use float32, bfloat16 or float16") from None
 
 
-def tiny_model_config(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerBase) -> Qwen2Config:
-    """The ``Qwen2Config`` of the tiny policy; vocabulary and special ids come from ``tokenizer``."""
+def tiny_model_config(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerBase) -> PretrainedConfig:
+    """The config of the tiny policy (``Qwen2Config``, or ``Qwen3MoeConfig`` for ``architecture: qwen3_moe``);
+    vocabulary and special ids come from ``tokenizer``."""
     if cfg.hidden_size % cfg.num_heads or cfg.num_heads % cfg.num_kv_heads:
         raise ValueError(
             f"model.tiny: hidden_size={cfg.hidden_size} must be divisible by num_heads={cfg.num_heads}, "
             f"and num_heads by num_kv_heads={cfg.num_kv_heads}"
         )
-    return Qwen2Config(
+    if cfg.architecture == "qwen3_moe" and cfg.num_experts_per_tok > cfg.num_experts:
+        raise ValueError(
+            f"model.tiny: num_experts_per_tok={cfg.num_experts_per_tok} must be at most num_experts={cfg.num_experts}"
+        )
+    moe = dict(
+        head_dim=cfg.hidden_size // cfg.num_heads,
+        num_experts=cfg.num_experts,
+        num_experts_per_tok=cfg.num_experts_per_tok,
+        moe_intermediate_size=cfg.moe_intermediate_size,
+        norm_topk_prob=True,
+    )
+    config_class = Qwen3MoeConfig if cfg.architecture == "qwen3_moe" else Qwen2Config
+    return config_class(
+        **(moe if cfg.architecture == "qwen3_moe" else {}),
         vocab_size=len(tokenizer),
         hidden_size=cfg.hidden_size,
         num_hidden_layers=cfg.num_layers,
@@ -74,12 +91,14 @@ def tiny_model_config(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerBase) 
 
 def build_tiny_model(
     cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerBase, seed: int, dtype: str | torch.dtype = "float32"
-) -> Qwen2ForCausalLM:
-    """A freshly initialised tiny Qwen2 causal LM; the init depends only on ``seed`` (global RNG untouched)."""
+) -> PreTrainedModel:
+    """A freshly initialised tiny Qwen2 (or Qwen3-MoE) causal LM; the init depends only on ``seed`` (global RNG
+    untouched)."""
     config = tiny_model_config(cfg, tokenizer)
+    model_class = Qwen3MoeForCausalLM if cfg.architecture == "qwen3_moe" else Qwen2ForCausalLM
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
+        model = model_class(config)
     model = model.to(_dtype(dtype))
     _set_generation_ids(model, tokenizer)
     return model

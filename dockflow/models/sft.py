@@ -63,6 +63,9 @@ def sft_cache_key(cfg: Config) -> str:
     if cfg.model.path:
         model["path"] = str(Path(cfg.model.path).resolve())
         model.pop("tiny")
+    elif cfg.model.tiny.architecture == "qwen2":  # the MoE keys do not change a dense model (nor its cache key)
+        for key in ("architecture", "num_experts", "num_experts_per_tok", "moe_intermediate_size"):
+            model["tiny"].pop(key)
     key = {
         "version": SFT_VERSION,
         "seed": cfg.run.seed,

@@ -11,9 +11,14 @@ from dockflow.reshard.ledger import MemoryLedger
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
-    """The local shard of a DTensor (a view sharing its storage), else the tensor itself."""
+    """The local shard of a DTensor (sharing its storage), else the tensor itself. Without grad, ``to_local`` is
+    the DTensor's own, long-lived local tensor; with grad it would be a new view each call, which a ledger's weak
+    reference would lose at once."""
     to_local = getattr(t, "to_local", None)
-    return to_local() if callable(to_local) else t
+    if not callable(to_local):
+        return t
+    with torch.no_grad():
+        return to_local()
 
 
 @dataclass

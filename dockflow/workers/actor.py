@@ -1,7 +1,10 @@
 """The actor (policy) worker: a Ray actor that generates, computes old log-probs, updates and evaluates.
 
 It holds the policy in a training engine and a generation engine (colocated: generation shares the
-policy's tensors, so resharding is a no-op on one process). Every method reads its inputs from the
+policy's tensors, so resharding is a no-op on one process). With ``train.dp`` = W >= 2 there are W actor
+workers, ranks of one process group: each generates for its share of the prompts on a plain copy of the
+policy, takes an equal share of every batch for old log-probs and the FSDP2 update, and the states cycle
+update -> reshard (allgather-swap) -> generate -> swap back -> update (``engines/fsdp_training.py``). Every method reads its inputs from the
 transfer dock and writes its outputs back; the driver passes only iteration numbers and prompt indices.
 The policy-gradient algorithms share one clipped loss (DAPO widens its upper clip); DPO instead puts
 its offline (chosen, rejected) pairs into the dock and trains on them against the reference worker.
@@ -15,7 +18,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from dockflow.algos import clipped_policy_loss, dpo_loss, sequence_log_probs
+from dockflow.algos import clipped_policy_loss, dpo_loss, sequence_log_probs, truncated_is_weights
 from dockflow.config import Config
 from dockflow.data import apply_template, load_task
 from dockflow.data.preferences import PreferencePair, preference_splits
@@ -25,7 +28,9 @@ from dockflow.eval import evaluate_policy
 from dockflow.models import load_model_and_tokenizer
 from dockflow.workers.columns import consumers, kl_in_loss
 from dockflow.workers.consume import WaitClock, consume
+from dockflow.workers.dp_group import join_dp_group
 from dockflow.workers.rollout import generate_into_dock, rollout_metrics
+from dockflow.workers.rollout_queue import staleness_bound
 from dockflow.workers.runtime import ModelWorker
 from dockflow.workers.staleness import StalenessCounter
 from dockflow.workers.training import train_epochs
@@ -36,8 +41,13 @@ class ActorWorker(ModelWorker):
 
     part = "actor"
 
-    def __init__(self, cfg: Config, model_dir: str, dock: TransferDock):
+    def __init__(self, cfg: Config, model_dir: str, dock: TransferDock, rank: int = 0, dp_key: str = ""):
+        """``rank`` of ``train.dp`` actor ranks; with dp >= 2 the ranks first join one process group, found under
+        ``dp_key`` (see ``dp_group``), and train with FSDP2."""
         super().__init__(cfg, dock)
+        self.rank, self.dp = rank, cfg.train.dp
+        if self.dp > 1:
+            join_dp_group(rank, self.dp, dp_key, cfg.ray.init_timeout_s, cfg.train.stage_timeout_s)
         model, self.tokenizer = load_model_and_tokenizer(model_dir, dtype=cfg.model.dtype)
         self.train_engine, self.gen_engine = create_engines(cfg, model, self.tokenizer, cpus=cfg.ray.actor_cpus)
         self.engine = self.train_engine  # the checkpointed one
@@ -49,6 +59,11 @@ class ActorWorker(ModelWorker):
 
     def ready(self) -> bool:
         return True
+
+    @property
+    def policy(self):
+        """The unsharded policy module that generation, evaluation and saving read (dp >= 2: the generation copy)."""
+        return getattr(self.train_engine, "generation_model", self.train_engine.model)
 
     def generate(self, iteration: int, prompt_ids: list[int], first_index: int = 0) -> dict[str, float]:
         """Sample N responses for each prompt and stream them into the dock, group by group, from dock index
@@ -73,12 +88,15 @@ class ActorWorker(ModelWorker):
         return encode_rollouts(self.tokenizer, prompts, responses, self.cfg.rollout.max_new_tokens)
 
     def compute_old_log_prob(self, iteration: int) -> dict[str, float]:
-        """Log-probs of the behaviour policy (the weights that generated), for the ratio."""
+        """Log-probs of the behaviour policy (the weights that generated), for the ratio. With
+        ``train.old_log_prob: rollout`` generation already put them into the dock: nothing to do."""
+        if self.cfg.train.old_log_prob == "rollout":
+            return {}
         start = time.perf_counter()
         cols = self.columns["actor_infer"]
         waited = WaitClock()
         for batch in consume(
-            self.dock, "actor_infer", cols, self.cfg.global_batch, self.cfg.train.infer_batch_size,
+            self.dock, "actor_infer", cols, self.cfg.global_batch // self.dp, self.cfg.train.infer_batch_size,
             window=self.cfg.dock_window(iteration), clock=waited,
         ):
             logp = self.train_engine.infer(batch.data)
@@ -88,6 +106,10 @@ class ActorWorker(ModelWorker):
     def _loss(self, logp: torch.Tensor, micro: TensorDict, tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
         alg = self.cfg.algorithm
         kl = kl_in_loss(self.cfg)
+        cap = self.cfg.train.tis_cap
+        tis = None if cap is None else truncated_is_weights(
+            micro["old_log_prob"], micro["rollout_log_prob"], micro["response_mask"], cap
+        )
         out = clipped_policy_loss(
             logp,
             micro["old_log_prob"],
@@ -99,6 +121,7 @@ class ActorWorker(ModelWorker):
             kl_coef=alg.kl_coef if kl else 0.0,
             kl_estimator=alg.kl_estimator,
             token_denom=tokens,
+            token_weights=None if tis is None else tis.weights,
         )
         metrics = {
             "train/pg_loss": float(out.pg_loss),
@@ -107,6 +130,9 @@ class ActorWorker(ModelWorker):
             "train/approx_kl_old": float(out.approx_kl_old),
             "train/loss": float(out.loss.detach()) * tokens / max(float(micro["response_mask"].sum()), 1.0),
         }
+        if tis is not None:
+            metrics["train/tis_weight_mean"] = float(tis.mean)
+            metrics["train/tis_truncated_fraction"] = float(tis.truncated_fraction)
         return out.loss, metrics
 
     def _dpo_loss(self, logp: torch.Tensor, micro: TensorDict, tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
@@ -136,14 +162,17 @@ class ActorWorker(ModelWorker):
         dpo = self.cfg.algorithm.name == "dpo"
         waited = WaitClock()
         batches = consume(
-            self.dock, "actor_update", self.columns["actor_update"], self.cfg.train_batch, tc.mini_batch_size,
+            # each DP rank takes a fixed, equal share of every mini-batch: FSDP's collectives need equal step counts
+            self.dock, "actor_update", self.columns["actor_update"], self.cfg.train_batch // self.dp,
+            tc.mini_batch_size // self.dp,
             whole_groups=dpo, window=self.cfg.dock_window(iteration), clock=waited,
         )
-        staleness = StalenessCounter(self.policy_version, tc.max_staleness)
+        staleness = StalenessCounter(self.policy_version, staleness_bound(self.cfg))
         loss_fn = self._dpo_loss if dpo else self._loss
         mini_batches = (staleness.admit(b.data, b.meta["policy_version"]) for b in batches)
         out = train_epochs(self.train_engine, mini_batches, loss_fn, tc.epochs, tc.micro_batch_size)
         out.update(staleness.metrics())
+        out.update(self.train_engine.memory_metrics())
         self.policy_version += 1
         out["timing/update_s"] = time.perf_counter() - start
         out["timing/update_wait_s"] = waited.seconds
@@ -155,16 +184,17 @@ class ActorWorker(ModelWorker):
         return {"version": self.policy_version, "weights": dict(self.train_engine.named_weights())}
 
     def reshard(self, iteration: int) -> dict[str, float]:
-        """Hand the updated weights to the generation engine (colocated: the same tensors, nothing copied)."""
+        """Hand the updated weights to the generation engine: dp = 1 the same tensors, nothing copied; dp >= 2
+        allgather-swap into the plain generation copy, the update state swapped to host until the next update."""
         start = time.perf_counter()
-        self.gen_engine.load_weights(self.train_engine.named_weights())
+        self.gen_engine.load_weights(self.train_engine.generation_weights())
         return {"timing/reshard_s": time.perf_counter() - start}
 
     def evaluate(self, split: str = "test", limit: int | None = None) -> dict[str, float]:
         """Held-out scores (greedy accuracy; pass@k with eval.pass_k > 1; DPO's margin), by the verifier."""
         start = time.perf_counter()
         examples = getattr(self.task, split)[: limit or None]
-        out = evaluate_policy(self.train_engine.model, self.tokenizer, examples, self.cfg, split)
+        out = evaluate_policy(self.policy, self.tokenizer, examples, self.cfg, split)
         if self.cfg.algorithm.name == "dpo":
             out["eval/dpo_margin"] = self.preference_margin()
         out["timing/eval_s"] = time.perf_counter() - start
@@ -185,7 +215,7 @@ class ActorWorker(ModelWorker):
 
     def save_hf(self, path: str) -> str:
         """The current policy as an HF model directory."""
-        self.train_engine.model.save_pretrained(path)
+        self.policy.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         return path
 

@@ -35,6 +35,7 @@ COLUMNS: dict[str, torch.dtype] = {
     "values": torch.float32,  # [B, R]: the critic's value before each response token
     "old_log_prob": torch.float32,
     "ref_log_prob": torch.float32,
+    "rollout_log_prob": torch.float32,  # [B, R]: the generating engine's log-probs (behaviour policy, for TIS)
 }
 
 ROLLOUT_COLUMNS = ("input_ids", "attention_mask", "responses", "response_mask")
@@ -76,7 +77,9 @@ def consumers(cfg: Config) -> dict[str, list[str]]:
         return {"ref_infer": list(_FORWARD), "actor_update": [*_FORWARD, "response_mask", "ref_log_prob"]}
     # Under dynamic sampling only the groups that got advantages are scored and trained on.
     infer = [*_FORWARD, "advantages"] if cfg.rounds > 1 else list(_FORWARD)
-    out = {"reward": ["responses", "response_mask"], "advantage": advantage_inputs(cfg), "actor_infer": list(infer)}
+    out = {"reward": ["responses", "response_mask"], "advantage": advantage_inputs(cfg)}
+    if cfg.train.old_log_prob == "recompute":  # else generation writes old_log_prob itself
+        out["actor_infer"] = list(infer)
     if uses_reference(cfg):
         out["ref_infer"] = list(infer)
     if uses_critic(cfg):
@@ -85,6 +88,8 @@ def consumers(cfg: Config) -> dict[str, list[str]]:
     update = [*_FORWARD, "response_mask", "old_log_prob", "advantages"]
     if kl_in_loss(cfg):
         update.append("ref_log_prob")
+    if cfg.train.tis_cap is not None:
+        update.append("rollout_log_prob")
     out["actor_update"] = update
     return out
 

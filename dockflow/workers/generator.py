@@ -15,7 +15,9 @@ from dockflow.data import load_task
 from dockflow.dock import TransferDock
 from dockflow.engines import create_generation_engine
 from dockflow.models import load_model_and_tokenizer
+from dockflow.workers.partial_rollout import generate_partial_into_dock
 from dockflow.workers.rollout import generate_into_dock
+from dockflow.workers.rollout_queue import RolloutQueue, rollout_queue
 from dockflow.workers.runtime import init_worker_process
 
 
@@ -30,17 +32,34 @@ class GeneratorWorker:
         self.model, tokenizer = load_model_and_tokenizer(model_dir, dtype=cfg.model.dtype)
         self.model.eval()
         self.engine = create_generation_engine(cfg, self.model, tokenizer, cpus=cfg.placement.generator_cpus)
+        self.tokenizer = tokenizer
+        self.queue: RolloutQueue = rollout_queue(cfg)  # used alone (one generator); parked groups live here
         self.train_prompts = load_task(cfg.data, cfg.run.seed).train
         self.policy_version = 0
 
     def ready(self) -> bool:
         return True
 
-    def generate(self, iteration: int, prompt_ids: list[int], first_index: int = 0) -> dict[str, float]:
-        """Sample N responses for each prompt into ``iteration``'s dock window from ``first_index`` on."""
-        out = generate_into_dock(
-            self.cfg, self.engine, self.dock, self.train_prompts, iteration, prompt_ids, first_index, self.policy_version
-        )
+    def generate(
+        self, iteration: int, prompt_ids: list[int], first_index: int = 0, queue: Any = None, rank: int = 0,
+        opened: Any = None,
+    ) -> dict[str, float]:
+        """Sample N responses for each prompt into ``iteration``'s dock window from ``first_index`` on, taking
+        chunks from ``queue`` (the generators' shared queue actor, ``opened`` for this iteration) or, alone, from
+        its own queue; with ``rollout.partial.token_budget`` unfinished groups are parked there."""
+        if queue is None:
+            queue = self.queue
+            queue.open(iteration, prompt_ids)
+        if self.cfg.rollout.partial.token_budget is not None:
+            out = generate_partial_into_dock(
+                self.cfg, self.engine, self.tokenizer, self.dock, self.train_prompts, queue, iteration,
+                self.policy_version, rank,
+            )
+        else:
+            out = generate_into_dock(
+                self.cfg, self.engine, self.dock, self.train_prompts, iteration, prompt_ids, first_index,
+                self.policy_version, queue, rank,
+            )
         out["rollout/policy_version"] = float(self.policy_version)
         return out
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +15,7 @@ from dockflow.workers.critic import CriticWorker
 from dockflow.workers.generator import GeneratorWorker
 from dockflow.workers.reference import ReferenceWorker
 from dockflow.workers.reward import RewardWorker
+from dockflow.workers.rollout_queue import RolloutQueue, queue_args
 
 
 class WorkerStartError(RuntimeError):
@@ -29,11 +31,19 @@ class Workers:
     reference: Any | None = None  # DPO, or a KL penalty
     critic: Any | None = None  # PPO, PF-PPO
     generators: list[Any] = field(default_factory=list)  # placement.mode=disaggregated
+    rollout_queue: Any | None = None  # several generators: the chunks they draw from (workers/rollout_queue.py)
     prefix: str = ""  # the actors are named "<prefix>-<role>"
+    actors: list[Any] = field(default_factory=list)  # every actor rank (train.dp); actors[0] is ``actor``
+
+    def __post_init__(self) -> None:
+        if not self.actors:
+            self.actors = [self.actor]
 
     def all(self) -> dict[str, Any]:
         named = {"actor": self.actor, "reward": self.reward, "reference": self.reference, "critic": self.critic}
+        named.update({f"actor-{k}": a for k, a in enumerate(self.actors) if k > 0})
         named.update({f"generator-{k}": g for k, g in enumerate(self.generators)})
+        named["rollout-queue"] = self.rollout_queue
         return {k: v for k, v in named.items() if v is not None}
 
 
@@ -44,12 +54,16 @@ def create_workers(cfg: Config, model_dir: str, dock: TransferDock, name: str, d
 
     lifetime = "detached" if detached else None
 
-    def spawn(cls, label: str, cpus: float):
+    def spawn(cls, label: str, cpus: float, *extra):
         options = {"name": f"{name}-{label}", "num_cpus": cpus, "max_concurrency": 1, "lifetime": lifetime}
-        return ray.remote(cls).options(**options).remote(cfg, model_dir, dock)
+        return ray.remote(cls).options(**options).remote(cfg, model_dir, dock, *extra)
 
+    dp_key = f"{name}-{uuid.uuid4().hex}"  # where actor rank 0 publishes its process group's address
+    actors = [spawn(ActorWorker, "actor" if k == 0 else f"actor-{k}", cfg.ray.actor_cpus, k, dp_key)
+              for k in range(cfg.train.dp)]
     workers = Workers(
-        actor=spawn(ActorWorker, "actor", cfg.ray.actor_cpus),
+        actor=actors[0],
+        actors=actors,
         reward=spawn(RewardWorker, "reward", 0) if cfg.algorithm.name != "dpo" else None,
         reference=spawn(ReferenceWorker, "reference", cfg.ray.reference_cpus) if uses_reference(cfg) else None,
         critic=spawn(CriticWorker, "critic", cfg.ray.critic_cpus) if uses_critic(cfg) else None,
@@ -59,13 +73,18 @@ def create_workers(cfg: Config, model_dir: str, dock: TransferDock, name: str, d
         ],
         prefix=name,
     )
+    if len(workers.generators) > 1:
+        options = {"name": f"{name}-rollout-queue", "num_cpus": 0, "max_concurrency": 1, "lifetime": lifetime}
+        workers.rollout_queue = ray.remote(RolloutQueue).options(**options).remote(*queue_args(cfg))
     handles = workers.all()
     refs = {label: h.ready.remote() for label, h in handles.items()}
     ready, pending = ray.wait(list(refs.values()), num_returns=len(refs), timeout=cfg.ray.init_timeout_s)
     if pending:
         waiting = [label for label, r in refs.items() if r in pending]
-        need = {"actor": cfg.ray.actor_cpus, "reference": cfg.ray.reference_cpus, "critic": cfg.ray.critic_cpus, "reward": 0}
+        need = {"actor": cfg.ray.actor_cpus, "reference": cfg.ray.reference_cpus, "critic": cfg.ray.critic_cpus, "reward": 0,
+                "rollout-queue": 0}
         need.update({g: cfg.placement.generator_cpus for g in refs if g.startswith("generator-")})
+        need.update({a: cfg.ray.actor_cpus for a in refs if a.startswith("actor-")})
         raise WorkerStartError(
             f"workers {waiting} did not start within ray.init_timeout_s={cfg.ray.init_timeout_s}s. They ask for "
             f"{ {w: need[w] for w in waiting} } CPUs; the cluster has {ray.available_resources().get('CPU', 0)} free. "

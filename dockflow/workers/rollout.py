@@ -5,18 +5,32 @@ and put into the iteration's dock window as soon as it is done, so scoring strea
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
+from tensordict import TensorDict
 
 from dockflow.config import Config
 from dockflow.data import apply_template
 from dockflow.dock import TransferDock
 from dockflow.engines import GenerationEngine, SamplingParams
+from dockflow.workers.rollout_queue import RolloutQueue
 
 
 def generation_seed(run_seed: int, iteration: int) -> int:
     """Sampling seed of one iteration: a resumed run draws the same responses as an uninterrupted one."""
     return (run_seed * 1_000_003 + iteration) % 2**62
+
+
+def dock_columns(cfg: Config, out: TensorDict) -> TensorDict:
+    """What generation puts into the dock: the rollout, plus the engine's log-probs as ``rollout_log_prob`` when
+    TIS reads them, or as ``old_log_prob`` when ``train.old_log_prob: rollout`` (then no actor pass recomputes them)."""
+    cols = out.select("input_ids", "attention_mask", "responses", "response_mask")
+    if cfg.train.tis_cap is not None:
+        cols["rollout_log_prob"] = out["rollout_log_prob"]
+    if cfg.train.old_log_prob == "rollout":
+        cols["old_log_prob"] = out["rollout_log_prob"]
+    return cols
 
 
 def rollout_metrics(prompt_tokens: int, response_tokens: int, samples: int, start: float) -> dict[str, float]:
@@ -30,6 +44,16 @@ def rollout_metrics(prompt_tokens: int, response_tokens: int, samples: int, star
     }
 
 
+def call(queue: Any, method: str, *args: Any) -> Any:
+    """Call ``method`` on a local :class:`RolloutQueue` or on its Ray actor (and wait for the answer)."""
+    fn = getattr(queue, method)
+    if hasattr(fn, "remote"):
+        import ray
+
+        return ray.get(fn.remote(*args))
+    return fn(*args)
+
+
 def generate_into_dock(
     cfg: Config,
     engine: GenerationEngine,
@@ -39,27 +63,40 @@ def generate_into_dock(
     prompt_ids: list[int],
     first_index: int,
     policy_version: int,
+    queue: Any = None,
+    rank: int = 0,
 ) -> dict[str, float]:
     """Sample N responses for each of ``prompt_ids`` and stream them into the dock, chunk by chunk, from
-    index ``first_index`` of ``iteration``'s window on."""
+    index ``first_index`` of ``iteration``'s window on. Chunks come from ``queue`` (shared by several
+    generators, already opened for the iteration; None: a private one): chunk k always holds the same prompts,
+    seed and dock slice, whoever takes it."""
     start = time.perf_counter()
     ro = cfg.rollout
+    per_chunk = max(1, ro.batch_size // ro.group_size)
+    if queue is None:
+        queue = RolloutQueue(per_chunk)
+        queue.open(iteration, prompt_ids)
     prompts = [apply_template(cfg.data.prompt_template, train_prompts[i].prompt) for i in prompt_ids]
     width = engine.prompt_width(prompts)
     params = SamplingParams(ro.max_new_tokens, ro.temperature, ro.top_p, greedy=False, n=ro.group_size)
-    per_chunk = max(1, ro.batch_size // ro.group_size)
     seed = generation_seed(cfg.run.seed, iteration) + first_index
-    prompt_tokens = response_tokens = 0
-    for c in range(0, len(prompts), per_chunk):
-        out = engine.generate(prompts[c : c + per_chunk], params, seed + c, prompt_width=width)
-        first = cfg.dock_window(iteration)[0] + first_index + c * ro.group_size
+    prompt_tokens = response_tokens = samples = chunks = 0
+    while (work := call(queue, "take", iteration, rank)) is not None:
+        c, count = work.offset, len(work.prompt_ids)
+        out = engine.generate(prompts[c : c + count], params, seed + c, prompt_width=width)
+        first = cfg.dock_window(iteration)[0] + first_index + work.slot * ro.group_size
         indices = list(range(first, first + out.batch_size[0]))
         meta = {
-            "prompt_id": torch.tensor(prompt_ids[c : c + per_chunk]).repeat_interleave(ro.group_size),
+            "prompt_id": torch.tensor(work.prompt_ids).repeat_interleave(ro.group_size),
             "response_length": out["response_length"],
             "policy_version": torch.full((len(indices),), policy_version),
         }
-        dock.put(indices, out.select("input_ids", "attention_mask", "responses", "response_mask"), meta)
+        dock.put(indices, dock_columns(cfg, out), meta)
         prompt_tokens += int(out["prompt_length"].sum())
         response_tokens += int(out["response_length"].sum())
-    return rollout_metrics(prompt_tokens, response_tokens, len(prompts) * ro.group_size, start)
+        samples += len(indices)
+        chunks += 1
+    out = rollout_metrics(prompt_tokens, response_tokens, max(samples, 1), start)
+    out["rollout/samples"] = float(samples)
+    out[f"flow/chunks_generator_{rank}"] = float(chunks)
+    return out

@@ -37,6 +37,7 @@ class ModelWorker:
 
     part: str
     engine: Any
+    rank: int = 0  # of a data-parallel group: every rank computes the state (collective), rank 0 writes it
 
     def __init__(self, cfg, dock) -> None:
         init_worker_process(cfg.ray.torch_threads, cfg.run.seed)
@@ -50,7 +51,9 @@ class ModelWorker:
         """Restore what ``extra_state`` saved."""
 
     def save(self, store, step: int) -> None:
-        store.write_part(step, self.part, {"engine": self.engine.state_dict(), "rng": rng_state(), **self.extra_state()})
+        state = {"engine": self.engine.state_dict(), "rng": rng_state(), **self.extra_state()}
+        if self.rank == 0:
+            store.write_part(step, self.part, state)
 
     def load(self, store, step: int) -> None:
         state = store.read_part(step, self.part, weights_only=False)

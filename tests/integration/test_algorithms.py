@@ -1,5 +1,9 @@
 """Every algorithm's example config, shrunk to the tiny task, runs 2 iterations end to end and trains.
 DAPO (dynamic sampling) runs end to end as the KFP pipeline's algorithm in ``test_pipeline_local.py``.
+Three runs also carry other features, to pay Ray's start-up once: REINFORCE++ runs disaggregated, one
+version stale, with truncated importance sampling; PF-PPO trains its actor on 2 data-parallel
+ranks (FSDP2, allgather-swap resharding, memory ledger) and resumes from its checkpoint; DPO trains the tiny
+Qwen3-MoE (from a fresh model: DPO's offline pairs give a gradient without an SFT warm start).
 
 One local Ray cluster serves the whole module (``train`` joins it instead of starting its own).
 """
@@ -40,12 +44,16 @@ def test_two_iterations_train_the_policy(algorithm, ray_cluster, tiny_config):
     extra = {"dock__backend": "centralized"}
     if algorithm == "dpo":
         extra |= {"rollout__group_size": 2, "algorithm__dpo__num_eval_pairs": 10}
+        extra |= {"model__tiny__architecture": "qwen3_moe", "model__tiny__num_experts": 4, "sft__enabled": False}
     if algorithm == "pf_ppo":
         extra["algorithm__pf_ppo__keep"] = 2  # G x keep = 8 = one mini-batch
+        extra["train__dp"] = 2
     if algorithm == "reinforce_pp":  # also the asynchronous scheduler: a generator worker runs one version ahead
         extra |= {"placement__mode": "disaggregated", "train__max_staleness": 1, "placement__generator_cpus": 0}
+        extra["train__tis_cap"] = 2.0  # truncated IS against the generator's log-probs (one version behind)
     cfg = tiny_config(algorithm, 2, config=f"configs/{algorithm}_arith.yaml", **extra)
-    summary = train(cfg)
+    rank_weights: list[list[dict]] = []
+    summary = train(cfg, on_iteration=lambda step, _: rank_weights.append(policy_of_each_rank(cfg)))
 
     assert summary["iterations"] == 2 and summary["algorithm"] == algorithm
     before = load_file(str(Path(summary["initial_model"]) / "model.safetensors"))
@@ -61,5 +69,40 @@ def test_two_iterations_train_the_policy(algorithm, ray_cluster, tiny_config):
         ages = read_metric_history(uri, summary["mlflow_run_id"], "staleness/max")
         assert [v for _, v in ages] == [0.0, 1.0]  # iteration 2 was generated before update 1 finished
         assert read_metric_history(uri, summary["mlflow_run_id"], "flow/idle_generator")
+        tis = [v for _, v in read_metric_history(uri, summary["mlflow_run_id"], "train/tis_weight_mean")]
+        assert len(tis) == 2 and all(0.0 < w <= 2.0 for w in tis), tis
     if algorithm == "dpo":
         assert summary["margin_before"] is not None and summary["margin_after"] is not None
+        assert any(".mlp.experts." in k for k in after), "not the MoE model"
+    if algorithm == "pf_ppo":
+        check_data_parallel_run(cfg, summary, rank_weights, uri, tiny_config)
+
+
+def policy_of_each_rank(cfg) -> list[dict]:
+    """After an iteration (the ranks are in their generation state): each actor rank's full policy weights."""
+    import ray
+
+    names = [f"{cfg.run.name}-actor"] + [f"{cfg.run.name}-actor-{k}" for k in range(1, cfg.train.dp)]
+    return [p["weights"] for p in ray.get([ray.get_actor(n).publish_weights.remote() for n in names])]
+
+
+def check_data_parallel_run(cfg, summary, rank_weights, uri, tiny_config) -> None:
+    """DP=2: the ranks hold one policy, the ledger reached MLflow with no update state on the device during
+    generation, and the run resumes from its (rank 0, unsharded) checkpoint."""
+    assert len(rank_weights) == 2 and all(len(ranks) == 2 for ranks in rank_weights)
+    for first, second in rank_weights:
+        assert first.keys() == second.keys()
+        assert all(torch.equal(first[k], second[k]) for k in first), "the DP ranks hold different policies"
+    final = load_file(str(Path(summary["final_model"]) / "model.safetensors"))
+    assert all(torch.equal(final[k], rank_weights[-1][0][k]) for k in rank_weights[-1][0])
+    for rank in range(2):
+        for phase, category in [("generation", "update_weights"), ("generation", "grads"), ("generation", "optimizer_state")]:
+            history = read_metric_history(uri, summary["mlflow_run_id"], f"memory/rank{rank}/{phase}/{category}_bytes")
+            assert [v for _, v in history] == [0.0, 0.0], (rank, phase, category)
+        for key in ("update/optimizer_state_bytes", "generation/generation_weights_bytes", "reshard/temp_buffer_bytes"):
+            history = read_metric_history(uri, summary["mlflow_run_id"], f"memory/rank{rank}/{key}")
+            assert [s for s, _ in history] == [1, 2] and all(v > 0 for _, v in history), (rank, key)
+    resumed = train(tiny_config("pf_ppo", 3, config="configs/pf_ppo_arith.yaml", **{
+        k.replace(".", "__"): v for k, v in {"algorithm.pf_ppo.keep": 2, "train.dp": 2, "dock.backend": "centralized"}.items()
+    }), resume=True)
+    assert resumed["iterations"] == 3 and resumed["reward_per_iteration"][:2] == summary["reward_per_iteration"]

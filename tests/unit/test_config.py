@@ -98,6 +98,23 @@ def test_defaults_equal_the_example_yaml():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
+        (["train.dp=2", "placement.mode=disaggregated"], "train.dp=2 .* placement.mode=disaggregated"),
+        (["train.dp=2", "algorithm.name=dpo", "rollout.group_size=2", "train.mini_batch_size=64", "train.micro_batch_size=64"],
+         "train.dp=2 .* algorithm.name=dpo"),
+        (["train.dp=2", "engine.backend=cost_model"], "train.dp=2 .* engine.backend=cost_model"),
+        (["train.dp=3"], r"train.dp=3 must divide train.mini_batch_size=256"),
+        (["train.dp=0"], "invalid value for 'train.dp'"),
+    ],
+)
+def test_data_parallel_constraints_name_the_keys(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(EXAMPLE, overrides)
+    assert load_config(EXAMPLE, ["train.dp=2"]).train.dp == 2
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
         (["rollout.group_size=4"], "set rollout.group_size: 2"),
         (["train.mini_batch_size=3", "train.micro_batch_size=3", "rollout.prompts_per_iter=3"], "must be even"),
         (["algorithm.name=pf_ppo", "rollout.group_size=2", "algorithm.pf_ppo.keep=3"], "pf_ppo.keep=3 must be at most"),

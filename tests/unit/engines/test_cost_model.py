@@ -45,3 +45,23 @@ def test_cost_model_training_runs_the_real_loss_on_zero_log_probs():
     metrics = train.train_mini_batch(batch, loss_fn, micro_batch_size=2)
     assert metrics["train/pg_loss"] == -1.0 and metrics["grad_norm"] > 0
     assert train.state_dict() == {} and list(train.named_weights()) == []
+
+
+def test_cost_model_continues_partial_rollouts_from_the_conditional_length_tail():
+    from dockflow.engines.hf_generation import left_pad_prompts
+    from dockflow.engines.partial import continue_rollouts, empty_rollouts, unfinished
+
+    _, gen, tok = cost_engines(length_mu=2.0, length_sigma=0.8)
+    params = SamplingParams(max_new_tokens=32, n=1)
+    ids, mask = left_pad_prompts(tok, PROMPTS * 40, None)
+    data = empty_rollouts(ids, mask, 32, tok.pad_token_id)
+    first = continue_rollouts(gen, data, params, seed=3, budget=6, pad=tok.pad_token_id, eos=tok.eos_token_id)
+    open_rows = unfinished(first, tok.eos_token_id)
+    assert (first["response_length"] <= 6).all() and open_rows.any() and not open_rows.all()
+    assert (first["response_length"][open_rows] == 6).all()  # interrupted at the budget, no EOS yet
+    done = continue_rollouts(gen, first, params, seed=4, budget=None, pad=tok.pad_token_id, eos=tok.eos_token_id)
+    assert not unfinished(done, tok.eos_token_id).any()
+    assert torch.equal(done["responses"][~open_rows], first["responses"][~open_rows])  # finished rows untouched
+    assert (done["response_length"][open_rows] > 6).all()  # resumed rows end past what they had
+    assert torch.equal(done["response_mask"], first_eos_mask(done["responses"], tok.eos_token_id))
+    assert torch.equal(done["responses"][open_rows, :6], first["responses"][open_rows, :6])  # prefix kept

@@ -46,3 +46,12 @@ def test_disaggregated_placement_refuses_offline_and_dynamic_sampling_algorithms
         load_config("configs/dapo_arith.yaml", ["placement.mode=disaggregated"])
     cfg = load_config("configs/grpo_arith.yaml", ["placement.mode=disaggregated", "train.max_staleness=2"])
     assert cfg.dock_capacity == 3 * cfg.global_batch
+
+
+def test_partial_rollout_and_tis_refuse_what_they_cannot_run():
+    with pytest.raises(ConfigError, match="rollout.partial.token_budget"):
+        load_config("configs/grpo_arith.yaml", ["rollout.partial.token_budget=4"])
+    with pytest.raises(ConfigError, match="train.tis_cap"):
+        load_config("configs/dpo_arith.yaml", ["train.tis_cap=2"])
+    cfg = load_config("configs/grpo_arith_async.yaml", ["rollout.partial.token_budget=4", "train.tis_cap=2"])
+    assert cfg.rollout.partial.token_budget == 4 and cfg.train.tis_cap == 2.0

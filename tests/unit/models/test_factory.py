@@ -27,6 +27,20 @@ def test_builds_a_qwen2_with_the_tokenizer_vocab(micro_cfg, char_tok) -> None:
     assert model(**enc).logits.shape == (1, enc["input_ids"].shape[1], len(char_tok))
 
 
+def test_builds_a_qwen3_moe_whose_parameters_the_reshard_rules_cover(micro_cfg, char_tok) -> None:
+    from dockflow.reshard import ModelPartition, param_meta
+
+    cfg = micro_cfg.model_copy(update={"architecture": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2})
+    model = build_tiny_model(cfg, char_tok, seed=0)
+    assert model.config.model_type == "qwen3_moe" and model.config.num_experts == 4
+    enc = char_tok(["What is 1 + 2?"], return_tensors="pt")
+    assert model(**enc).logits.shape == (1, enc["input_ids"].shape[1], len(char_tok))
+    kinds = ModelPartition(param_meta(model)).kinds  # raises on a name no rule covers
+    assert any(k.startswith("stacked_expert") for k in kinds.values())
+    with pytest.raises(ValueError, match="num_experts_per_tok=5"):
+        build_tiny_model(cfg.model_copy(update={"num_experts_per_tok": 5}), char_tok, seed=0)
+
+
 def test_init_depends_only_on_seed_and_leaves_global_rng(micro_cfg, char_tok) -> None:
     torch.manual_seed(123)
     before = torch.rand(1)

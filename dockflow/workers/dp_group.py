@@ -1,0 +1,67 @@
+"""The actor's data-parallel process group: W actor workers join one torch.distributed group (gloo on CPU).
+
+Rank 0 starts the rendezvous store on a free port of its node and publishes ``host:port`` in Ray's key-value
+store under a key unique to this set of workers (a restarted set gets a new one); the other ranks wait for it,
+bounded, and connect. Every wait has a timeout and its error names what it waited for.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import torch.distributed as dist
+
+KV_NAMESPACE = "dockflow-dp"
+
+
+class DPGroupError(RuntimeError):
+    """The actor ranks could not form their process group in time."""
+
+
+def _kv():
+    from ray.experimental import internal_kv
+
+    return internal_kv
+
+
+def join_dp_group(rank: int, world: int, key: str, timeout_s: float, collective_timeout_s: float,
+                  backend: str = "gloo") -> None:
+    """Make this process rank ``rank`` of a ``world``-rank default process group. ``timeout_s`` bounds the
+    rendezvous, ``collective_timeout_s`` every later collective."""
+    import ray
+
+    if dist.is_initialized():
+        raise DPGroupError(f"actor rank {rank}: torch.distributed is already initialised in this process")
+    wait = timedelta(seconds=timeout_s)
+    if rank == 0:
+        host = ray.util.get_node_ip_address()
+        store = dist.TCPStore(host, 0, world, is_master=True, timeout=wait, wait_for_workers=False)
+        _kv()._internal_kv_put(key, f"{host}:{store.port}", namespace=KV_NAMESPACE)
+    else:
+        host, port = _wait_for_address(key, rank, timeout_s).rsplit(":", 1)
+        store = dist.TCPStore(host, int(port), world, is_master=False, timeout=wait)
+    try:
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                                timeout=timedelta(seconds=collective_timeout_s))
+        dist.barrier()  # every rank is in: the address is no longer needed
+    except Exception as exc:  # noqa: BLE001 - name what the rank waited for
+        raise DPGroupError(
+            f"actor rank {rank} of {world} could not form the data-parallel group within ray.init_timeout_s="
+            f"{timeout_s:.0f}s ({exc}); are all train.dp={world} actor workers placed?"
+        ) from exc
+    if rank == 0:
+        _kv()._internal_kv_del(key, namespace=KV_NAMESPACE)
+
+
+def _wait_for_address(key: str, rank: int, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = _kv()._internal_kv_get(key, namespace=KV_NAMESPACE)
+        if value:
+            return value.decode()
+        time.sleep(0.1)
+    raise DPGroupError(
+        f"actor rank {rank} waited ray.init_timeout_s={timeout_s:.0f}s for actor rank 0 to publish the address of "
+        f"the data-parallel group (Ray KV key {key!r}); rank 0 did not start or failed first"
+    )

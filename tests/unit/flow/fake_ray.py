@@ -1,0 +1,97 @@
+"""A stand-in for Ray's actor semantics, to drive the real schedulers without processes.
+
+Each fake actor runs its calls one at a time in the order they were sent (Ray's guarantee for one caller
+and a sequential actor); a call starts once the refs among its arguments are resolved and the actor's own
+``ready`` says so (e.g. an update waits for its samples in the dock). A call may be a Python generator:
+it then runs one step per turn (one chunk of a generation). ``World.wait`` advances random ready actors,
+weighted by their speed, until the awaited refs are done: random relative speeds, same ordering rules.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+
+class Ref:
+    """The pending result of one call."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self.value: Any = None
+
+
+def resolve(value: Any) -> Any:
+    return value.value if isinstance(value, Ref) else value
+
+
+class FakeActor:
+    """Handle whose ``handle.method.remote(*args)`` queues ``impl.method(*args)`` on this actor."""
+
+    def __init__(self, world: World, impl: Any, speed: float = 1.0) -> None:
+        self._world, self._impl, self._speed = world, impl, speed
+        self._queue: deque[tuple[str, tuple, Ref]] = deque()
+        self._running: Iterator | None = None
+        world.actors.append(self)
+
+    def __getattr__(self, method: str) -> Any:
+        actor = self
+
+        class _Method:
+            @staticmethod
+            def remote(*args: Any) -> Ref:
+                ref = Ref()
+                actor._queue.append((method, args, ref))
+                return ref
+
+        return _Method()
+
+    def _ready(self) -> bool:
+        if not self._queue:
+            return False
+        if self._running is not None:
+            return True
+        method, args, _ = self._queue[0]
+        if any(isinstance(a, Ref) and not a.done for a in args):
+            return False
+        check = getattr(self._impl, "ready_for", None)
+        return check is None or check(method, *[resolve(a) for a in args])
+
+    def _step(self) -> None:
+        method, args, ref = self._queue[0]
+        if self._running is None:
+            out = getattr(self._impl, method)(*[resolve(a) for a in args])
+            if not isinstance(out, Iterator):
+                self._finish(ref, out)
+                return
+            self._running = out
+        try:
+            next(self._running)
+        except StopIteration as stop:
+            self._running = None
+            self._finish(ref, stop.value)
+
+    def _finish(self, ref: Ref, value: Any) -> None:
+        self._queue.popleft()
+        ref.done, ref.value = True, value
+
+
+class World:
+    """All fake actors; ``wait`` is a drop-in for ``dockflow.flow.waiting.wait_stages``."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.actors: list[FakeActor] = []
+
+    def run_until(self, refs: list[Ref]) -> None:
+        while not all(r.done for r in refs):
+            ready = [a for a in self.actors if a._ready()]
+            if not ready:
+                raise RuntimeError("deadlock: refs pending and no fake actor can run")
+            self.rng.choices(ready, weights=[a._speed for a in ready])[0]._step()
+
+    def wait(self, refs: dict[str, Ref], timeout_s: float = 0.0, iteration: int = 0) -> dict[str, Any]:
+        self.run_until(list(refs.values()))
+        return {k: r.value for k, r in refs.items()}

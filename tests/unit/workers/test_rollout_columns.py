@@ -1,0 +1,48 @@
+"""What generation writes into the dock under each ``train.old_log_prob`` / ``train.tis_cap`` setting, and which
+worker states then exist."""
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from dockflow.config import ConfigError, load_config
+from dockflow.workers.columns import consumers
+from dockflow.workers.rollout import dock_columns
+
+
+def _rollout() -> TensorDict:
+    b, p, r = 2, 3, 4
+    return TensorDict({
+        "input_ids": torch.ones(b, p + r, dtype=torch.long), "attention_mask": torch.ones(b, p + r, dtype=torch.long),
+        "responses": torch.ones(b, r, dtype=torch.long), "response_mask": torch.ones(b, r, dtype=torch.long),
+        "prompt_length": torch.full((b,), p), "response_length": torch.full((b,), r),
+        "rollout_log_prob": -torch.rand(b, r),
+    }, batch_size=[b])
+
+
+def test_recompute_writes_only_the_rollout_and_keeps_the_actor_infer_state():
+    cfg = load_config("configs/grpo_arith.yaml")
+    assert set(dock_columns(cfg, _rollout()).keys()) == {"input_ids", "attention_mask", "responses", "response_mask"}
+    assert "actor_infer" in consumers(cfg)
+
+
+def test_rollout_source_stores_the_engine_log_probs_as_old_log_prob_and_drops_the_pass():
+    cfg = load_config("configs/grpo_arith.yaml", ["train.old_log_prob=rollout"])
+    out = _rollout()
+    cols = dock_columns(cfg, out)
+    assert torch.equal(cols["old_log_prob"], out["rollout_log_prob"]) and "rollout_log_prob" not in cols.keys()
+    assert "actor_infer" not in consumers(cfg) and "old_log_prob" in consumers(cfg)["actor_update"]
+
+
+def test_tis_keeps_the_behaviour_log_probs_beside_the_recomputed_ones():
+    cfg = load_config("configs/grpo_arith.yaml", ["train.tis_cap=2.0"])
+    cols = dock_columns(cfg, _rollout())
+    assert "rollout_log_prob" in cols.keys() and "old_log_prob" not in cols.keys()
+    assert "rollout_log_prob" in consumers(cfg)["actor_update"]
+
+
+@pytest.mark.parametrize("bad", [["train.tis_cap=2.0"], []])
+def test_rollout_source_refuses_tis_and_dpo(bad):
+    config = "configs/grpo_arith.yaml" if bad else "configs/dpo_arith.yaml"
+    with pytest.raises(ConfigError, match="train.old_log_prob=rollout"):
+        load_config(config, ["train.old_log_prob=rollout", *bad])
