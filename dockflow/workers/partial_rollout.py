@@ -60,7 +60,7 @@ def generate_partial_into_dock(
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     seed = generation_seed(cfg.run.seed, iteration) * 7 + rank * 1_000_003
     counts = dict.fromkeys(("chunks", "parked", "resumed", "samples", "prompt_tokens", "response_tokens"), 0)
-    while (work := call(queue, "take", iteration, rank)) is not None:
+    while (work := call(queue, "take", iteration, rank, timeout_s=cfg.train.stage_timeout_s)) is not None:
         data, versions, ages = _start(work, cfg, tokenizer, train_prompts)
         counts["resumed"] += len(work.parked)
         data = continue_rollouts(engine, data, params, seed + counts["chunks"], work.budget, pad, eos)
@@ -74,7 +74,7 @@ def generate_partial_into_dock(
             for g in range(len(prompt_ids)) if open_rows[g]
         ]
         counts["parked"] += len(parked)
-        slot = call(queue, "finish", iteration, len(prompt_ids), len(done), parked)
+        slot = call(queue, "finish", iteration, len(prompt_ids), len(done), parked, timeout_s=cfg.train.stage_timeout_s)
         if done:
             rows = torch.cat([torch.arange(g * n, (g + 1) * n) for g in done])
             out = data[rows]
@@ -93,7 +93,7 @@ def generate_partial_into_dock(
     metrics[f"flow/chunks_generator_{rank}"] = float(counts["chunks"])
     metrics["flow/parked_groups"] = float(counts["parked"])
     metrics["flow/resumed_groups"] = float(counts["resumed"])
-    stats = call(queue, "stats", iteration)
+    stats = call(queue, "stats", iteration, timeout_s=cfg.train.stage_timeout_s)
     metrics["flow/parked_groups_waiting_total"] = float(stats["parked"])
     metrics["flow/dropped_parked_groups_total"] = float(stats["dropped"])
     return metrics

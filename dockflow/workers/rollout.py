@@ -44,14 +44,24 @@ def rollout_metrics(prompt_tokens: int, response_tokens: int, samples: int, star
     }
 
 
-def call(queue: Any, method: str, *args: Any) -> Any:
-    """Call ``method`` on a local :class:`RolloutQueue` or on its Ray actor (and wait for the answer)."""
-    fn = getattr(queue, method)
-    if hasattr(fn, "remote"):
-        import ray
+class RolloutQueueTimeout(RuntimeError):
+    """The generators' shared rollout queue did not answer in time."""
 
-        return ray.get(fn.remote(*args))
-    return fn(*args)
+
+def call(queue: Any, method: str, *args: Any, timeout_s: float = 60.0) -> Any:
+    """Call ``method`` on a local :class:`RolloutQueue` or on its Ray actor, waiting at most ``timeout_s``."""
+    fn = getattr(queue, method)
+    if not hasattr(fn, "remote"):
+        return fn(*args)
+    import ray
+
+    try:
+        return ray.get(fn.remote(*args), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        raise RolloutQueueTimeout(
+            f"the rollout queue actor did not answer '{method}' for iteration {args[0]} within {timeout_s:.0f}s "
+            "(train.stage_timeout_s); is the '<run>-rollout-queue' actor alive?"
+        ) from None
 
 
 def generate_into_dock(
@@ -81,7 +91,7 @@ def generate_into_dock(
     params = SamplingParams(ro.max_new_tokens, ro.temperature, ro.top_p, greedy=False, n=ro.group_size)
     seed = generation_seed(cfg.run.seed, iteration) + first_index
     prompt_tokens = response_tokens = samples = chunks = 0
-    while (work := call(queue, "take", iteration, rank)) is not None:
+    while (work := call(queue, "take", iteration, rank, timeout_s=cfg.train.stage_timeout_s)) is not None:
         c, count = work.offset, len(work.prompt_ids)
         out = engine.generate(prompts[c : c + count], params, seed + c, prompt_width=width)
         first = cfg.dock_window(iteration)[0] + first_index + work.slot * ro.group_size

@@ -3,6 +3,8 @@ parked groups resumed first, at most max_age parks, and never older than the bou
 
 import random
 
+import pytest
+
 from dockflow.workers.rollout_queue import ParkedGroup, RolloutQueue
 
 
@@ -44,3 +46,27 @@ def test_partial_rollout_fills_each_window_with_exactly_g_finished_groups():
                     first = q.finish(it, len(groups), len(done), parked)
                     slots.extend(range(first, first + len(done)))
             assert sorted(slots) == list(range(g)), (seed, it, slots)
+
+
+def test_a_silent_queue_actor_is_reported_not_waited_on(monkeypatch):
+    import ray
+
+    from dockflow.workers.rollout import RolloutQueueTimeout, call
+
+    class Remote:
+        def remote(self, *args):
+            return "ref"
+
+    class QueueHandle:
+        take = Remote()
+
+    waited = {}
+
+    def get(ref, timeout=None):
+        waited["timeout"] = timeout
+        raise ray.exceptions.GetTimeoutError("no answer")
+
+    monkeypatch.setattr(ray, "get", get)
+    with pytest.raises(RolloutQueueTimeout, match="'take' for iteration 3 within 5s"):
+        call(QueueHandle(), "take", 3, 0, timeout_s=5.0)
+    assert waited["timeout"] == 5.0
