@@ -38,12 +38,17 @@ from dockflow.config import Config, load_config  # noqa: E402
 from dockflow.flow.record import devices  # noqa: E402
 from dockflow.flow.trainer import run_dir_of, train  # noqa: E402
 
-# (mode, max_staleness, partial rollout): the last async mode also interrupts responses at a token budget
-# (rollout.partial.token_budget, PARTIAL_BUDGET per engine; max_age 1) and finishes them with newer weights.
-MODES = [("sync", 0, False), ("async", 1, False), ("async", 2, False), ("async", 1, True)]
+# (mode, max_staleness, partial rollout): the +pr modes interrupt responses at a token budget
+# (rollout.partial.token_budget, PARTIAL_BUDGET per engine; max_age 1, over-provisioned) and finish them with
+# newer weights.
+MODES = [("sync", 0, False), ("async", 1, False), ("async", 2, False), ("async", 1, True), ("async", 2, True)]
 PARTIAL_BUDGET = {"cost_model": 24, "tiny": 4}  # new tokens per call: ~3/8 of max_new_tokens (64 and 8)
-# The cost model's explicit times (seconds); chosen so that generation (latency-bound: it does not get
-# faster with more CPUs) and training (per token / CPUs) take about as long at 1 CPU each.
+# The cost model's explicit times (seconds). Generation is latency-bound (it does not get faster with more CPUs):
+# 4 chunks x 64 decode steps (the long tail: the longest of 64 lognormal lengths, mean 28, nearly always hits
+# 64) = 2.6 s. Training is per token / CPUs: 2.0 s at 1 CPU, 1.0 s at 2. So generation is 72% of a sync
+# iteration, the share RL post-training systems commonly report for rollout. --train-s-per-token changes it
+# (2.8e-4 makes training as long as generation at 1 CPU each: plain async's best case, 1.5x at most).
+TRAIN_S_PER_TOKEN = 2.0e-4
 COST_MODEL = {
     "engine.backend": "cost_model",
     "engine.cost_model.decode_s_per_step": 0.01,
@@ -51,7 +56,6 @@ COST_MODEL = {
     "engine.cost_model.length_sigma": 0.8,
     "engine.cost_model.prefill_s_per_token": 2e-5,
     "engine.cost_model.infer_s_per_token": 2e-5,
-    "engine.cost_model.train_s_per_token": 2.8e-4,
     "rollout.max_new_tokens": 64,
     "rollout.batch_size": 64,
     "sft.enabled": False,  # the modelled policy never changes: no warm start needed
@@ -76,12 +80,14 @@ def ideal_seconds(history: list[dict[str, float]], staleness: int, colocated: bo
     return train_done[-1]
 
 
-def run_one(engine: str, mode: str, staleness: int, partial: bool, iterations: int, out_dir: str) -> dict[str, Any]:
-    budget = PARTIAL_BUDGET[engine] if partial else None
+def run_one(engine: str, mode: str, staleness: int, budget: int | None, iterations: int, out_dir: str,
+            train_s_per_token: float = TRAIN_S_PER_TOKEN) -> dict[str, Any]:
+    partial = budget is not None
+    cost = {**COST_MODEL, "engine.cost_model.train_s_per_token": train_s_per_token} if engine == "cost_model" else {}
     overrides = {
         "run.name": f"bench_async_{engine}_{mode}{staleness}{'_partial' if partial else ''}", "run.output_dir": out_dir,
         "train.iterations": iterations, "eval.every": 0, "checkpoint.every": 0,
-        **(COST_MODEL if engine == "cost_model" else {}), **mode_overrides(mode, staleness),
+        **cost, **mode_overrides(mode, staleness),
         **({"rollout.partial.token_budget": budget, "rollout.partial.max_age": 1} if partial else {}),
     }
     cfg: Config = load_config("configs/grpo_arith.yaml", [f"{k}={v}" for k, v in overrides.items()])
@@ -102,6 +108,10 @@ def run_one(engine: str, mode: str, staleness: int, partial: bool, iterations: i
         "max_staleness": staleness,
         "partial_token_budget": budget,
         "parked_groups": sum(h.get("flow/parked_groups", 0.0) for h in history),
+        "overflow_groups": sum(h.get("flow/overflow_groups", 0.0) for h in history),
+        "dropped_parked_groups": history[-1].get("flow/dropped_parked_groups_total", 0.0),
+        "generate_busy_s": sum(h["timing/generate_busy_s"] for h in history) / len(history),
+        "train_s_per_token": train_s_per_token if engine == "cost_model" else None,
         "iterations": len(history),
         "devices": nd,
         "tps": tokens / nd / seconds,
@@ -137,11 +147,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=12)
     parser.add_argument("--engines", default="cost_model,tiny")
     parser.add_argument("--runs-dir", default="runs/bench_async")
+    parser.add_argument("--train-s-per-token", type=float, default=TRAIN_S_PER_TOKEN,
+                        help="the cost model's training seconds per token at 1 CPU")
+    parser.add_argument("--partial-budget", type=int, default=None,
+                        help=f"partial rollout's token budget (default per engine: {PARTIAL_BUDGET})")
     args = parser.parse_args(argv)
     results = []
     for engine in args.engines.split(","):
         for mode, staleness, partial in MODES:
-            record = run_one(engine, mode, staleness, partial, args.iterations, args.runs_dir)
+            budget = (args.partial_budget or PARTIAL_BUDGET[engine]) if partial else None
+            record = run_one(engine, mode, staleness, budget, args.iterations, args.runs_dir, args.train_s_per_token)
             results.append(record)
             print(f"{engine} {mode} {staleness}: {record['tps']:.1f} tok/s/device", file=sys.stderr, flush=True)
     write_results(args.out, results, iterations=args.iterations)

@@ -183,6 +183,20 @@ class PartialRolloutConfig(_Section):
     max_age: int = Field(
         1, ge=0, description="Times a group may be parked; a group parked this often is finished without a budget."
     )
+    over_provision: float = Field(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        description="Partial rollout: extra new prompts (a fraction of G, from the next iteration's) an iteration may "
+        "start while its window is short, before finishing its own parked groups without a budget; what they "
+        "park primes the next iteration (APRIL-style over-provisioning). 0 = none.",
+    )
+    on_stale: Literal["drop", "regenerate"] = Field(
+        "drop",
+        description="Partial rollout: a parked group whose oldest tokens would exceed the staleness bound "
+        "(train.max_staleness + max_age) when trained is dropped (its prompt is lost), or regenerated (its prompt "
+        "starts over with the current weights). Counted in flow/dropped_ or flow/regenerated_parked_groups_total.",
+    )
 
 
 class RolloutConfig(_Section):

@@ -30,11 +30,21 @@ from dockflow.engines.base import GenerationEngine, LossFn, SamplingParams, Trai
 from dockflow.engines.hf_generation import decode_responses, left_pad_prompts, rollout_batch
 
 
+def _cpus(cpus: float, per_token: dict[str, float]) -> float:
+    """The worker's CPUs, which per-token times are divided by; 0 CPUs would make them endless."""
+    if cpus <= 0 and any(per_token.values()):
+        keys = ", ".join(f"engine.cost_model.{k}" for k, v in per_token.items() if v)
+        raise ValueError(f"the cost model divides {keys} by the worker's CPUs, and this worker has {cpus}: give it "
+                         "CPUs (placement.generator_cpus / ray.actor_cpus) or set those times to 0")
+    return cpus
+
+
 class CostModelGeneration(GenerationEngine):
     """Rollouts of modelled lengths after a modelled time."""
 
     def __init__(self, tokenizer, cost: CostModelConfig, batch_size: int, cpus: float) -> None:
-        self.tokenizer, self.cost, self.batch_size, self.cpus = tokenizer, cost, batch_size, max(cpus, 1e-9)
+        self.tokenizer, self.cost, self.batch_size = tokenizer, cost, batch_size
+        self.cpus = _cpus(cpus, {"prefill_s_per_token": cost.prefill_s_per_token}) or 1.0
 
     def prompt_width(self, prompts: list[str]) -> int:
         return max(len(self.tokenizer(p)["input_ids"]) for p in prompts)
@@ -114,7 +124,8 @@ class CostModelTraining(TrainingEngine):
     """Inference and optimizer steps that take modelled time; the loss still runs on zero log-probs."""
 
     def __init__(self, cost: CostModelConfig, cpus: float, model: torch.nn.Module) -> None:
-        self.cost, self.cpus = cost, max(cpus, 1e-9)
+        per_token = {"infer_s_per_token": cost.infer_s_per_token, "train_s_per_token": cost.train_s_per_token}
+        self.cost, self.cpus = cost, _cpus(cpus, per_token) or 1.0
         self.model = model  # never trained: evaluation and the saved final model show the initial policy
 
     def _tokens(self, batch: TensorDict) -> float:

@@ -2,8 +2,10 @@
 
 Each work item is either new prompts (empty rollouts) or parked groups; every unfinished row gets up to
 ``rollout.partial.token_budget`` new tokens under the weights the generator holds now (a work item marked
-without budget runs to the end). Groups whose N responses all finished claim the next slots of the window and
-are written; the others go back to the queue, parked, with their oldest policy version and one more park.
+without budget runs to the end); finished rows are not decoded again. Groups whose N responses all finished
+claim the next slots of the window and are written (those the full window has no slot for wait, ready, in the
+queue); the others go back to the queue, parked, with their oldest policy version and one more park. Which
+work comes when (over-provisioning included) is the queue's policy: ``dockflow.workers.rollout_queue``.
 The parked groups live in memory (the generator's own queue, or the queue actor with several generators): a
 restarted run loses them and starts those prompts over.
 """
@@ -59,22 +61,32 @@ def generate_partial_into_dock(
     params = SamplingParams(ro.max_new_tokens, ro.temperature, ro.top_p, greedy=False, n=1)
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     seed = generation_seed(cfg.run.seed, iteration) * 7 + rank * 1_000_003
-    counts = dict.fromkeys(("chunks", "parked", "resumed", "samples", "prompt_tokens", "response_tokens"), 0)
+    counts = dict.fromkeys(
+        ("chunks", "new", "parked", "resumed", "overflow", "samples", "prompt_tokens", "response_tokens"), 0
+    )
     while (work := call(queue, "take", iteration, rank, timeout_s=cfg.train.stage_timeout_s)) is not None:
         data, versions, ages = _start(work, cfg, tokenizer, train_prompts)
         counts["resumed"] += len(work.parked)
+        counts["new"] += 0 if work.parked else len(work.prompt_ids)
         data = continue_rollouts(engine, data, params, seed + counts["chunks"], work.budget, pad, eos)
         counts["chunks"] += 1
-        open_rows = unfinished(data, eos).view(-1, n).any(-1)
+        open_rows = unfinished(data, eos).view(-1, n).sum(-1)
         prompt_ids = [p.prompt_id for p in work.parked] or work.prompt_ids
         oldest = [policy_version if v < 0 else min(v, policy_version) for v in versions]
-        done = [g for g in range(len(prompt_ids)) if not open_rows[g]]
-        parked = [
-            ParkedGroup(prompt_ids[g], data[g * n : (g + 1) * n].select(*COLUMNS), oldest[g], ages[g] + 1, iteration)
-            for g in range(len(prompt_ids)) if open_rows[g]
-        ]
+
+        groups = [ParkedGroup(prompt_ids[g], data[g * n : (g + 1) * n].select(*COLUMNS), oldest[g], ages[g], iteration,
+                              int(open_rows[g])) for g in range(len(prompt_ids))]
+        done = [g for g, p in enumerate(groups) if p.open_rows == 0]
+        parked = [p for p in groups if p.open_rows]
+        for p in parked:
+            p.age += 1
         counts["parked"] += len(parked)
-        slot = call(queue, "finish", iteration, len(prompt_ids), len(done), parked, timeout_s=cfg.train.stage_timeout_s)
+        slot, granted = call(queue, "finish", iteration, len(groups), len(done), parked, work.budget is not None,
+                             timeout_s=cfg.train.stage_timeout_s)
+        if granted < len(done):  # the window is full: the rest wait, finished, for the next one
+            call(queue, "park", [groups[g] for g in done[granted:]], timeout_s=cfg.train.stage_timeout_s)
+            counts["overflow"] += len(done) - granted
+            done = done[:granted]
         if done:
             rows = torch.cat([torch.arange(g * n, (g + 1) * n) for g in done])
             out = data[rows]
@@ -94,6 +106,10 @@ def generate_partial_into_dock(
     metrics["flow/parked_groups"] = float(counts["parked"])
     metrics["flow/resumed_groups"] = float(counts["resumed"])
     stats = call(queue, "stats", iteration, timeout_s=cfg.train.stage_timeout_s)
+    metrics["flow/overflow_groups"] = float(counts["overflow"])
+    metrics["flow/new_groups"] = float(counts["new"])
     metrics["flow/parked_groups_waiting_total"] = float(stats["parked"])
+    metrics["flow/ready_groups_waiting_total"] = float(stats["ready"])
     metrics["flow/dropped_parked_groups_total"] = float(stats["dropped"])
+    metrics["flow/regenerated_parked_groups_total"] = float(stats["regenerated"])
     return metrics

@@ -7,16 +7,29 @@ Without partial rollout the iteration's G prompts are cut into chunks of ``chunk
 always holds prompts ``[k*c, (k+1)*c)`` and writes group slots ``[k*c, (k+1)*c)`` of the window, so the result
 does not depend on which generator took it.
 
-With partial rollout (``token_budget``) groups may come back unfinished: they are parked here (prompt, partial
-tokens, log-probs, mask, oldest policy version, times parked) and handed out first to a later iteration.
-Finished groups claim the next free slots, so each window still receives exactly G complete groups. New work
-is handed out while finished + in-flight groups < G: first parked groups, then the iteration's G prompts
-(budgeted), then, if parking left the iteration short, its prompts again without a budget (they finish).
-A parked group whose oldest tokens would be more than ``age_bound`` versions old when trained is dropped.
+With partial rollout (``token_budget``) generation is a stream, over-provisioned as in APRIL: groups that do
+not finish within the budget are parked here (prompt, partial tokens, log-probs, mask, oldest policy version,
+times parked) and continued first by a later iteration; finished groups claim the next free slots, so each
+window receives exactly G complete groups, and finished groups beyond G wait, ready, for the next window. An
+iteration's work, in order:
+
+1. parked groups of earlier iterations: ready ones, then the ones parked ``max_age`` times (they finish now),
+   then the others (budgeted), packed so that a work item has at most ``rows_per_chunk`` unfinished rows;
+2. G new prompts from the prompt stream (this iteration's, then the next one's), budgeted, even when the
+   window is already full: they keep the parked pool primed for the next iteration;
+3. while the window is short: up to ``over_provision`` x G more new prompts (budgeted), then this iteration's
+   own parked groups without a budget (they finish), then its prompts again without a budget.
+
+In steady state an iteration finishes the groups the previous one parked (only their unfinished rows are
+decoded) and starts G new ones, so no decode step waits for a long tail longer than the budget twice.
+A parked group whose oldest tokens would be more than ``age_bound`` versions old when trained is dropped, or
+with ``on_stale: regenerate`` its prompt goes back to the head of the stream and starts over.
 """
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -26,13 +39,15 @@ if TYPE_CHECKING:
 
 @dataclass(eq=False)  # identity: the data is a TensorDict
 class ParkedGroup:
-    """An unfinished group: its prompt id, rollout tensors (a TensorDict of N rows), oldest version, age."""
+    """A group waiting in the queue: prompt id, rollout tensors (a TensorDict of N rows), oldest version, age,
+    and how many of its rows are unfinished (0: the group is finished and waits for a window slot)."""
 
     prompt_id: int
     data: Any  # TensorDict in the rollout layout + rollout_log_prob, N rows
     version: int  # the oldest policy version that produced any of its tokens
     age: int  # times parked
     parked_in: int  # the iteration whose generation parked it
+    open_rows: int = 1  # rows still generating
 
 
 @dataclass
@@ -51,83 +66,159 @@ class Work:
 @dataclass
 class _Iteration:
     prompt_ids: list[int]
-    next_prompt: int = 0
+    next_prompt: int = 0  # fixed chunks: the next prompt to hand out; partial: of the no-budget last resort
     finished: int = 0
-    in_flight: int = 0
+    in_flight: int = 0  # groups handed out that will finish (all of them without partial rollout)
+    started: int = 0  # partial: new prompts started from the stream
     taken_by: dict[int, int] = field(default_factory=dict)  # generator rank -> work items taken
 
 
 class RolloutQueue:
     """Hands out one iteration's generation work; parks unfinished groups between iterations."""
 
-    def __init__(self, chunk_groups: int, token_budget: int | None = None, max_age: int = 1, age_bound: int = 0):
+    def __init__(
+        self, chunk_groups: int, token_budget: int | None = None, max_age: int = 1, age_bound: int = 0,
+        over_provision: float = 0.0, next_prompts: Callable[[int], list[int]] | None = None, rows_per_chunk: int = 0,
+        on_stale: str = "drop",
+    ):
         self.chunk = max(1, chunk_groups)
         self.budget, self.max_age, self.age_bound = token_budget, max_age, age_bound
+        self.over_provision, self.next_prompts = over_provision, next_prompts
+        self.rows_per_chunk = rows_per_chunk or self.chunk
+        if on_stale not in ("drop", "regenerate"):
+            raise ValueError(f"on_stale={on_stale!r}: choose drop or regenerate")
+        self.on_stale = on_stale
         self.iterations: dict[int, _Iteration] = {}
         self.parked: list[ParkedGroup] = []
-        self.dropped = 0
+        self.stream: deque[int] = deque()  # partial: prompts not started yet, in iteration order
+        self.streamed: set[int] = set()  # iterations whose prompts joined the stream
+        self.dropped = self.regenerated = self.overflow = 0
 
     def ready(self) -> bool:
         return True
 
     def open(self, iteration: int, prompt_ids: list[int]) -> None:
-        """Start handing out ``iteration``'s G prompts (an iteration run again starts over)."""
+        """Start handing out ``iteration``'s G prompts (an iteration run again starts over; with partial rollout
+        its prompts join the stream once, with the next iteration's as look-ahead)."""
         self.iterations = {i: it for i, it in self.iterations.items() if i > iteration - 8}
         self.iterations[iteration] = _Iteration(list(prompt_ids))
+        if self.budget is not None:
+            self._stream(iteration, prompt_ids)
+            if self.next_prompts is not None:
+                self._stream(iteration + 1, self.next_prompts(iteration + 1))
+
+    def _stream(self, iteration: int, prompt_ids: list[int]) -> None:
+        if iteration not in self.streamed:
+            self.streamed.add(iteration)
+            self.stream.extend(prompt_ids)
 
     def take(self, iteration: int, rank: int = 0) -> Work | None:
         """The next work item of ``iteration`` for generator ``rank``, or None when nothing is left to take."""
         it = self.iterations[iteration]
-        g = len(it.prompt_ids)
-        if self.budget is None:
-            if it.next_prompt >= g:
-                return None
-            lo, hi = it.next_prompt, min(it.next_prompt + self.chunk, g)
-            it.next_prompt = hi
+        work = self._next_fixed(it, iteration) if self.budget is None else self._next_partial(it, iteration)
+        if work is not None:
             it.taken_by[rank] = it.taken_by.get(rank, 0) + 1
-            return Work(iteration, it.prompt_ids[lo:hi], offset=lo, slot=lo)
-        want = min(self.chunk, g - it.finished - it.in_flight)
-        if want <= 0:
-            return None
-        work = Work(iteration)
-        resumable = self._resumable(iteration)
-        if resumable:
-            final = [p for p in resumable if p.age >= self.max_age]  # these finish now: one budget per call
-            work.parked = (final or resumable)[:want]
-            for group in work.parked:
-                self.parked.remove(group)
-            work.budget = None if final else self.budget
-        else:
-            lo = it.next_prompt
-            ids = [it.prompt_ids[(lo + k) % g] for k in range(want)]
-            work.prompt_ids, work.offset = ids, lo
-            work.budget = self.budget if lo < g else None  # a second pass over the prompts must finish
-            it.next_prompt = lo + want
-        it.in_flight += len(work.parked) or len(work.prompt_ids)
-        it.taken_by[rank] = it.taken_by.get(rank, 0) + 1
         return work
 
+    def _next_fixed(self, it: _Iteration, iteration: int) -> Work | None:
+        g = len(it.prompt_ids)
+        if it.next_prompt >= g:
+            return None
+        lo, hi = it.next_prompt, min(it.next_prompt + self.chunk, g)
+        it.next_prompt = hi
+        return Work(iteration, it.prompt_ids[lo:hi], offset=lo, slot=lo)
+
+    def _next_partial(self, it: _Iteration, iteration: int) -> Work | None:
+        g = len(it.prompt_ids)
+        short = it.finished + it.in_flight < g
+        resumable = self._resumable(iteration) if short else []
+        if resumable:
+            return self._resume(it, iteration, resumable)
+        if it.started < g or (short and it.started < g * (1 + self.over_provision)):
+            ids = [self.stream.popleft() for _ in range(min(self.chunk, len(self.stream)))]
+            if ids:
+                it.started += len(ids)
+                return Work(iteration, ids, budget=self.budget)
+        if not short:
+            return None
+        own = [p for p in self.parked if p.parked_in == iteration]
+        if own:
+            return self._resume(it, iteration, own, finish=True)
+        if it.in_flight > 0:
+            return None  # what is in flight may still fill the window
+        # Nothing parked and the stream is dry: the iteration's prompts again, run to the end.
+        want = g - it.finished
+        ids = [it.prompt_ids[(it.next_prompt + k) % g] for k in range(min(self.chunk, want))]
+        it.next_prompt += len(ids)
+        it.in_flight += len(ids)
+        return Work(iteration, ids)
+
+    def _resume(self, it: _Iteration, iteration: int, groups: list[ParkedGroup], finish: bool = False) -> Work:
+        """Parked groups of one kind (finishing now, or budgeted), packed up to ``rows_per_chunk`` open rows; of
+        those finishing now, no more than the window still needs."""
+        final = finish or groups[0].age >= self.max_age or groups[0].open_rows == 0
+        kind = [p for p in groups if finish or (p.age >= self.max_age or p.open_rows == 0) == final]
+        if final:  # these all finish: no more than the window still needs
+            kind = kind[: len(it.prompt_ids) - it.finished - it.in_flight]
+        taken: list[ParkedGroup] = []
+        rows = 0
+        for p in kind:
+            if taken and rows + p.open_rows > self.rows_per_chunk:
+                break
+            taken.append(p)
+            rows += p.open_rows
+        for p in taken:
+            self.parked.remove(p)
+        if final:
+            it.in_flight += len(taken)
+        return Work(iteration, parked=taken, budget=None if final else self.budget)
+
     def _resumable(self, iteration: int) -> list[ParkedGroup]:
-        """Parked groups a generation of ``iteration`` may continue, oldest first; drops the too-stale ones."""
+        """Parked groups of earlier, filled iterations that a generation of ``iteration`` may continue: ready first,
+        then the ones that must finish, oldest first. The too-stale ones are dropped, or with ``on_stale:
+        regenerate`` their prompts go back to the head of the stream."""
         stale = [p for p in self.parked if iteration - p.version > self.age_bound]
         for p in stale:
             self.parked.remove(p)
-        self.dropped += len(stale)
-        return sorted((p for p in self.parked if p.parked_in < iteration), key=lambda p: (p.version, p.parked_in))
+        if self.on_stale == "regenerate":  # the prompt starts over, first in the stream, with the current weights
+            self.stream.extendleft(reversed([p.prompt_id for p in stale]))
+            self.regenerated += len(stale)
+        else:
+            self.dropped += len(stale)
+        return sorted((p for p in self.parked if p.parked_in < iteration and self._filled(p.parked_in)),
+                      key=lambda p: (p.open_rows > 0, p.age < self.max_age, p.version, p.parked_in))
 
-    def finish(self, iteration: int, taken: int, finished: int, parked: list[ParkedGroup]) -> int:
-        """A work item of ``taken`` groups is done: ``finished`` of them are written, ``parked`` wait. Returns
-        the first group slot of the window for the finished ones."""
+    def _filled(self, iteration: int) -> bool:
+        """Whether ``iteration``'s window is full: until then its parked groups are its own to finish (a later
+        iteration, generating at the same time under max_staleness >= 1, must not take them)."""
+        it = self.iterations.get(iteration)
+        return it is None or it.finished >= len(it.prompt_ids)
+
+    def finish(self, iteration: int, taken: int, finished: int, parked: list[ParkedGroup], budget: bool = False
+               ) -> tuple[int, int]:
+        """A work item of ``taken`` groups is done (``budget``: it ran under the token budget): ``finished`` of them
+        are complete, ``parked`` wait. Returns (the first window slot for the complete ones, how many of them
+        the window takes); the caller parks the rest with :meth:`park` (ready for the next window)."""
         it = self.iterations[iteration]
-        it.in_flight -= taken
+        if not budget:
+            it.in_flight -= taken
         slot = it.finished
-        it.finished += finished
+        granted = min(finished, len(it.prompt_ids) - it.finished)
+        it.finished += granted
         self.parked.extend(parked)
-        return slot
+        return slot, granted
+
+    def park(self, groups: list[ParkedGroup]) -> None:
+        """Finished groups the window had no slot for: the next window takes them first."""
+        self.overflow += len(groups)
+        self.parked.extend(groups)
 
     def stats(self, iteration: int) -> dict[str, Any]:
         it = self.iterations[iteration]
-        return {"taken_by": dict(it.taken_by), "finished": it.finished, "parked": len(self.parked), "dropped": self.dropped}
+        waiting = [p for p in self.parked if p.open_rows > 0]
+        return {"taken_by": dict(it.taken_by), "finished": it.finished, "parked": len(waiting),
+                "ready": len(self.parked) - len(waiting), "started": it.started, "dropped": self.dropped,
+                "regenerated": self.regenerated, "overflow": self.overflow}
 
 
 def rollout_queue(cfg: Config) -> RolloutQueue:
@@ -137,10 +228,15 @@ def rollout_queue(cfg: Config) -> RolloutQueue:
     return RolloutQueue(*queue_args(cfg))
 
 
-def queue_args(cfg: Config) -> tuple[int, int | None, int, int]:
-    """:class:`RolloutQueue`'s arguments for this config."""
-    ro = cfg.rollout
-    return max(1, ro.batch_size // ro.group_size), ro.partial.token_budget, ro.partial.max_age, staleness_bound(cfg)
+def queue_args(cfg: Config) -> tuple[Any, ...]:
+    """:class:`RolloutQueue`'s arguments for this config (the prompt sampler as look-ahead with partial rollout)."""
+    from dockflow.flow.sampler import iteration_sampler
+
+    ro, partial = cfg.rollout, cfg.rollout.partial
+    if partial.token_budget is None:
+        return (max(1, ro.batch_size // ro.group_size),)
+    return (max(1, ro.batch_size // ro.group_size), partial.token_budget, partial.max_age, staleness_bound(cfg),
+            partial.over_provision, iteration_sampler(cfg).indices, ro.batch_size, partial.on_stale)
 
 
 def staleness_bound(cfg: Config) -> int:

@@ -78,6 +78,29 @@ def test_two_iterations_train_the_policy(algorithm, ray_cluster, tiny_config):
         check_data_parallel_run(cfg, summary, rank_weights, uri, tiny_config)
 
 
+def test_partial_rollout_parks_and_resumes_groups_across_two_generators(ray_cluster, tiny_config):
+    """Partial rollout through Ray on the cost-model engine (its rollouts end at modelled lengths; the tiny SFT
+    model here rarely emits EOS): two generators share the queue actor, with the prompt sampler as look-ahead.
+    Iteration 1 over-provisions; every iteration starts G new prompts (more while its window is short), parks
+    groups and finishes parked ones. Every window gets G x N samples within the staleness bound."""
+    cost = {"engine__backend": "cost_model", "engine__cost_model__decode_s_per_step": 0.001, "sft__enabled": False,
+            "engine__cost_model__prefill_s_per_token": 0.0,  # the generators have 0 CPUs here
+            "engine__cost_model__length_mu": 1.5, "engine__cost_model__length_sigma": 0.8, "rollout__max_new_tokens": 8}
+    cfg = tiny_config("partial", 4, **cost, placement__mode="disaggregated", placement__generators=2,
+                      placement__generator_cpus=0, train__max_staleness=1, rollout__partial__token_budget=2,
+                      dock__backend="centralized", eval__every=0, checkpoint__every=0)
+    history: list[dict] = []
+    train(cfg, on_iteration=lambda step, metrics: history.append(metrics))
+
+    g, n = cfg.rollout.prompts_per_iter, cfg.rollout.group_size
+    assert [h["rollout/samples"] for h in history] == [g * n] * 4
+    new = [h["flow/new_groups"] for h in history]
+    assert g < new[0] <= 2 * g and all(g <= k <= 2 * g for k in new), new  # G each, + over-provisioning when short
+    assert all(h["flow/parked_groups"] > 0 for h in history) and sum(h["flow/resumed_groups"] for h in history[1:]) > 0
+    assert max(h["staleness/max"] for h in history) <= 2  # max_staleness + max_age
+    assert history[-1]["flow/dropped_parked_groups_total"] == 0
+
+
 def policy_of_each_rank(cfg) -> list[dict]:
     """After an iteration (the ranks are in their generation state): each actor rank's full policy weights."""
     import ray

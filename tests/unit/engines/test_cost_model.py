@@ -1,8 +1,10 @@
+import pytest
 import torch
 
 from dockflow.algos import clipped_policy_loss
 from dockflow.config import load_config
 from dockflow.engines import SamplingParams, create_engines, first_eos_mask
+from dockflow.engines.cost_model import CostModelGeneration, CostModelTraining
 from dockflow.models import build_char_tokenizer, build_tiny_model
 
 PROMPTS = ["1+2=", "7-3=", "4+4="]
@@ -65,3 +67,13 @@ def test_cost_model_continues_partial_rollouts_from_the_conditional_length_tail(
     assert (done["response_length"][open_rows] > 6).all()  # resumed rows end past what they had
     assert torch.equal(done["response_mask"], first_eos_mask(done["responses"], tok.eos_token_id))
     assert torch.equal(done["responses"][open_rows, :6], first["responses"][open_rows, :6])  # prefix kept
+
+
+def test_a_cost_model_worker_without_cpus_is_refused_by_name():
+    cfg = load_config("configs/grpo_arith.yaml", ["engine.backend=cost_model"])
+    with pytest.raises(ValueError, match="engine.cost_model.prefill_s_per_token .* has 0"):
+        CostModelGeneration(build_char_tokenizer(), cfg.engine.cost_model, 8, cpus=0)
+    with pytest.raises(ValueError, match="engine.cost_model.infer_s_per_token, engine.cost_model.train_s_per_token"):
+        CostModelTraining(cfg.engine.cost_model, 0, torch.nn.Linear(1, 1))
+    free = cfg.engine.cost_model.model_copy(update={"prefill_s_per_token": 0.0})
+    assert CostModelGeneration(build_char_tokenizer(), free, 8, cpus=0).cpus == 1.0  # nothing is divided by it

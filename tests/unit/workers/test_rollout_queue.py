@@ -16,11 +16,24 @@ def test_fixed_chunks_map_to_fixed_slots_whoever_takes_them():
     assert q.take(0) is None and q.stats(0)["taken_by"] == {0: 2, 1: 1}
 
 
+def _finish(q: RolloutQueue, it: int, w, version: int, finishes) -> tuple[int, int, list[ParkedGroup]]:
+    """Play a generator's part for work item ``w``: each group finishes if ``finishes(group)`` (always without a
+    budget); report to the queue, park the overflow. Returns (slot, granted, the finished groups)."""
+    groups = w.parked or [ParkedGroup(p, None, version, 0, it, open_rows=8) for p in w.prompt_ids]
+    done = [p for p in groups if w.budget is None or p.open_rows == 0 or finishes(p)]
+    parked = [ParkedGroup(p.prompt_id, None, min(p.version, version), p.age + 1, it, open_rows=p.open_rows)
+              for p in groups if p not in done]
+    slot, granted = q.finish(it, len(groups), len(done), parked, w.budget is not None)
+    q.park([ParkedGroup(p.prompt_id, None, min(p.version, version), p.age, it, open_rows=0) for p in done[granted:]])
+    return slot, granted, done
+
+
 def test_partial_rollout_fills_each_window_with_exactly_g_finished_groups():
     g, max_age, staleness = 6, 2, 1
     for seed in range(50):
         rng = random.Random(seed)
-        q = RolloutQueue(chunk_groups=rng.randint(1, 4), token_budget=2, max_age=max_age, age_bound=staleness + max_age)
+        q = RolloutQueue(chunk_groups=rng.randint(1, 4), token_budget=2, max_age=max_age, age_bound=staleness + max_age,
+                         over_provision=rng.choice([0.0, 0.5, 1.0]), next_prompts=lambda i: [100 * i + k for k in range(g)])
         for it in range(8):
             version = max(0, it - rng.randint(0, staleness))  # the generator's weights: within max_staleness
             q.open(it, [100 * it + k for k in range(g)])
@@ -33,19 +46,41 @@ def test_partial_rollout_fills_each_window_with_exactly_g_finished_groups():
                         break
                 else:
                     in_flight.append(work)
+                    for p in work.parked:
+                        assert p.age <= max_age and (p.open_rows == 0 or work.budget is None) == (
+                            p.open_rows == 0 or p.age >= max_age or p.parked_in == it)
+                        assert it - min(p.version, version) <= staleness + max_age
+                        assert p.parked_in <= it
                 if work is None or rng.random() < 0.5:  # finish some work item, in any order
                     w = in_flight.pop(rng.randrange(len(in_flight)))
-                    groups = w.parked or [ParkedGroup(p, None, version, 0, it) for p in w.prompt_ids]
-                    done = [p for p in groups if w.budget is None or rng.random() < 0.5]
-                    for p in groups:
-                        assert p.age <= max_age
-                        assert it - min(p.version, version) <= staleness + max_age
-                    parked = [ParkedGroup(p.prompt_id, None, min(p.version, version), p.age + 1, it)
-                              for p in groups if p not in done]
-                    assert w.parked == [] or all(p.parked_in < it for p in w.parked)  # resumed in a later iteration
-                    first = q.finish(it, len(groups), len(done), parked)
-                    slots.extend(range(first, first + len(done)))
+                    slot, granted, _ = _finish(q, it, w, version, lambda p, rng=rng: rng.random() < 0.5)
+                    slots.extend(range(slot, slot + granted))
             assert sorted(slots) == list(range(g)), (seed, it, slots)
+
+
+def test_over_provisioned_stream_finishes_last_iterations_groups_and_starts_g_new_ones():
+    """One generator, groups finishing within the budget with probability 0.1: after the first iteration (which
+    over-provisions to prime the pool) each iteration finishes what the previous one parked and starts G new
+    prompts; no new prompt is generated twice and nothing is dropped."""
+    g, chunk = 16, 4
+    rng = random.Random(0)
+    ids = lambda i: [1000 * i + k for k in range(g)]  # noqa: E731
+    q = RolloutQueue(chunk, token_budget=8, max_age=1, age_bound=2, over_provision=1.0, next_prompts=ids)
+    started: list[int] = []
+    for it in range(12):
+        q.open(it, ids(it))
+        finished_from = {"parked": 0, "new": 0}
+        while (work := q.take(it)) is not None:
+            started.extend(work.prompt_ids)
+            _, _, done = _finish(q, it, work, it, lambda p: rng.random() < 0.1)
+            finished_from["parked" if work.parked else "new"] += len(done)
+        stats = q.stats(it)
+        assert stats["finished"] == g
+        if it == 0:
+            assert g < stats["started"] <= 2 * g  # over-provisioned: what parks primes iteration 1
+        else:
+            assert stats["started"] == g and finished_from["parked"] >= g // 2, (it, stats, finished_from)
+    assert len(started) == len(set(started)) and q.dropped == 0
 
 
 def test_a_silent_queue_actor_is_reported_not_waited_on(monkeypatch):
@@ -70,3 +105,24 @@ def test_a_silent_queue_actor_is_reported_not_waited_on(monkeypatch):
     with pytest.raises(RolloutQueueTimeout, match="'take' for iteration 3 within 5s"):
         call(QueueHandle(), "take", 3, 0, timeout_s=5.0)
     assert waited["timeout"] == 5.0
+
+
+@pytest.mark.parametrize("on_stale", ["drop", "regenerate"])
+def test_a_parked_group_past_the_bound_is_dropped_or_its_prompt_starts_over(on_stale):
+    q = RolloutQueue(2, token_budget=4, max_age=3, age_bound=1, next_prompts=lambda i: [], on_stale=on_stale)
+    q.open(0, [10, 11])
+    work = q.take(0)
+    old, fresh = (ParkedGroup(p, None, 0, 1, 0, open_rows=2) for p in work.prompt_ids)
+    assert q.finish(0, 2, 0, [old, fresh], True) == (0, 0)
+    q.iterations[0].finished = 2  # iteration 0's window was filled by others
+    fresh.version = 1
+    q.open(2, [20, 21])  # iteration 2 trains on version 2 at the earliest: version 0 is 2 > 1 versions old
+    work = q.take(2)
+    assert work.parked == [fresh]
+    stats = q.stats(2)
+    if on_stale == "drop":
+        assert (stats["dropped"], stats["regenerated"], list(q.stream)) == (1, 0, [20, 21])
+    else:
+        assert (stats["dropped"], stats["regenerated"], list(q.stream)) == (0, 1, [10, 20, 21])
+    with pytest.raises(ValueError, match="on_stale='keep'"):
+        RolloutQueue(1, token_budget=4, on_stale="keep")
