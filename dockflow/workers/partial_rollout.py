@@ -82,7 +82,7 @@ def generate_partial_into_dock(
             p.age += 1
         counts["parked"] += len(parked)
         slot, granted = call(queue, "finish", iteration, len(groups), len(done), parked, work.budget is not None,
-                             timeout_s=cfg.train.stage_timeout_s)
+                             not work.parked, timeout_s=cfg.train.stage_timeout_s)
         if granted < len(done):  # the window is full: the rest wait, finished, for the next one
             call(queue, "park", [groups[g] for g in done[granted:]], timeout_s=cfg.train.stage_timeout_s)
             counts["overflow"] += len(done) - granted

@@ -16,7 +16,10 @@ iteration's work, in order:
 1. parked groups of earlier iterations: ready ones, then the ones parked ``max_age`` times (they finish now),
    then the others (budgeted), packed so that a work item has at most ``rows_per_chunk`` unfinished rows;
 2. G new prompts from the prompt stream (this iteration's, then the next one's), budgeted, even when the
-   window is already full: they keep the parked pool primed for the next iteration;
+   window is already full, as long as most new groups so far parked: they keep the parked pool primed for
+   the next iteration (when most finish within the budget, they would only wait a version for the next window);
+   while the window is short, a work item starts no more new prompts than should fill it at the rate new groups
+   have finished within the budget so far;
 3. while the window is short: up to ``over_provision`` x G more new prompts (budgeted), then this iteration's
    own parked groups without a budget (they finish), then its prompts again without a budget.
 
@@ -28,6 +31,7 @@ with ``on_stale: regenerate`` its prompt goes back to the head of the stream and
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -93,6 +97,7 @@ class RolloutQueue:
         self.stream: deque[int] = deque()  # partial: prompts not started yet, in iteration order
         self.streamed: set[int] = set()  # iterations whose prompts joined the stream
         self.dropped = self.regenerated = self.overflow = 0
+        self.new_started = self.new_finished = 0  # new groups under the budget so far, and those that finished
 
     def ready(self) -> bool:
         return True
@@ -134,8 +139,10 @@ class RolloutQueue:
         resumable = self._resumable(iteration) if short else []
         if resumable:
             return self._resume(it, iteration, resumable)
-        if it.started < g or (short and it.started < g * (1 + self.over_provision)):
-            ids = [self.stream.popleft() for _ in range(min(self.chunk, len(self.stream)))]
+        primes = it.started < g and (short or self._budget_parks_most())
+        if primes or (short and it.started < g * (1 + self.over_provision)):
+            size = min(self.chunk, self._expected_to_fill(g - it.finished - it.in_flight)) if short else self.chunk
+            ids = [self.stream.popleft() for _ in range(min(size, len(self.stream)))]
             if ids:
                 it.started += len(ids)
                 return Work(iteration, ids, budget=self.budget)
@@ -194,14 +201,29 @@ class RolloutQueue:
         it = self.iterations.get(iteration)
         return it is None or it.finished >= len(it.prompt_ids)
 
-    def finish(self, iteration: int, taken: int, finished: int, parked: list[ParkedGroup], budget: bool = False
-               ) -> tuple[int, int]:
-        """A work item of ``taken`` groups is done (``budget``: it ran under the token budget): ``finished`` of them
-        are complete, ``parked`` wait. Returns (the first window slot for the complete ones, how many of them
-        the window takes); the caller parks the rest with :meth:`park` (ready for the next window)."""
+    def _expected_to_fill(self, missing: int) -> int:
+        """New groups to start so that about ``missing`` finish within the budget, at the rate seen so far."""
+        rate = self.new_finished / self.new_started if self.new_started else 1.0
+        return max(1, math.ceil(missing / max(rate, 1e-3)))
+
+    def _budget_parks_most(self) -> bool:
+        """Whether most new groups so far parked under the budget (none seen yet counts as yes). Only then are
+        new prompts started once the window is full: when most finish within the budget they would only wait,
+        a version older, for the next window."""
+        return 2 * self.new_finished <= self.new_started
+
+    def finish(self, iteration: int, taken: int, finished: int, parked: list[ParkedGroup], budget: bool = False,
+               new: bool = False) -> tuple[int, int]:
+        """A work item of ``taken`` groups is done (``budget``: it ran under the token budget; ``new``: it started
+        new prompts): ``finished`` of them are complete, ``parked`` wait. Returns (the first window slot for the
+        complete ones, how many of them the window takes); the caller parks the rest with :meth:`park` (ready
+        for the next window)."""
         it = self.iterations[iteration]
         if not budget:
             it.in_flight -= taken
+        elif new:
+            self.new_started += taken
+            self.new_finished += finished
         slot = it.finished
         granted = min(finished, len(it.prompt_ids) - it.finished)
         it.finished += granted

@@ -23,7 +23,7 @@ def _finish(q: RolloutQueue, it: int, w, version: int, finishes) -> tuple[int, i
     done = [p for p in groups if w.budget is None or p.open_rows == 0 or finishes(p)]
     parked = [ParkedGroup(p.prompt_id, None, min(p.version, version), p.age + 1, it, open_rows=p.open_rows)
               for p in groups if p not in done]
-    slot, granted = q.finish(it, len(groups), len(done), parked, w.budget is not None)
+    slot, granted = q.finish(it, len(groups), len(done), parked, w.budget is not None, not w.parked)
     q.park([ParkedGroup(p.prompt_id, None, min(p.version, version), p.age, it, open_rows=0) for p in done[granted:]])
     return slot, granted, done
 
@@ -105,6 +105,23 @@ def test_a_silent_queue_actor_is_reported_not_waited_on(monkeypatch):
     with pytest.raises(RolloutQueueTimeout, match="'take' for iteration 3 within 5s"):
         call(QueueHandle(), "take", 3, 0, timeout_s=5.0)
     assert waited["timeout"] == 5.0
+
+
+def test_when_most_groups_finish_within_the_budget_no_prompt_is_started_for_a_full_window():
+    """Short responses (90% of groups finish within the budget): once the window is full no more new prompts are
+    started, and a short window starts only about as many as it misses, so few finished groups wait for the next
+    window."""
+    g, chunk = 16, 16  # one work item holds the iteration's G prompts, as with rollout.batch_size = G x N
+    rng = random.Random(1)
+    ids = lambda i: [1000 * i + k for k in range(g)]  # noqa: E731
+    q = RolloutQueue(chunk, token_budget=8, max_age=1, age_bound=2, over_provision=1.0, next_prompts=ids)
+    for it in range(12):
+        q.open(it, ids(it))
+        while (work := q.take(it)) is not None:
+            _finish(q, it, work, it, lambda p: rng.random() < 0.9)
+        assert q.stats(it)["finished"] == g
+        assert q.stats(it)["started"] <= g + 4, (it, q.stats(it))  # the window's G, and a few to make up the shortfall
+    assert q.overflow <= 12, q.overflow
 
 
 @pytest.mark.parametrize("on_stale", ["drop", "regenerate"])
