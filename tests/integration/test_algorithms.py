@@ -75,7 +75,7 @@ def test_two_iterations_train_the_policy(algorithm, ray_cluster, tiny_config):
         assert summary["margin_before"] is not None and summary["margin_after"] is not None
         assert any(".mlp.experts." in k for k in after), "not the MoE model"
     if algorithm == "pf_ppo":
-        check_data_parallel_run(cfg, summary, rank_weights, uri, tiny_config)
+        check_data_parallel_run(cfg, summary, rank_weights, uri)
 
 
 def test_partial_rollout_parks_and_resumes_groups_across_two_generators(ray_cluster, tiny_config):
@@ -86,14 +86,14 @@ def test_partial_rollout_parks_and_resumes_groups_across_two_generators(ray_clus
     cost = {"engine__backend": "cost_model", "engine__cost_model__decode_s_per_step": 0.001, "sft__enabled": False,
             "engine__cost_model__prefill_s_per_token": 0.0,  # the generators have 0 CPUs here
             "engine__cost_model__length_mu": 1.5, "engine__cost_model__length_sigma": 0.8, "rollout__max_new_tokens": 8}
-    cfg = tiny_config("partial", 4, **cost, placement__mode="disaggregated", placement__generators=2,
+    cfg = tiny_config("partial", 3, **cost, placement__mode="disaggregated", placement__generators=2,
                       placement__generator_cpus=0, train__max_staleness=1, rollout__partial__token_budget=2,
                       dock__backend="centralized", eval__every=0, checkpoint__every=0)
     history: list[dict] = []
     train(cfg, on_iteration=lambda step, metrics: history.append(metrics))
 
     g, n = cfg.rollout.prompts_per_iter, cfg.rollout.group_size
-    assert [h["rollout/samples"] for h in history] == [g * n] * 4
+    assert [h["rollout/samples"] for h in history] == [g * n] * 3
     new = [h["flow/new_groups"] for h in history]
     assert g < new[0] <= 2 * g and all(g <= k <= 2 * g for k in new), new  # G each, + over-provisioning when short
     assert all(h["flow/parked_groups"] > 0 for h in history) and sum(h["flow/resumed_groups"] for h in history[1:]) > 0
@@ -109,9 +109,10 @@ def policy_of_each_rank(cfg) -> list[dict]:
     return [p["weights"] for p in ray.get([ray.get_actor(n).publish_weights.remote() for n in names])]
 
 
-def check_data_parallel_run(cfg, summary, rank_weights, uri, tiny_config) -> None:
-    """DP=2: the ranks hold one policy, the ledger reached MLflow with no update state on the device during
-    generation, and the run resumes from its (rank 0, unsharded) checkpoint."""
+def check_data_parallel_run(cfg, summary, rank_weights, uri) -> None:
+    """DP=2: the ranks hold one policy, the final model is that policy, and the ledger reached MLflow with no
+    update state on the device during generation. (The unsharded checkpoint's round trip is unit-tested in
+    tests/unit/engines/test_fsdp_training.py; resuming a run through a checkpoint in test_train_loop.)"""
     assert len(rank_weights) == 2 and all(len(ranks) == 2 for ranks in rank_weights)
     for first, second in rank_weights:
         assert first.keys() == second.keys()
@@ -125,7 +126,3 @@ def check_data_parallel_run(cfg, summary, rank_weights, uri, tiny_config) -> Non
         for key in ("update/optimizer_state_bytes", "generation/generation_weights_bytes", "reshard/temp_buffer_bytes"):
             history = read_metric_history(uri, summary["mlflow_run_id"], f"memory/rank{rank}/{key}")
             assert [s for s, _ in history] == [1, 2] and all(v > 0 for _, v in history), (rank, key)
-    resumed = train(tiny_config("pf_ppo", 3, config="configs/pf_ppo_arith.yaml", **{
-        k.replace(".", "__"): v for k, v in {"algorithm.pf_ppo.keep": 2, "train.dp": 2, "dock.backend": "centralized"}.items()
-    }), resume=True)
-    assert resumed["iterations"] == 3 and resumed["reward_per_iteration"][:2] == summary["reward_per_iteration"]
