@@ -243,6 +243,13 @@ class TrainConfig(_Section):
         "generation engine computed while sampling, stored as old_log_prob (no extra pass; exact when generation "
         "and training run the same numerics, as the HF engine does).",
     )
+    seqlen_balance: bool = Field(
+        True,
+        description="Balance the update by sequence length: with dp >= 2 the dock's controller splits each "
+        "mini-batch into equal-count shares with near-equal response tokens (Karmarkar-Karp on metadata, before "
+        "any data is read), and each mini-batch is sorted by length before it is cut into micro-batches, so a "
+        "micro-batch pads only to lengths like its own. false = shares and micro-batches in index order.",
+    )
     tis_cap: float | None = Field(
         None,
         gt=0.0,

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
         DockUnavailable,
         TransferDock,
     )
-    from dockflow.dock.samplers import balanced_partitions, concat_batches, split_balanced, split_groups
+    from dockflow.dock.partition import balanced_partitions
+    from dockflow.dock.samplers import concat_batches, split_balanced, split_groups
 
 _EXPORTS = {
     "META_KEYS": "dockflow.dock.errors",
@@ -36,7 +37,7 @@ _EXPORTS = {
     "DockBatch": "dockflow.dock.api",
     "DockSpec": "dockflow.dock.api",
     "TransferDock": "dockflow.dock.api",
-    "balanced_partitions": "dockflow.dock.samplers",
+    "balanced_partitions": "dockflow.dock.partition",
     "concat_batches": "dockflow.dock.samplers",
     "split_balanced": "dockflow.dock.samplers",
     "split_groups": "dockflow.dock.samplers",

@@ -49,6 +49,7 @@ async def _take_unless_reset(
     window: Window | None,
     timeout_s: float,
     prefer: Sequence[int] | None = None,
+    dp_share: tuple[int, int] | None = None,
 ) -> tuple[str, np.ndarray | None]:
     """Long-poll a take: ("ok", indices), ("timeout", None), or ("reset", None) when a reset touched ``window``
     meanwhile (the iteration this get waited in is over). Statuses are strings, not a sentinel object: Ray may
@@ -56,7 +57,9 @@ async def _take_unless_reset(
     resets = state.reset_count(window)
     chosen = await take_when_ready(
         cond,
-        lambda: "reset" if state.reset_count(window) != resets else state.take(batch_size, columns, whole_groups, window, prefer),
+        lambda: "reset" if state.reset_count(window) != resets else state.take(
+            batch_size, columns, whole_groups, window, prefer, dp_share
+        ),
         timeout_s,
     )
     if chosen is None:
@@ -102,18 +105,20 @@ class ControllerActor:
         timeout_s: float,
         window: Window | None = None,
         prefer: Sequence[int] | None = None,
+        dp_share: tuple[int, int] | None = None,
     ) -> tuple[str, Any, Any]:
         """("ok", indices, meta), ("timeout", readiness message, None), or ("reset", message, None) when a reset
         ended the iteration this get waited in (its requester may be gone: it must not take the next one's).
-        ``prefer``: shards (warehouses) whose samples go first, those on the requester's node."""
+        ``prefer``: shards (warehouses) whose samples go first, those on the requester's node. ``dp_share``:
+        see ``ControllerState.take``."""
         state = self.state
-        state.validate(batch_size, columns, whole_groups, window)
+        state.validate(batch_size, columns, whole_groups, window, dp_share)
         loop = asyncio.get_running_loop()
         started = loop.time()
         self.waiting += 1
         try:
             status, chosen = await _take_unless_reset(
-                self.cond, state, batch_size, columns, whole_groups, window, timeout_s, prefer
+                self.cond, state, batch_size, columns, whole_groups, window, timeout_s, prefer, dp_share
             )
         finally:
             self.waiting -= 1
@@ -303,16 +308,17 @@ class CentralBufferActor:
         timeout_s: float,
         peer: str,
         window: Window | None = None,
+        dp_share: tuple[int, int] | None = None,
     ) -> tuple[str, Any, Any, Any]:
         """("ok", indices, arrays, meta), ("timeout", message, None, None) or ("reset", message, None, None)."""
         state = self._state(consumer)
-        state.validate(batch_size, columns, whole_groups, window)
+        state.validate(batch_size, columns, whole_groups, window, dp_share)
         loop = asyncio.get_running_loop()
         started = loop.time()
         self.waiting[consumer] += 1
         try:
             status, chosen = await _take_unless_reset(
-                self.cond, state, batch_size, columns, whole_groups, window, timeout_s
+                self.cond, state, batch_size, columns, whole_groups, window, timeout_s, None, dp_share
             )
         finally:
             self.waiting[consumer] -= 1

@@ -134,12 +134,17 @@ class TransferDock(ABC):
         whole_groups: bool = False,
         timeout_s: float | None = None,
         window: tuple[int, int] | None = None,
+        dp_share: tuple[int, int] | None = None,
     ) -> DockBatch:
         """Block until ``batch_size`` unconsumed samples have ``columns`` ready, mark them consumed, return them.
 
         Returns the lowest ready indices, ascending, so a producer that writes in index order gives every
         consumer the same batches run after run. ``whole_groups`` returns only complete GRPO groups.
         ``window=(lo, hi)`` takes only indices in ``[lo, hi)``: the iteration that owns that slice of the dock.
+        ``dp_share=(rank, ranks)``: the caller is DP rank ``rank`` of ``ranks`` asking for its ``batch_size``
+        share of a mini-batch; the controller splits each mini-batch of ``ranks * batch_size`` samples into
+        equal-count shares balanced by response length (from metadata, before any data is read), and each
+        rank's k-th get returns its share of the k-th mini-batch. All ranks must ask for the same sizes.
         """
 
     @abstractmethod

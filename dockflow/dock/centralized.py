@@ -75,6 +75,7 @@ class CentralizedDock(TransferDock):
         whole_groups: bool = False,
         timeout_s: float | None = None,
         window: tuple[int, int] | None = None,
+        dp_share: tuple[int, int] | None = None,
     ) -> DockBatch:
         what = f"get by consumer {consumer!r}"
         if columns is None:
@@ -83,10 +84,12 @@ class CentralizedDock(TransferDock):
                 self._columns[consumer] = tuple(call([ref], self.spec.rpc_timeout_s, what)[0])
             columns = self._columns[consumer]
         columns = list(columns)
-        validation.check_get(self.spec, consumer, batch_size, columns, whole_groups)
+        validation.check_get(self.spec, consumer, batch_size, columns, whole_groups, dp_share)
         win = validation.check_window(self.spec, window, f"get by {consumer!r}")
         timeout = self.spec.get_timeout_s if timeout_s is None else timeout_s
-        ref = self.buffer.get.remote(consumer, batch_size, columns, whole_groups, timeout, peer_id(), win)
+        ref = self.buffer.get.remote(
+            consumer, batch_size, columns, whole_groups, timeout, peer_id(), win, dp_share
+        )
         status, indices, arrays, meta = call([ref], timeout + _GRACE_S, what)[0]
         if status != "ok":
             raise get_failure(status, indices)

@@ -4,6 +4,7 @@ in ``actors.py`` and the centralized buffer reuses it as is."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +13,7 @@ import numpy as np
 
 from dockflow.dock.errors import DockInvalid
 from dockflow.dock.meta import MetaTable
+from dockflow.dock.partition import balanced_partitions
 from dockflow.dock.window import Window, dropped_mask, window_mask
 
 
@@ -64,6 +66,8 @@ class ControllerState:
         # Warehouse (shard) of each sample, for gets that prefer their own node's warehouses; None: one shard.
         self.owners = owners
         self._preferred: dict[tuple[int, ...], np.ndarray] = {}
+        # DP shares split off for a rank but not yet taken by it: (window, rank) -> FIFO of index arrays.
+        self._shares: dict[tuple[Window | None, int], deque[np.ndarray]] = {}
         self.gets = 0
         self.samples_out = 0
         self.notifications = 0
@@ -85,10 +89,22 @@ class ControllerState:
         self.notifications += 1
 
     def validate(
-        self, batch_size: int, columns: Sequence[str], whole_groups: bool, window: Window | None = None
+        self,
+        batch_size: int,
+        columns: Sequence[str],
+        whole_groups: bool,
+        window: Window | None = None,
+        dp_share: tuple[int, int] | None = None,
     ) -> None:
         """Reject requests that no future put can satisfy (instead of letting them hang)."""
         self._check_columns(columns)
+        if dp_share is not None:
+            rank, ranks = dp_share
+            if not 0 <= rank < ranks:
+                raise DockInvalid(f"consumer {self.consumer!r}: dp_share rank {rank} is not in [0, {ranks})")
+            if self._shares.get((window, rank)):
+                return  # this rank's share is already split off
+            batch_size *= ranks
         unregistered = [c for c in columns if c not in self.columns]
         if unregistered:
             raise DockInvalid(
@@ -130,12 +146,55 @@ class ControllerState:
         whole_groups: bool = False,
         window: Window | None = None,
         prefer: Sequence[int] | None = None,
+        dp_share: tuple[int, int] | None = None,
     ) -> np.ndarray | None:
         """``batch_size`` ready-and-unconsumed indices (in ``window``), now marked consumed; None if too few.
 
         The lowest indices win; with ``prefer`` (shard ids, e.g. the warehouses on the caller's node) ready
         samples of those shards come first and the rest fill up, so a consumer reads locally when it can
-        and still takes from elsewhere rather than wait. Returned ascending."""
+        and still takes from elsewhere rather than wait. Returned ascending.
+
+        ``dp_share=(rank, ranks)``: the caller is one of ``ranks`` data-parallel ranks, each asking for its
+        ``batch_size`` share of a mini-batch of ``ranks * batch_size``. The first rank to ask takes the whole
+        mini-batch and splits it by response length (metadata) into equal-count shares with near-equal token
+        totals; every rank's k-th get returns its share of the k-th mini-batch."""
+        if dp_share is None:
+            return self._take(batch_size, columns, whole_groups, window, prefer)
+        rank, ranks = dp_share
+        pending = self._shares.get((window, rank))
+        if pending:
+            share = pending.popleft()
+            if len(share) != batch_size:
+                raise DockInvalid(
+                    f"consumer {self.consumer!r}: DP rank {rank} asked for {batch_size} samples but its share of "
+                    f"the mini-batch holds {len(share)}: all ranks must ask for equal shares in the same order"
+                )
+            return share
+        chosen = self._take(batch_size * ranks, columns, whole_groups, window, prefer)
+        if chosen is None:
+            return None
+        shares = self._split(chosen, ranks, whole_groups)
+        for r, share in enumerate(shares):
+            if r != rank:
+                self._shares.setdefault((window, r), deque()).append(share)
+        return shares[rank]
+
+    def _split(self, chosen: np.ndarray, ranks: int, whole_groups: bool) -> list[np.ndarray]:
+        """Equal-count shares of ``chosen`` with near-equal response tokens (whole groups stay together)."""
+        lengths = np.maximum(self.meta.values["response_length"][chosen], 0)  # -1: not reported
+        unit = self.group_size if whole_groups else 1
+        weights = lengths.reshape(-1, unit).sum(axis=1).tolist()
+        units = chosen.reshape(-1, unit)
+        return [np.sort(units[part].reshape(-1)) for part in balanced_partitions(weights, ranks)]
+
+    def _take(
+        self,
+        batch_size: int,
+        columns: Sequence[str],
+        whole_groups: bool,
+        window: Window | None,
+        prefer: Sequence[int] | None,
+    ) -> np.ndarray | None:
         mask = self._available(columns, whole_groups, window)
         preferred = self._preferred_mask(prefer)
         if preferred is None:
@@ -182,6 +241,8 @@ class ControllerState:
         scope = window_mask(self.capacity, window)
         self.consumed[scope] = False
         self.resets[scope] += 1
+        for key in [k for k in self._shares if k[0] is None or window is None or k[0] == window]:
+            del self._shares[key]
         self.meta.reset(keep, window)
 
     def reset_count(self, window: Window | None = None) -> int:

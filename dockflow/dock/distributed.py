@@ -161,13 +161,16 @@ class DistributedDock(TransferDock):
         whole_groups: bool = False,
         timeout_s: float | None = None,
         window: tuple[int, int] | None = None,
+        dp_share: tuple[int, int] | None = None,
     ) -> DockBatch:
         controller = self._controller(consumer)
         columns = list(self._registered_columns(consumer) if columns is None else columns)
-        validation.check_get(self.spec, consumer, batch_size, columns, whole_groups)
+        validation.check_get(self.spec, consumer, batch_size, columns, whole_groups, dp_share)
         win = validation.check_window(self.spec, window, f"get by {consumer!r}")
         timeout = self.spec.get_timeout_s if timeout_s is None else timeout_s
-        ref = controller.take.remote(batch_size, columns, whole_groups, timeout, win, self._local_shards())
+        ref = controller.take.remote(
+            batch_size, columns, whole_groups, timeout, win, self._local_shards(), dp_share
+        )
         status, indices, meta = self._await_controller(ref, consumer, timeout)
         if status != "ok":
             raise get_failure(status, indices)

@@ -98,9 +98,18 @@ def check_reset(spec: DockSpec, keep: Sequence[int], window: Sequence[int] | Non
 
 
 def check_get(
-    spec: DockSpec, consumer: str, batch_size: int, columns: Sequence[str], whole_groups: bool
+    spec: DockSpec,
+    consumer: str,
+    batch_size: int,
+    columns: Sequence[str],
+    whole_groups: bool,
+    dp_share: tuple[int, int] | None = None,
 ) -> None:
     """What can be refused without asking the controller."""
+    if dp_share is not None:
+        if len(dp_share) != 2 or not 0 <= dp_share[0] < dp_share[1]:
+            raise DockInvalid(f"get by {consumer!r}: dp_share must be (rank, ranks) with 0 <= rank < ranks, not {dp_share!r}")
+        check_get(spec, consumer, batch_size * dp_share[1], columns, whole_groups)
     unknown = [c for c in columns if c not in spec.columns]
     if unknown:
         raise DockInvalid(f"get by {consumer!r}: unknown columns {unknown}; the dock has {list(spec.columns)}")

@@ -200,6 +200,11 @@ class FSDPTrainingEngine(TorchTrainingEngine):
         dist.all_reduce(values)
         return dict(zip(keys, values.tolist(), strict=True))
 
+    def _rank_loads(self, load: torch.Tensor) -> torch.Tensor:
+        loads = [torch.zeros_like(load) for _ in range(dist.get_world_size())]
+        dist.all_gather(loads, load)
+        return torch.stack(loads)
+
     def _clip_grads(self) -> torch.Tensor:
         self._update_state().track(self.ledger)  # the grads exist now
         self.ledger.record(f"step {self._steps} grads", phase="update")

@@ -16,7 +16,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from dockflow.engines.base import LossFn, TrainingEngine
-from dockflow.engines.logprobs import ResponseFn, batched_response_outputs, response_log_probs
+from dockflow.engines.logprobs import ResponseFn, batched_response_outputs, response_log_probs, trim_columns
 
 
 class TorchTrainingEngine(TrainingEngine):
@@ -58,6 +58,10 @@ class TorchTrainingEngine(TrainingEngine):
         """Token-weighted metrics of the whole mini-batch; one process: already complete."""
         return metrics
 
+    def _rank_loads(self, load: torch.Tensor) -> torch.Tensor:
+        """Every DP rank's ``load`` (a 1-D tensor), stacked [ranks, ...]; one process: its own."""
+        return load.unsqueeze(0)
+
     def _forward(self, batch: TensorDict) -> torch.Tensor:
         ids, mask = batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
         return self.response_fn(self.model, ids, mask, batch["responses"].shape[1])
@@ -70,8 +74,10 @@ class TorchTrainingEngine(TrainingEngine):
         self.optimizer.zero_grad(set_to_none=True)
         tokens = self._total_tokens(batch)
         out: dict[str, float] = {}
+        positions = 0  # token positions the forward passes compute: real tokens plus the padding left in
         for i in range(0, batch.batch_size[0], micro_batch_size):
             micro = batch[i : i + micro_batch_size]
+            positions += padded_positions(micro)
             logp = self._forward(micro)
             loss, metrics = loss_fn(logp, micro, tokens)
             loss.backward()
@@ -79,6 +85,7 @@ class TorchTrainingEngine(TrainingEngine):
             for k, v in metrics.items():
                 out[k] = out.get(k, 0.0) + v * share
         out = self._reduce_metrics(out)
+        out.update(load_metrics(self._rank_loads(torch.tensor([positions, float(batch["attention_mask"].sum())]))))
         grad_norm = self._clip_grads()
         if torch.isfinite(grad_norm):
             self.optimizer.step()
@@ -96,3 +103,21 @@ class TorchTrainingEngine(TrainingEngine):
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name, p in self.model.named_parameters():
             yield name, p.detach()
+
+
+def padded_positions(micro: TensorDict) -> float:
+    """Positions one forward over ``micro`` computes once all-padding columns are cut (``logprobs.trim_columns``)."""
+    mask, width = micro["attention_mask"], micro["responses"].shape[1]
+    first, keep_r = trim_columns(mask, width)
+    return float(micro.batch_size[0] * (mask.shape[1] - width - first + keep_r))
+
+
+def load_metrics(loads: torch.Tensor) -> dict[str, float]:
+    """From [ranks, (computed positions, real tokens)]: the padding share of the computed positions, and how
+    much the busiest rank computed against the mean (1.0 = balanced; the step waits for the busiest)."""
+    computed, real = loads[:, 0], loads[:, 1]
+    total = float(computed.sum().clamp(min=1))
+    return {
+        "train/padding_fraction": 1.0 - float(real.sum()) / total,
+        "train/dp_load_imbalance": float(computed.max()) / (total / len(computed)),
+    }

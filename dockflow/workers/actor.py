@@ -33,7 +33,7 @@ from dockflow.workers.rollout import generate_into_dock, rollout_metrics
 from dockflow.workers.rollout_queue import staleness_bound
 from dockflow.workers.runtime import ModelWorker
 from dockflow.workers.staleness import StalenessCounter
-from dockflow.workers.training import train_epochs
+from dockflow.workers.training import length_sorted, train_epochs
 
 
 class ActorWorker(ModelWorker):
@@ -161,15 +161,20 @@ class ActorWorker(ModelWorker):
         tc = self.cfg.train
         dpo = self.cfg.algorithm.name == "dpo"
         waited = WaitClock()
+        balance = tc.seqlen_balance and not dpo  # DPO's rows are chosen/rejected pairs: keep their order
         batches = consume(
-            # each DP rank takes a fixed, equal share of every mini-batch: FSDP's collectives need equal step counts
+            # each DP rank takes an equal share of every mini-batch (FSDP's collectives need equal step counts),
+            # balanced by response length across the ranks when seqlen_balance is on
             self.dock, "actor_update", self.columns["actor_update"], self.cfg.train_batch // self.dp,
             tc.mini_batch_size // self.dp,
             whole_groups=dpo, window=self.cfg.dock_window(iteration), clock=waited,
+            dp_share=(self.rank, self.dp) if balance and self.dp > 1 else None,
         )
         staleness = StalenessCounter(self.policy_version, staleness_bound(self.cfg))
         loss_fn = self._dpo_loss if dpo else self._loss
         mini_batches = (staleness.admit(b.data, b.meta["policy_version"]) for b in batches)
+        if balance:
+            mini_batches = (length_sorted(mb, tc.micro_batch_size) for mb in mini_batches)
         out = train_epochs(self.train_engine, mini_batches, loss_fn, tc.epochs, tc.micro_batch_size)
         out.update(staleness.metrics())
         out.update(self.train_engine.memory_metrics())

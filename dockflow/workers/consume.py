@@ -26,14 +26,16 @@ def consume(
     whole_groups: bool = False,
     window: tuple[int, int] | None = None,
     clock: WaitClock | None = None,
+    dp_share: tuple[int, int] | None = None,
 ) -> Iterator[DockBatch]:
     """Yield batches of ``batch_size`` (the last may be smaller) until ``total`` samples are consumed, from the
-    iteration's ``window`` of the dock; ``clock`` adds up the time spent waiting for them."""
+    iteration's ``window`` of the dock; ``clock`` adds up the time spent waiting for them. ``dp_share=(rank,
+    ranks)``: each batch is this rank's length-balanced share of a mini-batch (``TransferDock.get``)."""
     taken = 0
     while taken < total:
         size = min(batch_size, total - taken)
         start = time.perf_counter()
-        batch = dock.get(consumer, size, columns, whole_groups=whole_groups, window=window)
+        batch = dock.get(consumer, size, columns, whole_groups=whole_groups, window=window, dp_share=dp_share)
         if clock is not None:
             clock.seconds += time.perf_counter() - start
         taken += len(batch)

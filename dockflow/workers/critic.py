@@ -19,7 +19,7 @@ from dockflow.models import load_critic
 from dockflow.workers.columns import consumers
 from dockflow.workers.consume import consume
 from dockflow.workers.runtime import ModelWorker
-from dockflow.workers.training import train_epochs
+from dockflow.workers.training import length_sorted, train_epochs
 
 
 class CriticWorker(ModelWorker):
@@ -70,7 +70,8 @@ class CriticWorker(ModelWorker):
             self.dock, "critic_update", self.columns["critic_update"], self.cfg.train_batch, tc.mini_batch_size,
             window=self.cfg.dock_window(iteration),
         )
-        metrics = train_epochs(self.engine, (b.data for b in batches), self._loss, tc.epochs, tc.micro_batch_size)
-        out = {k if k.startswith("critic/") else f"critic/{k}": v for k, v in metrics.items()}
+        mini_batches = (length_sorted(b.data, tc.micro_batch_size) if tc.seqlen_balance else b.data for b in batches)
+        metrics = train_epochs(self.engine, mini_batches, self._loss, tc.epochs, tc.micro_batch_size)
+        out = {k if k.startswith("critic/") else f"critic/{k.removeprefix('train/')}": v for k, v in metrics.items()}
         out["timing/critic_update_s"] = time.perf_counter() - start
         return out

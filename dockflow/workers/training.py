@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import torch
 from tensordict import TensorDict
 
 from dockflow.engines import LossFn, TrainingEngine
@@ -31,3 +32,15 @@ def train_epochs(
         for mb in seen:
             step(mb)
     return {k: v / max(steps, 1) for k, v in totals.items()}
+
+
+def length_sorted(batch: TensorDict, micro_batch_size: int) -> TensorDict:
+    """The mini-batch's rows sorted by response length, then total length, when it spans several micro-batches:
+    each micro-batch then holds similar lengths and is cut to them (``engines/logprobs.py`` trims the columns
+    that are padding in every row), instead of every micro-batch padding to the longest response."""
+    rows = batch.batch_size[0]
+    if rows <= micro_batch_size:
+        return batch
+    total = batch["attention_mask"].sum(-1)
+    key = batch["response_mask"].sum(-1) * (batch["attention_mask"].shape[1] + 1) + total
+    return batch[torch.argsort(key, stable=True)]

@@ -119,6 +119,9 @@ def check_data_parallel_run(cfg, summary, rank_weights, uri) -> None:
         assert all(torch.equal(first[k], second[k]) for k in first), "the DP ranks hold different policies"
     final = load_file(str(Path(summary["final_model"]) / "model.safetensors"))
     assert all(torch.equal(final[k], rank_weights[-1][0][k]) for k in rank_weights[-1][0])
+    # the ranks took length-balanced shares from the dock (dp_share): the busiest computed < 1.5x the mean
+    imbalance = read_metric_history(uri, summary["mlflow_run_id"], "train/dp_load_imbalance")
+    assert [s for s, _ in imbalance] == [1, 2] and all(1.0 <= v < 1.5 for _, v in imbalance), imbalance
     for rank in range(2):
         for phase, category in [("generation", "update_weights"), ("generation", "grads"), ("generation", "optimizer_state")]:
             history = read_metric_history(uri, summary["mlflow_run_id"], f"memory/rank{rank}/{phase}/{category}_bytes")

@@ -172,6 +172,22 @@ def test_windows_isolate_iterations_that_share_the_dock(fresh, worker):
         fresh.get("reward", 1, window=(1, half))
 
 
+def test_dp_ranks_get_length_balanced_shares_from_metadata(fresh, worker):
+    # Two DP ranks in two processes ask for their shares of one 8-sample mini-batch; rank 1 waits first.
+    lengths = [40, 1, 35, 2, 30, 3, 25, 4]
+    waiting = worker.get.remote(fresh, "reward", 4, dp_share=(1, 2))
+    put(fresh, range(8), ["responses"], meta={"response_length": lengths})
+    share0 = fresh.get("reward", 4, dp_share=(0, 2))
+    indices1, data1 = ray.get(waiting, timeout=60)
+    assert sorted(share0.indices + indices1) == list(range(8))
+    assert share0.meta["response_length"].tolist() == [lengths[i] for i in share0.indices]
+    assert torch.equal(data1["responses"], rows(indices1, "responses"))
+    totals = sorted(sum(lengths[i] for i in share) for share in (share0.indices, indices1))
+    assert totals[1] - totals[0] <= 5  # index order: 106 vs 34
+    with pytest.raises(DockInvalid, match="dp_share"):
+        fresh.get("reward", 4, dp_share=(2, 2))
+
+
 def test_whole_groups(fresh):
     put(fresh, [0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11], ["responses"])
     assert fresh.get("reward", 8, whole_groups=True).indices == list(range(4, 12))

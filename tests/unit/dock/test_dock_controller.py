@@ -125,3 +125,69 @@ def test_take_prefers_the_given_shards_then_fills_from_the_rest():
     assert s.take(4, ["responses"], whole_groups=True, prefer=[2]).tolist() == [0, 1, 10, 11]  # still whole groups
     assert s.take(2, ["responses"], prefer=[0, 1]).tolist() == [2, 3]
     assert s.take(2, ["responses"]).tolist() == [4, 5]  # no preference: lowest first
+
+
+def lengths_ready(s: ControllerState, lengths: list[int]) -> None:
+    s.mark_ready(np.arange(len(lengths)), ["responses"], {"response_length": np.array(lengths)})
+
+
+def test_dp_shares_split_each_mini_batch_by_response_length():
+    s = state(capacity=16, group_size=1)
+    lengths = [100, 1, 90, 2, 80, 3, 70, 4, 10, 10, 10, 10, 10, 10, 10, 10]
+    lengths_ready(s, lengths)
+    first = [s.take(4, ["responses"], dp_share=(r, 2)) for r in (1, 0)]  # rank 1 asks first
+    assert sorted(np.concatenate(first).tolist()) == list(range(8))  # the first mini-batch: the 8 lowest
+    totals = [int(sum(lengths[i] for i in share)) for share in first]
+    assert abs(totals[0] - totals[1]) <= 10  # index order would give 193 vs 157
+    assert all(share.tolist() == sorted(share.tolist()) for share in first)
+    second = [s.take(4, ["responses"], dp_share=(r, 2)) for r in (0, 1)]
+    assert sorted(np.concatenate(second).tolist()) == list(range(8, 16))
+    assert s.consumed.all()
+
+
+def test_dp_shares_come_in_mini_batch_order_whoever_asks_first():
+    s = state(capacity=16, group_size=1)
+    lengths_ready(s, list(range(16)))
+    ahead = [s.take(4, ["responses"], dp_share=(1, 2)) for _ in range(2)]  # rank 1 runs two mini-batches ahead
+    behind = [s.take(4, ["responses"], dp_share=(0, 2)) for _ in range(2)]
+    for k in range(2):
+        assert sorted(np.concatenate([ahead[k], behind[k]]).tolist()) == list(range(8 * k, 8 * k + 8))
+
+
+def test_dp_share_waits_for_the_whole_mini_batch_and_takes_nothing_before():
+    s = state(capacity=16, group_size=1)
+    lengths_ready(s, [5] * 6)
+    assert s.take(4, ["responses"], dp_share=(0, 2)) is None
+    assert not s.consumed.any()
+
+
+def test_dp_shares_keep_whole_groups_together():
+    s = state(capacity=16, group_size=4)
+    lengths_ready(s, [50] * 4 + [40] * 4 + [1] * 4 + [2] * 4)
+    shares = [s.take(8, ["responses"], whole_groups=True, dp_share=(r, 2)) for r in (0, 1)]
+    groups = [sorted({int(i) // 4 for i in share}) for share in shares]
+    assert sorted(g for gs in groups for g in gs) == [0, 1, 2, 3]
+    assert all(len(share) == 8 and len(gs) == 2 for share, gs in zip(shares, groups, strict=True))
+    assert {tuple(gs) for gs in groups} == {(0, 2), (1, 3)}  # 204 vs 168 tokens; index order: 360 vs 12
+
+
+def test_dp_shares_of_unequal_size_are_refused_and_a_reset_drops_pending_shares():
+    s = state(capacity=16, group_size=1)
+    lengths_ready(s, [3] * 16)
+    s.take(4, ["responses"], dp_share=(0, 2))
+    with pytest.raises(DockInvalid, match="equal shares"):
+        s.take(2, ["responses"], dp_share=(1, 2))
+    s.take(4, ["responses"], dp_share=(0, 2))  # a pending share for rank 1 again
+    s.reset(np.array([], dtype=np.int64))
+    lengths_ready(s, [3] * 16)
+    assert s.take(4, ["responses"], dp_share=(1, 2)).tolist() != []  # a fresh split, not the stale share
+    assert s.consumed.sum() == 8
+
+
+def test_dp_share_validation_counts_the_whole_mini_batch():
+    s = state(capacity=16, group_size=1)
+    with pytest.raises(DockInvalid, match="rank 2"):
+        s.validate(4, ["responses"], False, dp_share=(2, 2))
+    with pytest.raises(DockInvalid, match="asked for 24"):
+        s.validate(12, ["responses"], False, dp_share=(0, 2))
+    s.validate(8, ["responses"], False, dp_share=(0, 2))

@@ -98,7 +98,11 @@ def test_one_dp2_step_equals_the_dp1_step_on_the_union(ranks):
     for r in ranks:
         assert r["metrics"].keys() == metrics.keys()
         for k, v in metrics.items():
-            assert r["metrics"][k] == pytest.approx(v, rel=1e-5), k
+            if k != "train/dp_load_imbalance":
+                assert r["metrics"][k] == pytest.approx(v, rel=1e-5), k
+        # rank 0's rows (lengths 4,4,3,4) compute 32 positions in 2 micro-batches, rank 1's (1,2,1,2) 24
+        assert r["metrics"]["train/dp_load_imbalance"] == pytest.approx(32 / 28)
+        assert r["metrics"]["train/padding_fraction"] == pytest.approx(3 / 56)
         for name, weight in r["generation"].items():
             # AdamW's first step is ~lr * sign(grad): summation-order noise in tiny grads moves a weight by up
             # to ~1e-5 (of a 1e-2 step); the grads themselves agree (the grad norm above, to 1e-5)
@@ -110,6 +114,11 @@ def test_one_dp2_step_equals_the_dp1_step_on_the_union(ranks):
     torch.testing.assert_close(torch.cat([r["logp"] for r in ranks]) * mask, logp * mask, rtol=1e-5, atol=1e-6)
     for name, weight in model.named_parameters():
         torch.testing.assert_close(ranks[0]["initial"][name], weight.detach(), msg=name)
+
+
+def test_dp1_reports_no_imbalance():
+    metrics, _ = reference()
+    assert metrics["train/dp_load_imbalance"] == 1.0
 
 
 def test_the_full_state_dict_has_dp1_keys_and_round_trips(ranks):
