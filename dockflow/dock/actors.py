@@ -125,7 +125,7 @@ class ControllerActor:
         if status == "reset":
             return "reset", _cancelled_message(self.state.consumer), None
         if status == "timeout":
-            readiness = state.readiness(batch_size, columns, whole_groups, window)
+            readiness = state.readiness(state.samples_needed(batch_size, window, dp_share), columns, whole_groups, window)
             return "timeout", readiness.message(loop.time() - started), None
         meta = self.state.meta.take(chosen)
         self.meta_bytes_out += chosen.nbytes + nbytes(meta)
@@ -325,7 +325,8 @@ class CentralBufferActor:
         if status == "reset":
             return "reset", _cancelled_message(consumer), None, None
         if status == "timeout":
-            message = state.readiness(batch_size, columns, whole_groups, window).message(loop.time() - started)
+            needed = state.samples_needed(batch_size, window, dp_share)
+            message = state.readiness(needed, columns, whole_groups, window).message(loop.time() - started)
             return "timeout", message, None, None
         arrays = self.store.read(chosen, columns)
         self.bytes_by_peer[peer] += nbytes(arrays)

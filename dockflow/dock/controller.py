@@ -104,7 +104,7 @@ class ControllerState:
                 raise DockInvalid(f"consumer {self.consumer!r}: dp_share rank {rank} is not in [0, {ranks})")
             if self._shares.get((window, rank)):
                 return  # this rank's share is already split off
-            batch_size *= ranks
+            batch_size = self.samples_needed(batch_size, window, dp_share)
         unregistered = [c for c in columns if c not in self.columns]
         if unregistered:
             raise DockInvalid(
@@ -129,6 +129,14 @@ class ControllerState:
                 f"{f'window {list(window)}' if window else f'capacity {self.capacity}'} "
                 "are not yet consumed: they can never arrive before a reset"
             )
+
+    def samples_needed(
+        self, batch_size: int, window: Window | None = None, dp_share: tuple[int, int] | None = None
+    ) -> int:
+        """Ready samples a take must find: a DP rank whose share is not split off yet needs the whole mini-batch."""
+        if dp_share is None or self._shares.get((window, dp_share[0])):
+            return batch_size
+        return batch_size * dp_share[1]
 
     def _available(self, columns: Sequence[str], whole_groups: bool, window: Window | None = None) -> np.ndarray:
         mask = ~self.consumed & window_mask(self.capacity, window)

@@ -72,6 +72,7 @@ class CriticWorker(ModelWorker):
         )
         mini_batches = (length_sorted(b.data, tc.micro_batch_size) if tc.seqlen_balance else b.data for b in batches)
         metrics = train_epochs(self.engine, mini_batches, self._loss, tc.epochs, tc.micro_batch_size)
+        metrics.pop("train/dp_load_imbalance", None)  # the critic trains on one process
         out = {k if k.startswith("critic/") else f"critic/{k.removeprefix('train/')}": v for k, v in metrics.items()}
         out["timing/critic_update_s"] = time.perf_counter() - start
         return out

@@ -191,3 +191,14 @@ def test_dp_share_validation_counts_the_whole_mini_batch():
     with pytest.raises(DockInvalid, match="asked for 24"):
         s.validate(12, ["responses"], False, dp_share=(0, 2))
     s.validate(8, ["responses"], False, dp_share=(0, 2))
+
+
+def test_a_waiting_dp_share_reports_the_whole_mini_batch_it_needs():
+    s = state(capacity=16, group_size=1)
+    lengths_ready(s, [5] * 6)
+    need = s.samples_needed(4, None, (0, 2))
+    assert need == 8
+    assert "waited 1.0s for 8 samples" in s.readiness(need, ["responses"], False).message(1.0)
+    lengths_ready(s, [5] * 8)
+    s.take(4, ["responses"], dp_share=(0, 2))
+    assert s.samples_needed(4, None, (1, 2)) == 4  # rank 1's share is already split off

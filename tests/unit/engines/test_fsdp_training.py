@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from fixtures.tiny_models import tiny_qwen2
 from tensordict import TensorDict
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from dockflow.engines import TorchTrainingEngine
 from dockflow.reshard import UPDATE_STATE
@@ -23,11 +23,8 @@ WORLD = 2
 LR, CLIP = 1e-2, 0.5
 
 
-def tiny_model() -> Qwen2ForCausalLM:
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=48, tie_word_embeddings=True)
-    return Qwen2ForCausalLM(config)
+def tiny_model():
+    return tiny_qwen2(vocab_size=40)
 
 
 def mini_batch() -> TensorDict:

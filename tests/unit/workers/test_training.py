@@ -1,8 +1,8 @@
 """Length-sorted micro-batches: same update as index order, less padding computed."""
 
 import torch
+from fixtures.tiny_models import tiny_qwen2
 from tensordict import TensorDict
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from dockflow.engines import TorchTrainingEngine
 from dockflow.workers.training import length_sorted
@@ -10,11 +10,8 @@ from dockflow.workers.training import length_sorted
 P, R = 3, 6
 
 
-def tiny_model() -> Qwen2ForCausalLM:
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=30, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=48, tie_word_embeddings=True)
-    return Qwen2ForCausalLM(config)
+def tiny_model():
+    return tiny_qwen2(vocab_size=30)
 
 
 def mini_batch() -> TensorDict:
