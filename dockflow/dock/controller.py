@@ -98,18 +98,18 @@ class ControllerState:
     ) -> None:
         """Reject requests that no future put can satisfy (instead of letting them hang)."""
         self._check_columns(columns)
-        if dp_share is not None:
-            rank, ranks = dp_share
-            if not 0 <= rank < ranks:
-                raise DockInvalid(f"consumer {self.consumer!r}: dp_share rank {rank} is not in [0, {ranks})")
-            if self._shares.get((window, rank)):
-                return  # this rank's share is already split off
-            batch_size = self.samples_needed(batch_size, window, dp_share)
         unregistered = [c for c in columns if c not in self.columns]
         if unregistered:
             raise DockInvalid(
                 f"consumer {self.consumer!r} registered columns {list(self.columns)}, not {unregistered}"
             )
+        if dp_share is not None:
+            rank, ranks = dp_share
+            if not 0 <= rank < ranks:
+                raise DockInvalid(f"consumer {self.consumer!r}: dp_share rank {rank} is not in [0, {ranks})")
+            if self._shares.get((window, rank)):
+                return  # this rank's share is already split off (and consumed)
+            batch_size = self.samples_needed(batch_size, window, dp_share)
         if batch_size <= 0:
             raise DockInvalid(f"consumer {self.consumer!r}: batch_size must be positive, not {batch_size}")
         open_ = window_mask(self.capacity, window) & ~self.consumed
