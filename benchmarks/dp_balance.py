@@ -150,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mu", type=float, default=3.5, help="mean of log(response length)")
     parser.add_argument("--sigma", type=float, default=1.0, help="std of log(response length): the tail")
     args = parser.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0:
+        parser.error(f"--steps must be >= 1 and --warmup >= 0, not {args.steps} and {args.warmup}")
     if args.rows % (WORLD * args.micro):
         parser.error(f"--rows ({args.rows}) must be a multiple of {WORLD} x --micro ({args.micro})")
     os.environ.setdefault("OMP_NUM_THREADS", "1")

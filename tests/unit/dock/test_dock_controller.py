@@ -180,8 +180,8 @@ def test_dp_shares_of_unequal_size_are_refused_and_a_reset_drops_pending_shares(
     s.take(4, ["responses"], dp_share=(0, 2))  # a pending share for rank 1 again
     s.reset(np.array([], dtype=np.int64))
     lengths_ready(s, [3] * 16)
-    assert s.take(4, ["responses"], dp_share=(1, 2)).tolist() != []  # a fresh split, not the stale share
-    assert s.consumed.sum() == 8
+    fresh = s.take(4, ["responses"], dp_share=(1, 2))  # a fresh split, not the stale share
+    assert len(fresh) == 4 and s.consumed.sum() == 8  # the stale share would have consumed nothing
 
 
 def test_dp_share_validation_counts_the_whole_mini_batch():
