@@ -125,7 +125,7 @@ def prompt_rows(cfg: Config, tokenizer: Any) -> list[dict[str, Any]]:
     ``prompt_length`` is the prompt's token count as both systems encode it (with BOS), precomputed so that
     the timed loop does no extra tokenization.
     """
-    task = load_task(cfg.data, cfg.run.seed)
+    task = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint)
     sampler = iteration_sampler(cfg)
     rows = []
     for it in range(cfg.train.iterations):
@@ -234,7 +234,7 @@ def _timed_trainer(meter: _Meter):
 
 def held_out_accuracy(model: Any, tokenizer: Any, cfg: Config) -> float:
     """DockFlow's evaluation (greedy, verifier) on the first ``eval.num_prompts`` test prompts."""
-    examples = load_task(cfg.data, cfg.run.seed).test[: cfg.eval.num_prompts]
+    examples = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint).test[: cfg.eval.num_prompts]
     return evaluate_policy(model, tokenizer, examples, cfg)["eval/test_accuracy"]
 
 

@@ -56,7 +56,7 @@ from dockflow.config import Config, TinyModelConfig, load_config  # noqa: E402
 from dockflow.flow import record  # noqa: E402
 from dockflow.flow.throughput import throughput_tps  # noqa: E402
 from dockflow.flow.trainer import run_dir_of, train  # noqa: E402
-from dockflow.models.initial import initial_model  # noqa: E402
+from dockflow.models.sft import sft_warm_start  # noqa: E402
 
 CONFIG = "configs/grpo_arith.yaml"
 TARGET_RATIO = 1.5  # issue 5: DockFlow's throughput at least 1.5x TRL's in both setups
@@ -251,7 +251,7 @@ def run_setup(setup: Setup, iterations: int, runs_dir: str, extra: list[str], mo
     else:
         start_dir = Path(runs_dir) / f"{setup.name}_start"  # not a run directory: the runs clear theirs
         start_dir.mkdir(parents=True, exist_ok=True)
-        model_dir, _ = initial_model(cfg, start_dir)  # the SFT warm start (cached); DockFlow reuses it
+        model_dir = str(sft_warm_start(cfg, start_dir).model_dir)  # the SFT warm start (cached); DockFlow reuses it
         params = model_params(model_dir)
     common = {
         "model_dir": model_dir, "model_params": params, "G": cfg.rollout.prompts_per_iter, "N": cfg.rollout.group_size,

@@ -1,4 +1,4 @@
-"""The ``evaluate`` component: held-out scores of the current policy."""
+"""The ``evaluate`` component: attaches to the run's evaluate loop on the Ray cluster and follows it to the end."""
 
 from typing import NamedTuple
 
@@ -10,10 +10,16 @@ from pipelines.platform import DEFAULT_IMAGE
 
 @dsl.component(base_image=DEFAULT_IMAGE, install_kfp_package=False)
 def evaluate(
-    namespace: str, run_name: str, ray_address: str, step: int, metrics: Output[Metrics]
-) -> NamedTuple("EvalOutputs", mlflow_run_id=str, checkpoint_uri=str):
-    """Greedy held-out accuracy (and pass@k, DPO margin where configured) after ``step`` iterations (0: before
-    RL), logged to MLflow at ``step`` and to ``metrics``; checkpoints when one is due at ``step``."""
-    from dockflow.flow.tasks import kfp_outputs, run_stage
+    namespace: str, run_name: str, ray_address: str, metrics: Output[Metrics]
+) -> NamedTuple("StageOutputs", mlflow_run_id=str, checkpoint_uri=str):
+    """Held-out scores (greedy accuracy; pass@k, DPO's margin where configured) before RL, every
+    ``eval.every`` iterations and at the end.
 
-    return kfp_outputs(run_stage("evaluate", namespace, run_name, ray_address, step), metrics)
+    The loop runs in the run's supervisor actor; this task prints its progress, ends when it has done every
+    iteration (or fails with its error; a retry restarts the run from its latest checkpoint), and writes the
+    stage's metrics (mean per key over the iterations) to ``metrics``."""
+    from dockflow.flow.tasks import follow_stage, kfp_metrics
+
+    out = follow_stage("evaluate", namespace, run_name, ray_address)
+    kfp_metrics(out["metrics"], metrics)
+    return out["mlflow_run_id"], out["checkpoint_uri"]

@@ -1,4 +1,4 @@
-"""The ``reshard`` component: one RL stage of one iteration."""
+"""The ``reshard`` component: attaches to the run's reshard loop on the Ray cluster and follows it to the end."""
 
 from typing import NamedTuple
 
@@ -10,12 +10,16 @@ from pipelines.platform import DEFAULT_IMAGE
 
 @dsl.component(base_image=DEFAULT_IMAGE, install_kfp_package=False)
 def reshard(
-    namespace: str, run_name: str, ray_address: str, iteration: int, metrics: Output[Metrics]
+    namespace: str, run_name: str, ray_address: str, metrics: Output[Metrics]
 ) -> NamedTuple("StageOutputs", mlflow_run_id=str, checkpoint_uri=str):
-    """Move the updated weights from the update layout to the generation layout; close the iteration
-    (Eq. 5 throughput, samples trained) and checkpoint when due.
+    """Every iteration's new weights from the update layout to the generation layout (allgather-swap), or
+    published to the generator workers.
 
-    Logs the stage's metrics to the run's MLflow run (step iteration + 1) and to ``metrics``."""
-    from dockflow.flow.tasks import kfp_outputs, run_stage
+    The loop runs in the run's supervisor actor; this task prints its progress, ends when it has done every
+    iteration (or fails with its error; a retry restarts the run from its latest checkpoint), and writes the
+    stage's metrics (mean per key over the iterations) to ``metrics``."""
+    from dockflow.flow.tasks import follow_stage, kfp_metrics
 
-    return kfp_outputs(run_stage("reshard", namespace, run_name, ray_address, iteration), metrics)
+    out = follow_stage("reshard", namespace, run_name, ray_address)
+    kfp_metrics(out["metrics"], metrics)
+    return out["mlflow_run_id"], out["checkpoint_uri"]

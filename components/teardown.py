@@ -7,13 +7,12 @@ from pipelines.platform import DEFAULT_IMAGE
 
 
 @dsl.component(base_image=DEFAULT_IMAGE, install_kfp_package=False)
-def teardown(config: str, overrides: list, run_name: str, ray_address: str, status: PipelineTaskFinalStatus) -> str:
-    """Runs whether the pipeline succeeded or not. On success: save the final model, write ``summary.json`` and
-    log it to MLflow. Always: close the MLflow run (FINISHED or FAILED) and kill the run's actors. Returns the
-    summary as JSON ("{}" when the run failed)."""
-    import json
+def teardown(config: str, overrides: list, run_name: str, job_id: str, ray_address: str,
+             status: PipelineTaskFinalStatus) -> None:
+    """Runs whether the pipeline succeeded or not: closes the MLflow run (FINISHED when it succeeded, else FAILED)
+    and kills the run's supervisor with the workers and dock it owns. It finds the run from the same config,
+    overrides, run name and job id that setup got (an exit task cannot read setup's outputs)."""
+    from dockflow.flow.tasks import RunParams, teardown_run
 
-    from dockflow.flow.tasks import teardown_run
-
-    summary = teardown_run(config, overrides, run_name, ray_address, succeeded=status.state == "SUCCEEDED")
-    return json.dumps(summary)
+    params = RunParams(run_name=run_name, job_id=job_id)
+    teardown_run(config, list(overrides), params, ray_address, succeeded=status.state == "SUCCEEDED")

@@ -4,9 +4,10 @@
     dockflow eval    configs/grpo_arith.yaml [--model DIR] [--split test] [--limit N] [--data FILE.jsonl]
                      [--k K] [--temperature T] [--mlflow-run RUN_ID] [section.key=value ...]
     dockflow compare RUN_OR_EXPERIMENT [...] [--tracking-uri URI] [--metrics a,b] [--json]
-    dockflow pipeline compile  [--config FILE] [--out FILE.yaml] [--accelerator nvidia] [section.key=value ...]
-    dockflow pipeline run      [--config FILE] (--local | --host URL) [section.key=value ...]
-    dockflow pipeline schedule [--config FILE] --host URL --cron "0 0 2 * * *" [section.key=value ...]
+    dockflow pipeline compile  [--config FILE] [--out FILE.yaml] [section.key=value ...]
+    dockflow pipeline run      [--config FILE] (--local | --host URL) [--iterations N] [--run-name NAME]
+                               [--continue-from base|latest|champion] [section.key=value ...]
+    dockflow pipeline schedule [--config FILE] --host URL --cron "0 0 2 * * *" [--continue-from champion] [...]
     dockflow pipeline teardown RUN_NAME --ray-address ADDRESS
 
 Errors in the config or inputs print one line naming the problem and exit with status 2.
@@ -53,9 +54,17 @@ def _pipeline_parser(p: argparse.ArgumentParser) -> None:
 
     def common(q: argparse.ArgumentParser) -> None:
         q.add_argument("--config", default="configs/grpo_arith.yaml", help="YAML config (a path in the image for --host)")
-        q.add_argument("overrides", nargs="*", help="dotted overrides, passed to the run: train.iterations=2")
-        q.add_argument("--accelerator", default="cpu", choices=["cpu", "nvidia", "ascend"], help="device of the stage tasks")
-        q.add_argument("--accelerator-count", type=int, default=1, help="accelerators per stage task")
+        q.add_argument("overrides", nargs="*", help="dotted overrides, passed to the run: rollout.temperature=0.8")
+
+    def run_time(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--run-name", default="", help="the run's name (default: the config's name and the KFP run id); "
+                       "a name that has checkpoints resumes that run")
+        q.add_argument("--iterations", type=int, help="RL iterations (default: the config's)")
+        q.add_argument("--max-staleness", type=int, help="policy versions generation may run ahead (default: config)")
+        q.add_argument("--eval-every", type=int, help="evaluate every N iterations (default: the config's)")
+        q.add_argument("--checkpoint-every", type=int, help="checkpoint every N iterations (default: 10)")
+        q.add_argument("--continue-from", default="", choices=["", "base", "latest", "champion"],
+                       help="start from the base model, or the latest / champion registered version")
 
     def remote(q: argparse.ArgumentParser) -> None:
         q.add_argument("--image", default="", help="container image of the tasks (default: the DockFlow cpu image)")
@@ -70,18 +79,20 @@ def _pipeline_parser(p: argparse.ArgumentParser) -> None:
     c.add_argument("--out", help="output file (default: <run.output_dir>/dockflow-rl.yaml)")
     r = sub.add_parser("run", help="run the pipeline here (--local) or on a KFP host (--host)")
     common(r)
+    run_time(r)
     where = r.add_mutually_exclusive_group(required=True)
     where.add_argument("--local", action="store_true", help="kfp.local subprocesses against a local Ray cluster")
     where.add_argument("--host", help="KFP API, e.g. http://localhost:8080")
     remote(r)
     s = sub.add_parser("schedule", help="a recurring run on a KFP host")
     common(s)
+    run_time(s)
     s.add_argument("--host", required=True, help="KFP API, e.g. http://localhost:8080")
     s.add_argument("--cron", required=True, help='6-field cron, seconds first: "0 0 2 * * *" = 02:00 daily')
     s.add_argument("--name", help="recurring run name (default: <run.name>-recurring)")
     remote(s)
     t = sub.add_parser("teardown", help="end a pipeline run whose exit task did not run: kill its actors")
-    t.add_argument("run_name", help="run.name of the pipeline run")
+    t.add_argument("run_name", help="the run's name (its MLflow run name)")
     t.add_argument("--ray-address", required=True, help="the Ray cluster it runs on")
     t.add_argument("--namespace", help="its Ray namespace (default: dockflow-RUN_NAME)")
 
@@ -89,31 +100,14 @@ def _pipeline_parser(p: argparse.ArgumentParser) -> None:
 def _cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)  # before the heavy imports: a bad key fails in a second
 
-    from tqdm.auto import tqdm
-
     from dockflow.flow.trainer import train
-    from dockflow.report import print_train_summary
+    from dockflow.report import ProgressBar, print_train_summary
 
-    bars: list = []  # the RL bar starts with the first iteration, after SFT has printed its own
-
-    def progress(step: int, m: dict[str, float]) -> None:
-        if not bars:
-            bars.append(tqdm(total=cfg.train.iterations, initial=step - 1, desc="RL", unit="it", dynamic_ncols=True))
-        bar = bars[0]
-        if bar.n < step:
-            bar.update(step - bar.n)
-        post = {"s/it": f"{m['timing/iteration_s']:.2f}"}
-        if "reward/mean" in m:  # DPO trains offline and has no reward
-            post["reward"] = f"{m['reward/mean']:.3f}"
-        if "eval/test_accuracy" in m:
-            post["acc"] = f"{m['eval/test_accuracy']:.3f}"
-        bar.set_postfix(post)
-
+    progress = ProgressBar(cfg.train.iterations)
     try:
         summary = train(cfg, resume=args.resume, on_iteration=progress)
     finally:
-        for bar in bars:
-            bar.close()
+        progress.close()
     print_train_summary(summary)
     return 0
 
@@ -145,7 +139,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_pipeline(args: argparse.Namespace) -> int:
-    from dockflow.report import print_train_summary
+    from dockflow.report import ProgressBar, print_train_summary
     from pipelines import launch
 
     if args.action == "teardown":
@@ -154,16 +148,26 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
         teardown(args.namespace or f"dockflow-{args.run_name}", args.run_name, args.ray_address, succeeded=False)
         return 0
     cfg = load_config(args.config, args.overrides)
-    opts = launch.options_for(cfg, args.accelerator, args.accelerator_count)
     if args.action == "compile":
-        print(launch.compile_pipeline(opts, args.out or launch.default_package(cfg)))
+        print(launch.compile_pipeline(launch.options_for(cfg, args.config), args.out or launch.default_package(cfg)))
         return 0
+    given = {"run_name": args.run_name, "iterations": args.iterations, "max_staleness": args.max_staleness,
+             "eval_every": args.eval_every, "checkpoint_every": args.checkpoint_every,
+             "continue_from": args.continue_from}
+    if args.iterations is not None:  # the progress bar and the checks see the run's own values
+        cfg = load_config(args.config, [*args.overrides, f"train.iterations={args.iterations}"])
     if args.action == "run" and args.local:
-        print_train_summary(launch.run_local(args.config, args.overrides, cfg, opts))
+        progress = ProgressBar(cfg.train.iterations)
+        try:
+            summary = launch.run_local(args.config, args.overrides, cfg, on_iteration=progress, **given)
+        finally:
+            progress.close()
+        print_train_summary(summary)
         return 0
     extra = {"image": args.image, "ray_address": args.ray_address, "mlflow_uri": args.mlflow_uri,
              "s3_endpoint": args.s3_endpoint, "s3_bucket": args.s3_bucket}
-    params = launch.arguments(args.config, args.overrides, cfg, **extra)
+    params = launch.arguments(args.config, args.overrides, cfg, **given, **extra)
+    opts = launch.options_for(cfg, args.config)
     if args.action == "run":
         print(f"run {launch.submit(args.host, params, opts, args.experiment)} started on {args.host}")
         return 0

@@ -55,8 +55,15 @@ class ArithmeticConfig(_Section):
 class DataConfig(_Section):
     source: Literal["arithmetic", "file"] = Field("arithmetic", description="Synthetic arithmetic task, or user files.")
     arithmetic: ArithmeticConfig = Field(default_factory=ArithmeticConfig)
-    train_path: str | None = Field(None, description="JSONL/Parquet with 'prompt' and 'answer' (source: file).")
-    test_path: str | None = Field(None, description="Held-out JSONL/Parquet (source: file).")
+    train_path: str | None = Field(
+        None, description="JSONL/Parquet with 'prompt' and 'answer' (source: file): a local path, or s3://bucket/key."
+    )
+    test_path: str | None = Field(None, description="Held-out JSONL/Parquet (source: file): a local path, or s3://bucket/key.")
+    shuffle_seed: int | None = Field(
+        None,
+        description="Seed of the order in which RL draws train prompts; null = run.seed. The dataset itself (splits, "
+        "held-out set) always follows run.seed, so runs with different shuffle seeds are scored on the same test set.",
+    )
     prompt_template: str = Field("{prompt}\nAnswer: ", description="Template applied to each prompt; '{prompt}' is replaced.")
 
 
@@ -79,7 +86,18 @@ class TinyModelConfig(_Section):
 
 
 class ModelConfig(_Section):
-    path: str | None = Field(None, description="Local HF model directory; null builds the tiny model below.")
+    path: str | None = Field(
+        None,
+        description="HF model directory to start from: a local path, or s3://bucket/prefix (MinIO/S3, fetched by every "
+        "worker into its own cache, bytes checked); null builds the tiny model below.",
+    )
+    continue_from: Literal["base", "latest", "champion"] = Field(
+        "base",
+        description="Where RL starts: 'base' = model.path or the tiny model (with the SFT warm start when sft.enabled); "
+        "'latest' = the newest version of registry.model_name in the MLflow Model Registry; 'champion' = the version "
+        "holding registry.champion_alias. A registered start takes its weights only (the reference model is that model "
+        "too): optimizer state and data position start fresh, and SFT is skipped.",
+    )
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Parameter dtype.")
 
@@ -233,8 +251,8 @@ class TrainConfig(_Section):
         0,
         ge=0,
         description="Policy versions generation may run ahead of the update (the dock then holds 1 + max_staleness "
-        "iterations, each in its own window). 0 = on-policy. The KFP pipeline turns it into DAG edges: generate(i) "
-        "waits for reshard(i - 1 - max_staleness); the CLI loop needs placement.mode: disaggregated for it.",
+        "iterations, each in its own window). 0 = on-policy. Generation of iteration i waits until the policy is at "
+        "version >= i - max_staleness; needs placement.mode: disaggregated (one colocated actor cannot run ahead).",
     )
     old_log_prob: Literal["recompute", "rollout"] = Field(
         "recompute",
@@ -312,7 +330,9 @@ class CheckpointConfig(_Section):
 
     every: int = Field(100, ge=0, description="Checkpoint every this many iterations (0 = only at the end).")
     dir: str | None = Field(
-        None, description="Checkpoint directory, or s3://bucket/prefix for S3/MinIO; null = <run dir>/checkpoints."
+        None,
+        description="Checkpoint root: a directory, or s3://bucket/prefix for S3/MinIO; each run's checkpoints go to "
+        "<dir>/<run.name>. null = <run.output_dir>/<run.name>/checkpoints.",
     )
     keep: int = Field(2, ge=1, description="Keep the last K checkpoints.")
     keep_best: bool = Field(
@@ -357,11 +377,45 @@ class FaultToleranceConfig(_Section):
     restart: bool = Field(
         False, description="When a worker dies, restart the workers from the last checkpoint instead of failing."
     )
-    max_restarts: int = Field(2, ge=0, description="Restarts allowed per run before the failure is final.")
+    max_restarts: int = Field(
+        2, ge=0, description="Restarts allowed per run before the failure is final (pipeline task retries count too)."
+    )
+    attach_grace_s: float = Field(
+        300.0,
+        gt=0.0,
+        description="Pipeline runs: seconds the run's stage loops keep going on the Ray cluster while no pipeline task "
+        "is attached to them; then they stop and the run's actors are killed (a run that KFP terminated).",
+    )
+
+
+class RegistryConfig(_Section):
+    """MLflow Model Registry: where each run registers its final model, and the champion alias recurring runs move."""
+
+    model_name: str | None = Field(
+        None, description="Registered model that a finished run adds its final model to as a new version; null = none."
+    )
+    champion_alias: str = Field("champion", description="Alias of the best version so far (model.continue_from: champion).")
+    champion_margin: float = Field(
+        0.0,
+        description="A new version takes the champion alias only when its held-out score beats the champion's by more "
+        "than this (in the score's units).",
+    )
+    score_metric: str = Field(
+        "eval/test_accuracy",
+        description="Held-out metric of the final evaluation that ranks versions (higher is better); the task's own "
+        "verifier scores it.",
+    )
+    lock_timeout_s: float = Field(
+        120.0, gt=0.0, description="Seconds to wait for another run's champion decision before failing."
+    )
 
 
 class TrackingConfig(_Section):
-    uri: str | None = Field(None, description="MLflow tracking URI; null = a local store in the run directory.")
+    uri: str | None = Field(
+        None,
+        description="MLflow tracking URI; null = the local store <run.output_dir>/mlflow.db, which every run under that "
+        "directory shares (one experiment, one Model Registry).",
+    )
     experiment: str = Field("dockflow", description="MLflow experiment name.")
     system_metrics: bool = Field(False, description="Log CPU, memory, disk, network (and GPU) usage as system/... metrics.")
     system_metrics_interval_s: float = Field(10.0, gt=0.0, description="Seconds between system metric samples.")
@@ -385,6 +439,7 @@ class Config(_Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     fault_tolerance: FaultToleranceConfig = Field(default_factory=FaultToleranceConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    registry: RegistryConfig = Field(default_factory=RegistryConfig)
 
     @model_validator(mode="after")
     def _check_batches(self) -> Config:
@@ -415,6 +470,16 @@ class Config(_Section):
             raise ValueError(
                 "algorithm.name=dpo keeps each (chosen, rejected) pair in one micro-batch: "
                 "train.mini_batch_size and train.micro_batch_size must be even"
+            )
+        if self.train.max_staleness and self.placement.mode == "colocated":
+            raise ValueError(
+                f"train.max_staleness={self.train.max_staleness} with placement.mode=colocated: one actor worker cannot "
+                "generate ahead of its own update; set placement.mode: disaggregated (generator workers), or 0"
+            )
+        if self.model.continue_from != "base" and not self.registry.model_name:
+            raise ValueError(
+                f"model.continue_from={self.model.continue_from} starts from the MLflow Model Registry: set "
+                "registry.model_name to the registered model"
             )
         if self.placement.mode == "disaggregated" and (alg.name == "dpo" or self.rounds > 1):
             raise ValueError(

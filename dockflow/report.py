@@ -1,4 +1,6 @@
-"""Terminal tables for the end of a run: held-out accuracy at each evaluation and reward per iteration."""
+"""What a run shows in the terminal: a progress bar per iteration, then tables of held-out accuracy at each
+evaluation, reward per iteration and, with a registry, the champion decision. ``dockflow train`` and
+``dockflow pipeline run --local`` show the same."""
 
 from __future__ import annotations
 
@@ -39,4 +41,35 @@ def print_train_summary(summary: dict[str, Any], console: Console | None = None)
     totals.add_row("seconds per iteration", f"{summary.get('seconds_per_iteration', 0.0):.3f}")
     totals.add_row("wall seconds", f"{summary['wall_seconds']:.1f}")
     totals.add_row("MLflow run id", str(summary["mlflow_run_id"]))
+    reg = summary.get("registry")
+    if reg:
+        totals.add_row("registered", f"{reg['model_name']} version {reg['version']} (score {reg['score']:.3f})")
+        totals.add_row("champion", reg["decision"])
     console.print(totals)
+
+
+class ProgressBar:
+    """``on_iteration(step, metrics)`` for a run: a tqdm bar from the first iteration, with s/it, reward and
+    the latest held-out accuracy. Close it when the run ends."""
+
+    def __init__(self, iterations: int) -> None:
+        self.iterations = iterations
+        self.bar: Any = None
+
+    def __call__(self, step: int, metrics: dict[str, float]) -> None:
+        from tqdm.auto import tqdm
+
+        if self.bar is None:  # starts with the first iteration, after SFT has printed its own
+            self.bar = tqdm(total=self.iterations, initial=step - 1, desc="RL", unit="it", dynamic_ncols=True)
+        if self.bar.n < step:
+            self.bar.update(step - self.bar.n)
+        post = {"s/it": f"{metrics.get('timing/iteration_s', 0.0):.2f}"}
+        if "reward/mean" in metrics:  # DPO trains offline and has no reward
+            post["reward"] = f"{metrics['reward/mean']:.3f}"
+        if "eval/test_accuracy" in metrics:
+            post["acc"] = f"{metrics['eval/test_accuracy']:.3f}"
+        self.bar.set_postfix(post)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,37 +1,41 @@
 """What ``dockflow pipeline ...`` does: compile the RL pipeline, run it on this machine under ``kfp.local``,
 submit it to a Kubeflow Pipelines host, or schedule it there as a recurring run.
 
-    dockflow pipeline compile configs/grpo_arith.yaml --out runs/dockflow_rl.yaml
-    dockflow pipeline run configs/grpo_arith.yaml --local train.iterations=2
-    dockflow pipeline run configs/grpo_arith.yaml --host http://localhost:8080
-    dockflow pipeline schedule configs/grpo_arith.yaml --host http://localhost:8080 --cron "0 0 2 * * *"
+    dockflow pipeline compile --config configs/grpo_arith.yaml --out runs/dockflow-rl.yaml
+    dockflow pipeline run --local --iterations 2
+    dockflow pipeline run --host http://localhost:8080 --iterations 1000
+    dockflow pipeline schedule --host http://localhost:8080 --cron "0 0 2 * * *" --continue-from champion
 """
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 from dockflow.config import Config
-from pipelines.rl_pipeline import PIPELINE_NAME, PipelineOptions, build_pipeline
+from dockflow.flow.supervisor import SUPERVISOR_SUFFIX
+from pipelines.rl_pipeline import PIPELINE_CHECKPOINT_EVERY, PIPELINE_NAME, PipelineOptions, build_pipeline
 
 HOST_TIMEOUT_S = 10.0
+RUNTIME_PARAMETERS = ("run_name", "iterations", "max_staleness", "eval_every", "checkpoint_every", "continue_from",
+                      "ray_address", "mlflow_uri", "s3_endpoint", "s3_bucket", "image")
 
 
 class LaunchError(RuntimeError):
     """The pipeline could not be compiled, submitted or scheduled; the message says why and what to do."""
 
 
-def options_for(cfg: Config, accelerator: str = "cpu", accelerator_count: int = 1) -> PipelineOptions:
-    """The DAG the config asks for: its iterations, staleness bound and evaluation interval."""
+def options_for(cfg: Config, config: str = "configs/grpo_arith.yaml") -> PipelineOptions:
+    """The Create-run form's defaults from ``cfg``: its iterations, staleness bound and evaluation interval, and
+    the pipeline's checkpoint cadence (the config's, at most every 10 iterations)."""
+    every = cfg.checkpoint.every
     return PipelineOptions(
-        iterations=cfg.train.iterations,
-        max_staleness=cfg.train.max_staleness,
-        eval_every=cfg.eval.every,
-        accelerator=accelerator,
-        accelerator_count=accelerator_count,
+        config=config, iterations=max(1, cfg.train.iterations), max_staleness=cfg.train.max_staleness,
+        eval_every=cfg.eval.every, checkpoint_every=min(every, PIPELINE_CHECKPOINT_EVERY) if every else PIPELINE_CHECKPOINT_EVERY,
     )
 
 
@@ -45,39 +49,88 @@ def compile_pipeline(opts: PipelineOptions, out: str | Path) -> Path:
     return path
 
 
-def arguments(config: str, overrides: list[str], cfg: Config, **params: str) -> dict[str, Any]:
-    """Pipeline parameters: the config path, the user's overrides, the run name and the non-empty extras."""
-    return {"config": config, "overrides": list(overrides), "run_name": cfg.run.name,
-            **{k: v for k, v in params.items() if v}}
+def arguments(config: str, overrides: list[str], cfg: Config, **params: Any) -> dict[str, Any]:
+    """Pipeline parameters: the config path, the user's overrides, the config's run-time values (iterations,
+    staleness, evaluation and checkpoint cadence), and the non-empty extras."""
+    opts = options_for(cfg, config)
+    args: dict[str, Any] = {"config": config, "overrides": list(overrides), "iterations": opts.iterations,
+                            "max_staleness": opts.max_staleness, "eval_every": opts.eval_every,
+                            "checkpoint_every": opts.checkpoint_every}
+    unknown = set(params) - set(RUNTIME_PARAMETERS)
+    if unknown:
+        raise LaunchError(f"unknown pipeline parameters {sorted(unknown)}; the parameters are {list(RUNTIME_PARAMETERS)}")
+    args.update({k: v for k, v in params.items() if v not in ("", None)})
+    return args
 
 
-def run_local(config: str, overrides: list[str], cfg: Config, opts: PipelineOptions) -> dict[str, Any]:
+def run_local(config: str, overrides: list[str], cfg: Config, on_iteration: Any = None, **params: Any) -> dict[str, Any]:
     """Run the pipeline here: a local Ray cluster that the tasks join, ``kfp.local`` running each task as a
-    subprocess. Returns the run's summary (what ``dockflow train`` writes too)."""
+    subprocess. ``on_iteration(step, metrics)`` follows the run's iterations (as ``dockflow train``'s progress).
+    Returns the run's summary (what ``dockflow train`` writes too)."""
     import ray
     from kfp import local
 
-    from dockflow.flow.trainer import run_dir_of
-    from dockflow.workers.cluster import connect, disconnect, run_namespace
+    from dockflow.workers.cluster import connect, disconnect
 
-    run_dir = run_dir_of(cfg).resolve()
     # Tasks run in other processes: give them absolute paths.
-    overrides = [*overrides, f"run.output_dir={Path(cfg.run.output_dir).resolve()}"]
+    overrides = [*overrides, f"run.output_dir={Path(cfg.run.output_dir).resolve()}",
+                 f"sft.cache_dir={Path(cfg.sft.cache_dir).resolve()}"]
     config = str(Path(config).resolve())
-    owns = connect(cfg.ray, run_namespace(cfg))
+    owns = connect(cfg.ray, f"dockflow-launcher-{cfg.run.name}")
+    stop, found = threading.Event(), {}
     try:
         address = ray.get_runtime_context().gcs_address
-        local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(run_dir / "kfp"), raise_on_error=True)
+        follower = threading.Thread(target=_follow_iterations, args=(_supervisors(), on_iteration, stop, found),
+                                    daemon=True)
+        follower.start()
+        root = Path(cfg.run.output_dir).resolve() / "kfp"
+        local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*non-Python base image.*", category=RuntimeWarning)
-            build_pipeline(opts)(**arguments(config, overrides, cfg, ray_address=address))
+            build_pipeline(options_for(cfg, config))(**arguments(config, overrides, cfg, ray_address=address, **params))
     finally:
+        stop.set()
         if owns:
             disconnect()
-    summary = run_dir / "summary.json"
-    if not summary.exists():
-        raise LaunchError(f"the pipeline finished but wrote no {summary}; see the teardown task's log above")
+    summary = Path(cfg.run.output_dir).resolve() / found.get("run_name", "?") / "summary.json"
+    if not summary.is_file():
+        raise LaunchError(f"the pipeline finished but wrote no {summary}; see the finish task's log above")
     return json.loads(summary.read_text())
+
+
+def _supervisors() -> set[tuple[str, str]]:
+    import ray
+
+    return {(a["namespace"], a["name"]) for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["name"].endswith(SUPERVISOR_SUFFIX)}
+
+
+def _follow_iterations(known: set[tuple[str, str]], on_iteration: Any, stop: threading.Event,
+                       found: dict[str, str]) -> None:
+    """Find the run's supervisor once setup has started it (the only new one on this launcher's own cluster),
+    then report each closed iteration (no heartbeat: only the pipeline's tasks keep a run alive)."""
+    import ray
+
+    sup = None
+    while sup is None and not stop.is_set():
+        new = _supervisors() - known
+        if new:
+            namespace, name = sorted(new)[0]
+            found["run_name"] = name.removesuffix(SUPERVISOR_SUFFIX)
+            sup = ray.get_actor(name, namespace=namespace)
+        else:
+            time.sleep(0.5)
+    cursor = 0
+    while sup is not None and on_iteration is not None and not stop.is_set():
+        try:
+            out = ray.get(sup.follow.remote("iterations", cursor, False, 2.0), timeout=60)
+        except Exception:  # noqa: BLE001 - the run ended; the tasks report why
+            return
+        cursor = out["cursor"]
+        for event in out["events"]:
+            on_iteration(event["index"], {**event["metrics"], "timing/iteration_s": event["seconds"]})
+        if out["complete"] or out["phase"] in ("failed", "stopped", "finished"):
+            return
 
 
 def check_host(host: str) -> None:
@@ -123,7 +176,8 @@ def check_cron(cron: str) -> str:
 def schedule(
     host: str, cron: str, params: dict[str, Any], opts: PipelineOptions, experiment: str, job_name: str, package: Path
 ) -> str:
-    """Create a recurring run on a KFP host from the compiled ``package``; returns its id."""
+    """Create a recurring run on a KFP host from the compiled ``package``; returns its id. Each run gets its own
+    name from its KFP run id (unless ``run_name`` is given), and ``continue_from`` picks its starting model."""
     check_cron(cron)
     client = _client(host)
     compile_pipeline(opts, package)
@@ -134,7 +188,7 @@ def schedule(
         cron_expression=cron,
         pipeline_package_path=str(package),
         params=params,
-        max_concurrency=1,  # a run must finish before the next one starts: they share run names and checkpoints
+        max_concurrency=1,  # a night's run builds on the previous night's model
         enable_caching=False,
     )
     return job.recurring_run_id

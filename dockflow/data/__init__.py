@@ -2,13 +2,17 @@
 
 One entry point builds every split a run needs::
 
-    task = load_task(cfg.data, seed=cfg.run.seed)
+    task = load_task(cfg.data, seed=cfg.run.seed, storage=cfg.checkpoint)
     task.train, task.labeled, task.val, task.test     # lists of Example(prompt, answer)
+
+``data.train_path``/``data.test_path`` may be ``s3://bucket/key`` URIs: they are fetched (checked, cached per
+node) with the S3 settings of ``storage``, the run's ``cfg.checkpoint`` (``checkpoint.s3_*``, then the
+environment, as for checkpoints); without it, from the environment only.
 """
 
 from __future__ import annotations
 
-from dockflow.config import DataConfig
+from dockflow.config import CheckpointConfig, DataConfig
 from dockflow.data.arithmetic import generate_arithmetic
 from dockflow.data.example import Example, TaskData
 from dockflow.data.loaders import DatasetError, load_examples
@@ -25,13 +29,13 @@ __all__ = [
 ]
 
 
-def _file_task(cfg: DataConfig) -> TaskData:
+def _file_task(cfg: DataConfig, storage: CheckpointConfig | None) -> TaskData:
     """Val = the first ``num_val`` rows of the train file (held out of train); labeled = the next ``num_labeled``."""
     if not cfg.train_path:
         raise DatasetError("data.source is 'file' but data.train_path is not set: give a JSONL or Parquet path")
     if not cfg.test_path:
         raise DatasetError("data.source is 'file' but data.test_path is not set: give a held-out JSONL or Parquet path")
-    rows = load_examples(cfg.train_path)
+    rows = load_examples(cfg.train_path, storage)
     n_val, n_lab = cfg.arithmetic.num_val, cfg.arithmetic.num_labeled
     if n_val >= len(rows):
         raise DatasetError(
@@ -39,12 +43,13 @@ def _file_task(cfg: DataConfig) -> TaskData:
             "lower num_val so that train rows remain"
         )
     val, train = rows[:n_val], rows[n_val:]
-    return TaskData(train=train, labeled=train[:n_lab], val=val, test=load_examples(cfg.test_path))
+    return TaskData(train=train, labeled=train[:n_lab], val=val, test=load_examples(cfg.test_path, storage))
 
 
-def load_task(cfg: DataConfig, seed: int) -> TaskData:
-    """All splits for ``cfg`` (synthetic arithmetic or user files); deterministic given ``seed``."""
+def load_task(cfg: DataConfig, seed: int, storage: CheckpointConfig | None = None) -> TaskData:
+    """All splits for ``cfg`` (synthetic arithmetic or user files, local or ``s3://``, fetched with the S3
+    settings of ``storage``); deterministic given ``seed``."""
     check_template(cfg.prompt_template)
     if cfg.source == "arithmetic":
         return generate_arithmetic(cfg.arithmetic, seed)
-    return _file_task(cfg)
+    return _file_task(cfg, storage)

@@ -8,6 +8,11 @@ the file, the line (JSONL, 1-based) or row (Parquet, 1-based) and the problem.
 
     examples = load_examples("data/train.jsonl")   # or .parquet
     load_examples("data/examples/math_mini.jsonl")  # {"problem": ..., "answer": "\\boxed{7}"} rows
+    load_examples("s3://data/train.jsonl", storage=cfg.checkpoint)   # fetched (checked, cached per node)
+
+An ``s3://bucket/key`` path is fetched with the S3 settings of ``storage`` (the run's ``cfg.checkpoint``:
+``checkpoint.s3_*``, then the environment; None: the environment only) into the node's cache
+(``dockflow.storage.fetch_file``); messages name the URI, not the cached copy.
 """
 
 from __future__ import annotations
@@ -15,9 +20,12 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dockflow.data.example import Example
+
+if TYPE_CHECKING:
+    from dockflow.config import CheckpointConfig
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -69,14 +77,28 @@ def _example(row: Any, where: str) -> Example:
     return Example(prompt=prompt, answer=text)
 
 
-def load_jsonl(path: Path) -> list[Example]:
-    """One JSON object per line; blank lines are skipped."""
+def local_copy(path: str | Path, storage: CheckpointConfig | None = None) -> Path:
+    """``path`` itself, or for ``s3://bucket/key`` its fetched local copy (``DatasetError`` with the storage
+    error's one-line message when it cannot be fetched)."""
+    if not str(path).startswith("s3://"):
+        return Path(path)
+    from dockflow.config import CheckpointConfig
+    from dockflow.storage import CheckpointError, fetch_file
+
+    try:
+        return fetch_file(str(path), storage or CheckpointConfig())
+    except CheckpointError as exc:
+        raise DatasetError(str(exc)) from None
+
+
+def load_jsonl(path: Path, name: str | None = None) -> list[Example]:
+    """One JSON object per line; blank lines are skipped. ``name`` stands for the file in messages."""
     out = []
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
+            where = f"{name or path}:{lineno}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
@@ -85,39 +107,39 @@ def load_jsonl(path: Path) -> list[Example]:
     return out
 
 
-def load_parquet(path: Path) -> list[Example]:
-    """A Parquet table with 'prompt' (or 'problem') and 'answer' columns."""
+def load_parquet(path: Path, name: str | None = None) -> list[Example]:
+    """A Parquet table with 'prompt' (or 'problem') and 'answer' columns. ``name`` stands for the file in messages."""
     import pyarrow.parquet as pq
 
+    label = name or str(path)
     try:
         table = pq.read_table(path)
     except Exception as exc:  # pyarrow raises several types for unreadable files
-        raise DatasetError(f"{path}: not a readable Parquet file ({exc})") from None
+        raise DatasetError(f"{label}: not a readable Parquet file ({exc})") from None
     prompt_cols = [c for c in PROMPT_KEYS if c in table.column_names]
     missing = ([] if prompt_cols else ["prompt"]) + ([] if "answer" in table.column_names else ["answer"])
     if missing:
         raise DatasetError(
-            f"{path}: missing column(s) {missing}; the table has {table.column_names}, "
+            f"{label}: missing column(s) {missing}; the table has {table.column_names}, "
             "needs 'prompt' (or 'problem') and 'answer'"
         )
     rows = table.select([*prompt_cols, "answer"]).to_pylist()
-    return [_example(row, f"{path}: row {i}") for i, row in enumerate(rows, start=1)]
+    return [_example(row, f"{label}: row {i}") for i, row in enumerate(rows, start=1)]
 
 
-def load_examples(path: str | Path) -> list[Example]:
-    """Load a JSONL or Parquet dataset (chosen by suffix); fails loudly on a missing file or bad row."""
-    p = Path(path)
+def load_examples(path: str | Path, storage: CheckpointConfig | None = None) -> list[Example]:
+    """Load a JSONL or Parquet dataset (chosen by suffix), a local path or ``s3://bucket/key`` (fetched with the
+    S3 settings of ``storage``, see the module docstring); fails loudly on a missing file or bad row."""
+    name = str(path) if str(path).startswith("s3://") else str(Path(path))
+    suffix = Path(name).suffix.lower()
+    if suffix not in JSONL_SUFFIXES + PARQUET_SUFFIXES:
+        raise DatasetError(
+            f"dataset file '{name}' has suffix '{suffix}': use one of {JSONL_SUFFIXES + PARQUET_SUFFIXES}"
+        )
+    p = local_copy(path, storage)
     if not p.is_file():
         raise DatasetError(f"dataset file '{p}' not found: check data.train_path / data.test_path")
-    suffix = p.suffix.lower()
-    if suffix in JSONL_SUFFIXES:
-        examples = load_jsonl(p)
-    elif suffix in PARQUET_SUFFIXES:
-        examples = load_parquet(p)
-    else:
-        raise DatasetError(
-            f"dataset file '{p}' has suffix '{suffix}': use one of {JSONL_SUFFIXES + PARQUET_SUFFIXES}"
-        )
+    examples = load_jsonl(p, name) if suffix in JSONL_SUFFIXES else load_parquet(p, name)
     if not examples:
-        raise DatasetError(f"dataset file '{p}' has no rows")
+        raise DatasetError(f"dataset file '{name}' has no rows")
     return examples

@@ -5,7 +5,7 @@ hold one JSON object per line with those three string fields; a bad row fails th
 line. Without a file, pairs come from the task itself: the correct answer is chosen, a plausible wrong
 one (the answer off by a small amount) is rejected::
 
-    pairs = load_preference_pairs("data/prefs.jsonl")
+    pairs = load_preference_pairs("data/prefs.jsonl")    # or s3://bucket/prefs.jsonl, storage=cfg.checkpoint
     pairs = synthetic_preferences(task.train, seed=0)
 """
 
@@ -16,9 +16,9 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from dockflow.config import DPOConfig
+from dockflow.config import CheckpointConfig, DPOConfig
 from dockflow.data.example import Example, TaskData
-from dockflow.data.loaders import DatasetError
+from dockflow.data.loaders import DatasetError, local_copy
 
 _FIELDS = ("prompt", "chosen", "rejected")
 
@@ -42,9 +42,11 @@ def _pair(row: object, where: str) -> PreferencePair:
     return PreferencePair(row["prompt"], row["chosen"].strip(), row["rejected"].strip())
 
 
-def load_preference_pairs(path: str | Path) -> list[PreferencePair]:
-    """Pairs from a JSONL file; blank lines are skipped."""
-    p = Path(path)
+def load_preference_pairs(path: str | Path, storage: CheckpointConfig | None = None) -> list[PreferencePair]:
+    """Pairs from a JSONL file (a local path, or ``s3://bucket/key`` fetched with the S3 settings of ``storage``,
+    the run's ``cfg.checkpoint``; None: the environment only); blank lines are skipped."""
+    name = str(path)
+    p = local_copy(path, storage)
     if not p.is_file():
         raise DatasetError(f"preference file '{p}' not found: check algorithm.dpo.pairs_path")
     out = []
@@ -55,10 +57,10 @@ def load_preference_pairs(path: str | Path) -> list[PreferencePair]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise DatasetError(f"{p}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
-            out.append(_pair(row, f"{p}:{lineno}"))
+                raise DatasetError(f"{name}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+            out.append(_pair(row, f"{name}:{lineno}"))
     if not out:
-        raise DatasetError(f"preference file '{p}' has no rows")
+        raise DatasetError(f"preference file '{name}' has no rows")
     return out
 
 
@@ -77,11 +79,14 @@ def synthetic_preferences(examples: list[Example], seed: int) -> list[Preference
     return [PreferencePair(ex.prompt, ex.answer, _wrong_answer(ex.answer, rng)) for ex in examples]
 
 
-def preference_splits(cfg: DPOConfig, task: TaskData, seed: int) -> tuple[list[PreferencePair], list[PreferencePair]]:
-    """(train pairs, held-out pairs). From ``cfg.pairs_path`` the first ``num_eval_pairs`` rows are held out;
-    otherwise synthetic pairs are built from the task's train split and, for evaluation, its test split."""
+def preference_splits(
+    cfg: DPOConfig, task: TaskData, seed: int, storage: CheckpointConfig | None = None
+) -> tuple[list[PreferencePair], list[PreferencePair]]:
+    """(train pairs, held-out pairs). From ``cfg.pairs_path`` (local or ``s3://``, fetched with ``storage``'s S3
+    settings) the first ``num_eval_pairs`` rows are held out; otherwise synthetic pairs are built from the
+    task's train split and, for evaluation, its test split."""
     if cfg.pairs_path:
-        rows = load_preference_pairs(cfg.pairs_path)
+        rows = load_preference_pairs(cfg.pairs_path, storage)
         if len(rows) <= cfg.num_eval_pairs:
             raise DatasetError(
                 f"{cfg.pairs_path} has {len(rows)} pairs, not more than algorithm.dpo.num_eval_pairs="

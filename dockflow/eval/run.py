@@ -17,15 +17,21 @@ from dockflow.config import Config
 from dockflow.data import load_task
 from dockflow.data.loaders import load_examples
 from dockflow.eval.policy import metric_key, score_examples
-from dockflow.flow.trainer import run_dir_of
 from dockflow.models import load_model_and_tokenizer
+from dockflow.storage import run_store
+from dockflow.storage.objects import fetch_model, is_remote
 from dockflow.tracking import Tracker
 
 
 def _model_dir(cfg: Config, config_path: str, model: str | None) -> Path:
-    model_dir = Path(model) if model else run_dir_of(cfg) / "final_model"
+    given = model is not None
+    if model is None:  # the run's final model, staged in its checkpoint store (a directory or s3://)
+        model = f"{run_store(cfg).location()}/final_model"
+    if is_remote(model):  # s3://bucket/prefix: fetched (checked) into this node's cache
+        return fetch_model(str(model), cfg.checkpoint)
+    model_dir = Path(model)
     if not model_dir.is_dir():
-        hint = "pass --model DIR" if model else f"train first (dockflow train {config_path}) or pass --model DIR"
+        hint = "pass --model DIR" if given else f"train first (dockflow train {config_path}) or pass --model DIR"
         raise FileNotFoundError(f"model directory '{model_dir}' does not exist: {hint}")
     return model_dir
 
@@ -52,13 +58,17 @@ def run_eval(
 ) -> dict[str, Any]:
     """Score the model; returns what the CLI prints (model, data or split, prompts, scores, logged metrics)."""
     # Attach first, so that a wrong run id fails before the model work, not after it.
-    tracker = Tracker.attach(cfg.tracking, run_dir_of(cfg), mlflow_run) if mlflow_run else None
+    tracker = Tracker.attach(cfg.tracking, cfg.run.output_dir, mlflow_run) if mlflow_run else None
     model_dir = _model_dir(cfg, config_path, model)
-    examples = load_examples(data) if data else getattr(load_task(cfg.data, cfg.run.seed), split)
+    examples = (
+        load_examples(data, cfg.checkpoint)
+        if data
+        else getattr(load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint), split)
+    )
     examples = examples[: limit or None]
     lm, tok = load_model_and_tokenizer(model_dir, dtype=cfg.model.dtype)
     scores = score_examples(lm, tok, examples, cfg)
-    name = Path(data).stem if data else split
+    name = Path(data.rstrip("/")).stem if data else split
     out: dict[str, Any] = {"model": str(model_dir), **({"data": data} if data else {"split": split})}
     out |= {"prompts": len(examples), **scores}
     if cfg.eval.pass_k > 1:

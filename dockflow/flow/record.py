@@ -2,28 +2,27 @@
 
 The record is a plain dict (``initial_state()``): iterations done, per-iteration history, held-out scores,
 samples trained, restarts. Checkpoints hold it as their "driver" part; ``summary`` turns it into
-``summary.json``; ``finish`` writes the final model, the summary and the MLflow artifacts.
+``summary.json`` (``dockflow.flow.finish`` writes it with the final model).
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from dockflow.config import Config
 from dockflow.flow import stages
 from dockflow.flow.waiting import wait_stages
-from dockflow.tracking import Tracker, plot_curves
 from dockflow.workers import Workers
 from dockflow.workers.columns import uses_critic, uses_reference
 
 HISTORY_KEYS = ("reward/mean", "perf/throughput_tps", "timing/iteration_s")
 
 
-def initial_state() -> dict[str, Any]:
-    """The driver's own state: what a checkpoint needs besides the workers' parts."""
-    return {"iteration": 0, "history": [], "evals": [], "data_position": 0, "samples": 0, "restarts": 0}
+def initial_state(init_metrics: dict[str, float] | None = None) -> dict[str, Any]:
+    """The driver's own state: what a checkpoint needs besides the workers' parts. ``init_metrics``: how the
+    initial model was made (SFT accuracy, registry version), for the summary."""
+    return {"iteration": 0, "history": [], "evals": [], "data_position": 0, "samples": 0, "restarts": 0,
+            "init_metrics": dict(init_metrics or {})}
 
 
 def devices(cfg: Config) -> float:
@@ -62,12 +61,6 @@ def record_iteration(cfg: Config, state: dict[str, Any], step: int, metrics: dic
     metrics["train/samples"] = float(state["samples"])
 
 
-def evaluate(cfg: Config, workers: Workers, step: int) -> dict[str, float]:
-    """Held-out scores of the current policy at ``step`` (the ``eval/...`` metrics only)."""
-    res = wait_stages(stages.evaluate(workers, cfg.eval.num_prompts), cfg.train.stage_timeout_s, step)
-    return {k: v for k, v in res["evaluate"].items() if k.startswith("eval/")}
-
-
 def stateful(workers: Workers) -> dict[str, Any]:
     """Workers whose state a checkpoint holds (each writes its own part; the actor ranks save and load together,
     rank 0 writes the "actor" part, every rank reads it)."""
@@ -76,9 +69,8 @@ def stateful(workers: Workers) -> dict[str, Any]:
     return {k: v for k, v in named.items() if v is not None}
 
 
-def save_checkpoint(store, workers: Workers, step: int, state: dict[str, Any], cfg: Config) -> None:
-    refs = {f"checkpoint_{k}": w.save.remote(store, step) for k, w in stateful(workers).items()}
-    wait_stages(refs, cfg.train.stage_timeout_s, step)
+def commit_checkpoint(store, step: int, state: dict[str, Any], cfg: Config) -> None:
+    """After the workers wrote their parts: the driver's record and the config, then the manifest (the commit)."""
     store.write_part(step, "driver", state)
     store.write_part(step, "config", cfg.model_dump())  # what produced it, readable without the run directory
     store.commit(step, {"iteration": step, "accuracy": state["evals"][-1][1] if state["evals"] else None})
@@ -89,44 +81,9 @@ def restore_workers(store, workers: Workers, step: int, cfg: Config) -> None:
     wait_stages(refs, cfg.train.stage_timeout_s, step)
 
 
-def finish(
-    cfg: Config,
-    run_dir: Path,
-    workers: Workers,
-    store,
-    tracker: Tracker,
-    state: dict[str, Any],
-    init_metrics: dict[str, float],
-    model_dir: str,
-    wall_s: float,
-) -> dict[str, Any]:
-    """End of a successful run: final HF model, ``summary.json``, deferred metrics, tags and artifacts."""
-    final_dir = run_dir / "final_model"
-    wait_stages({"save_final": workers.actor.save_hf.remote(str(final_dir))}, cfg.train.stage_timeout_s, state["iteration"])
-    out = summary(cfg, state, init_metrics, tracker.run_id, wall_s)
-    out["final_model"] = str(final_dir)
-    out["initial_model"] = model_dir
-    out["checkpoints"] = store.location()
-    (run_dir / "summary.json").write_text(json.dumps(out, indent=2))
-    tracker.flush_deferred(run_dir / "metrics_unsent.jsonl")
-    # Pointers, not copies: the final HF model directory and the checkpoint store (a path or s3:// URI).
-    tracker.set_tags({"final_model": str(final_dir.resolve()), "checkpoint_uri": store.location()})
-    log_artifacts(tracker, run_dir, state)
-    return out
-
-
-def log_artifacts(tracker: Tracker, run_dir: Path, state: dict[str, Any]) -> None:
-    """summary.json, the config, and a PNG of reward and held-out accuracy against iteration."""
-    curves = {
-        "reward/mean": [(i + 1, h["reward/mean"]) for i, h in enumerate(state["history"]) if "reward/mean" in h],
-        "eval/test_accuracy": [(i, a) for i, a in state["evals"]],
-    }
-    plot = plot_curves(curves, run_dir / "curves.png", title=run_dir.name)
-    for path in (run_dir / "summary.json", run_dir / "config.yaml", plot):
-        tracker.log_artifact(path)
-
-
-def summary(cfg: Config, state: dict[str, Any], init: dict[str, float], run_id: str, wall: float) -> dict[str, Any]:
+def summary(cfg: Config, state: dict[str, Any], run_id: str, wall: float) -> dict[str, Any]:
+    """What ``summary.json`` holds: scores before and after, samples trained, throughput, per-iteration rewards."""
+    init = state.get("init_metrics", {})
     hist = state["history"]
     tps = [h["perf/throughput_tps"] for h in hist]
     evals = state["evals"]

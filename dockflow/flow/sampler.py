@@ -40,13 +40,15 @@ class PromptSampler:
 
 
 def iteration_sampler(cfg: Config) -> PromptSampler:
-    """The run's sampler: G prompts (x DAPO's rounds) per iteration from the train split, or DPO's train pairs."""
+    """The run's sampler: G prompts (x DAPO's rounds) per iteration from the train split, or DPO's train pairs, in
+    the order of ``data.shuffle_seed`` (null: ``run.seed``)."""
     from dockflow.data import load_task
     from dockflow.data.preferences import preference_splits
 
-    task = load_task(cfg.data, cfg.run.seed)
+    task = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint)
     if cfg.algorithm.name == "dpo":
-        count = len(preference_splits(cfg.algorithm.dpo, task, cfg.run.seed)[0])
+        count = len(preference_splits(cfg.algorithm.dpo, task, cfg.run.seed, cfg.checkpoint)[0])
     else:
         count = len(task.train)
-    return PromptSampler(count, cfg.rollout.prompts_per_iter * cfg.rounds, cfg.run.seed)
+    seed = cfg.run.seed if cfg.data.shuffle_seed is None else cfg.data.shuffle_seed
+    return PromptSampler(count, cfg.rollout.prompts_per_iter * cfg.rounds, seed)

@@ -1,8 +1,8 @@
 """The RL stages: generate, score, infer, update, reshard, evaluate.
 
 Each stage function launches its work on the run's workers and returns ``{name: ObjectRef}``; it never
-touches sample data, only iteration numbers and prompt indices. The CLI loop (``dockflow.flow.sync``)
-and the KFP components call these same functions; which driver called them is invisible here. A stage
+touches sample data, only iteration numbers and prompt indices. The stage loops (``dockflow.flow.stage_tasks``)
+call these, in ``dockflow train`` and in a pipeline run alike; which driver runs them is invisible here. A stage
 asks only the workers the algorithm has (``Workers`` fields are None otherwise).
 """
 
@@ -16,22 +16,25 @@ Refs = dict[str, Any]
 
 
 def generate(
-    workers: Workers, iteration: int, prompt_ids: list[int], first_index: int = 0, offline: bool = False, group_size: int = 1
+    workers: Workers, iteration: int, prompt_ids: list[int], first_index: int = 0, offline: bool = False,
+    group_size: int = 1, weights: Any = None,
 ) -> Refs:
     """Sample N (``group_size``) responses per prompt into the dock from index ``first_index`` on; ``offline``
     (DPO) puts the preference pairs ``prompt_ids`` instead. With several generator workers (disaggregated
     placement) each takes chunks of prompts from the run's rollout queue on demand and writes the chunk's fixed
-    slice of the window (``dockflow.workers.rollout_queue``)."""
+    slice of the window (``dockflow.workers.rollout_queue``); generator workers first take ``weights`` (a policy
+    ``publish`` put in the object store) when it is newer than theirs."""
     if offline:
         return {"generate": workers.actor.put_pairs.remote(iteration, prompt_ids)}
     if not workers.generators:
         return _generate_on_actor_ranks(workers, iteration, prompt_ids, first_index, group_size)
     if len(workers.generators) == 1:
-        return {"generate/0": workers.generators[0].generate.remote(iteration, prompt_ids, first_index)}
+        return {"generate/0": workers.generators[0].generate.remote(iteration, prompt_ids, first_index, weights=weights)}
     # Several generators draw chunks from one queue as they go: a faster one takes more.
     opened = workers.rollout_queue.open.remote(iteration, prompt_ids)
     return {
-        f"generate/{k}": g.generate.remote(iteration, prompt_ids, first_index, workers.rollout_queue, k, opened)
+        f"generate/{k}": g.generate.remote(iteration, prompt_ids, first_index, workers.rollout_queue, k, opened,
+                                           weights=weights)
         for k, g in enumerate(workers.generators)
     }
 
@@ -99,12 +102,15 @@ def update(workers: Workers, iteration: int) -> Refs:
 
 
 def reshard(workers: Workers, iteration: int) -> Refs:
-    """Move the updated weights from the update layout to the generation layout: within the actor when
-    colocated; to every generator worker when disaggregated (the weights go once through the object store)."""
-    if not workers.generators:
-        return on_actor_ranks(workers, "reshard", "reshard", iteration)
-    published = workers.actor.publish_weights.remote()
-    return {f"reshard/{k}": g.load_weights.remote(published) for k, g in enumerate(workers.generators)}
+    """Colocated: move the updated weights from the update layout to the actor's generation layout (allgather-swap
+    with train.dp >= 2). Disaggregated placement publishes them instead (``publish``)."""
+    return on_actor_ranks(workers, "reshard", "reshard", iteration)
+
+
+def publish(workers: Workers) -> tuple[Any, Any]:
+    """Disaggregated: the actor's current weights, once into the object store for every generator worker.
+    Returns (ref of the metrics with the ``policy_version``, ref of the weights: pass it on, never fetch it)."""
+    return workers.actor.publish_weights.options(num_returns=2).remote()
 
 
 def evaluate(workers: Workers, limit: int) -> Refs:

@@ -34,10 +34,19 @@ def wait_stages(refs: dict[str, Any], timeout_s: float, iteration: int) -> dict[
             name = by_ref[r]
             try:
                 results[name] = ray.get(r)
-            except ray.exceptions.RayActorError as exc:
-                raise StageError(
-                    f"iteration {iteration}: the worker running stage '{name}' died: {exc}", worker_died=True
-                ) from None
-            except ray.exceptions.RayTaskError as exc:
-                raise StageError(f"iteration {iteration}: stage '{name}' failed: {exc.cause!r}") from exc.cause
+            except Exception as exc:  # noqa: BLE001 - Ray's errors, translated
+                raise stage_error(exc, name, iteration) from None
     return results
+
+
+def stage_error(exc: BaseException, name: str, iteration: int) -> StageError:
+    """The StageError for a failed remote call: a dead worker (a restart may help), or the call's own error."""
+    import ray
+
+    if isinstance(exc, ray.exceptions.RayActorError):
+        return StageError(f"iteration {iteration}: the worker running stage '{name}' died: {exc}", worker_died=True)
+    if isinstance(exc, ray.exceptions.RayTaskError):
+        return StageError(f"iteration {iteration}: stage '{name}' failed: {exc.cause!r}")
+    if isinstance(exc, StageError):
+        return exc
+    return StageError(f"iteration {iteration}: stage '{name}' failed: {exc!r}")

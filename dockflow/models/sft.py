@@ -31,6 +31,7 @@ from dockflow.data import Example, apply_template, load_task
 from dockflow.models.evaluation import greedy_accuracy
 from dockflow.models.factory import build_tiny_model, load_model_and_tokenizer, save_pretrained_dir
 from dockflow.models.tokenizer import build_task_tokenizer
+from dockflow.storage.objects import fetch_model, file_fingerprint, is_remote, model_fingerprint
 
 # Bump when the training procedure changes, so old cache entries are not reused.
 SFT_VERSION = 1
@@ -47,20 +48,16 @@ class SFTResult:
     cached: bool = False
 
 
-def _file_digest(path: str | None) -> str | None:
-    if not path or not Path(path).is_file():
-        return None
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def sft_cache_key(cfg: Config) -> str:
-    """Hash of every input the SFT result depends on."""
+    """Hash of every input the SFT result depends on. Local files count by their sha256; an ``s3://`` model by its
+    URI and manifest digest (or its objects' ETags), ``s3://`` data files by the sha256 in their metadata (or
+    their ETag): nothing is downloaded here."""
     model = cfg.model.model_dump()
-    if cfg.model.path:
+    if cfg.model.path and is_remote(cfg.model.path):
+        model["path"] = cfg.model.path.rstrip("/")
+        model["content"] = model_fingerprint(cfg.model.path, cfg.checkpoint)
+        model.pop("tiny")
+    elif cfg.model.path:
         model["path"] = str(Path(cfg.model.path).resolve())
         model.pop("tiny")
     elif cfg.model.tiny.architecture == "qwen2":  # the MoE keys do not change a dense model (nor its cache key)
@@ -71,7 +68,7 @@ def sft_cache_key(cfg: Config) -> str:
         "seed": cfg.run.seed,
         "model": model,
         "data": cfg.data.model_dump(),
-        "data_files": [_file_digest(cfg.data.train_path), _file_digest(cfg.data.test_path)]
+        "data_files": [file_fingerprint(p, cfg.checkpoint) for p in (cfg.data.train_path, cfg.data.test_path)]
         if cfg.data.source == "file"
         else None,
         "sft": cfg.sft.model_dump(exclude={"cache_dir"}),
@@ -81,8 +78,10 @@ def sft_cache_key(cfg: Config) -> str:
 
 
 def _initial_model(cfg: Config) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """``model.path`` (an ``s3://`` one fetched, checked, into the node's cache), else a fresh tiny model."""
     if cfg.model.path:
-        return load_model_and_tokenizer(cfg.model.path, dtype=cfg.model.dtype)
+        path = fetch_model(cfg.model.path, cfg.checkpoint) if is_remote(cfg.model.path) else cfg.model.path
+        return load_model_and_tokenizer(path, dtype=cfg.model.dtype)
     tokenizer = build_task_tokenizer(cfg)
     return build_tiny_model(cfg.model.tiny, tokenizer, seed=cfg.run.seed, dtype=cfg.model.dtype), tokenizer
 
@@ -192,7 +191,7 @@ def sft_warm_start(cfg: Config, run_dir: str | Path) -> SFTResult:
         saved = json.loads((final / RESULT_FILE).read_text())
         result = SFTResult(final, saved["val_accuracy"], saved["history"], cached=True)
     else:
-        task = load_task(cfg.data, cfg.run.seed)
+        task = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint)
         model, tokenizer = _initial_model(cfg)
         val_acc, history = train_sft(cfg, model, tokenizer, task.labeled, task.val)
         summary = {"val_accuracy": val_acc, "history": history, "key": final.name}
@@ -218,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     result = sft_warm_start(cfg, Path(cfg.run.output_dir) / cfg.run.name)
     seconds = time.perf_counter() - start
     model, tokenizer = load_model_and_tokenizer(result.model_dir, dtype=cfg.model.dtype)
-    test = load_task(cfg.data, cfg.run.seed).test[: cfg.eval.num_prompts]
+    test = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint).test[: cfg.eval.num_prompts]
     test_acc = greedy_accuracy(
         model, tokenizer, test, cfg.eval.batch_size, cfg.rollout.max_new_tokens, cfg.data.prompt_template
     )

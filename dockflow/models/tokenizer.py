@@ -84,6 +84,6 @@ def build_task_tokenizer(cfg: Config) -> PreTrainedTokenizerFast:
     templated train prompts and answers (deterministic: the same config gives the same tokenizer)."""
     from dockflow.data import apply_template, load_task
 
-    task = load_task(cfg.data, cfg.run.seed)
+    task = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint)
     corpus = [apply_template(cfg.data.prompt_template, ex.prompt) + ex.answer for ex in task.train]
     return build_char_tokenizer(corpus, cfg.model.tiny.tokenizer_merges)

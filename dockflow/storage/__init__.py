@@ -6,12 +6,24 @@
     step = store.latest(); state = store.read_part(step, "actor")
 
 Backends: ``LocalCheckpointStore`` (a directory) and ``S3CheckpointStore`` (``checkpoint.dir: s3://bucket/prefix``).
+
+Models and input files (``objects.py``): ``stage_model`` copies a model directory to a directory or S3 prefix
+(manifest last); ``fetch_model``/``fetch_file`` give a checked local copy of a path or ``s3://`` URI.
 """
 
 from dockflow.storage.base import CheckpointStore
-from dockflow.storage.factory import open_store
+from dockflow.storage.factory import open_store, run_store
 from dockflow.storage.local import LocalCheckpointStore
 from dockflow.storage.manifest import CheckpointError, Manifest, PartInfo
+from dockflow.storage.objects import (
+    fetch_file,
+    fetch_model,
+    file_fingerprint,
+    is_remote,
+    model_fingerprint,
+    stage_model,
+    staged_model_exists,
+)
 from dockflow.storage.s3 import S3CheckpointStore
 
 __all__ = [
@@ -21,5 +33,13 @@ __all__ = [
     "Manifest",
     "PartInfo",
     "S3CheckpointStore",
+    "fetch_file",
+    "fetch_model",
+    "file_fingerprint",
+    "is_remote",
+    "model_fingerprint",
     "open_store",
+    "run_store",
+    "stage_model",
+    "staged_model_exists",
 ]

@@ -157,15 +157,19 @@ def meta_json_check(meta: dict[str, Any]) -> dict[str, Any]:
 
 class HashingWriter:
     """Write-only file wrapper that counts bytes and computes sha256 as ``torch.save`` (or a download)
-    streams into it; with ``f=None`` the bytes are only counted and hashed."""
+    streams into it; with ``f=None`` the bytes are only counted and hashed. ``md5=True`` also computes their MD5
+    (to compare with an S3 ETag)."""
 
-    def __init__(self, f: BinaryIO | None = None) -> None:
+    def __init__(self, f: BinaryIO | None = None, md5: bool = False) -> None:
         self._f = f
         self._h = hashlib.sha256()
+        self._md5 = hashlib.md5(usedforsecurity=False) if md5 else None
         self.size = 0
 
     def write(self, data: bytes) -> int:
         self._h.update(data)
+        if self._md5 is not None:
+            self._md5.update(data)
         self.size += len(data)
         return self._f.write(data) if self._f is not None else len(data)
 
@@ -176,6 +180,10 @@ class HashingWriter:
     @property
     def sha256(self) -> str:
         return self._h.hexdigest()
+
+    @property
+    def md5(self) -> str | None:
+        return self._md5.hexdigest() if self._md5 is not None else None
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> tuple[int, str]:

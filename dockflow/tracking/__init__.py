@@ -1,5 +1,6 @@
 """MLflow tracking: one run per DockFlow run (params, metrics, artifacts, tags, optional system metrics), curve
-plots, metric read-back; run comparison lives in ``dockflow.tracking.compare``.
+plots, metric read-back; run comparison lives in ``dockflow.tracking.compare``; the Model Registry (register the
+final model, the champion alias, fetch a start) in ``dockflow.tracking.registry``.
 
     from dockflow.tracking import Tracker, plot_curves, run_tags
     with Tracker.start(cfg.tracking, run_dir, cfg.run.name, params=cfg.flat(), tags=run_tags(cfg)) as tr:
@@ -8,15 +9,33 @@ plots, metric read-back; run comparison lives in ``dockflow.tracking.compare``.
 
 from dockflow.tracking.mlflow_tracker import Tracker, flatten_params, read_metric_history
 from dockflow.tracking.plots import plot_curves
+from dockflow.tracking.registry import (
+    ChampionDecision,
+    FetchedModel,
+    RegistryError,
+    RegistryLockTimeout,
+    decide_champion,
+    decision_metrics,
+    fetch_registered_model,
+    register_final_model,
+)
 from dockflow.tracking.store import TrackingError, resolve_tracking_uri
 from dockflow.tracking.tags import run_tags
 
 __all__ = [
+    "ChampionDecision",
+    "FetchedModel",
+    "RegistryError",
+    "RegistryLockTimeout",
     "Tracker",
     "TrackingError",
+    "decide_champion",
+    "decision_metrics",
+    "fetch_registered_model",
     "flatten_params",
     "plot_curves",
     "read_metric_history",
+    "register_final_model",
     "resolve_tracking_uri",
     "run_tags",
 ]

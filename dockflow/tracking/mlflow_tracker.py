@@ -1,6 +1,6 @@
 """One MLflow run of a DockFlow run: params, metrics, artifacts, status.
 
-    with Tracker.start(cfg.tracking, run_dir, cfg.run.name, params=cfg.flat(), tags={"algo": "grpo"}) as tr:
+    with Tracker.start(cfg.tracking, cfg.run.output_dir, cfg.run.name, params=cfg.flat(), tags={"algo": "grpo"}) as tr:
         tr.log_metrics({"train/reward_mean": 0.4, "timing/iteration_s": 2.1}, step=it)
         tr.log_artifact(run_dir / "curves.png")
     # leaving the block ends the run FINISHED, or FAILED if an exception escaped
@@ -122,17 +122,19 @@ class Tracker:
     def start(
         cls,
         cfg: TrackingConfig,
-        run_dir: str | Path,
+        store_dir: str | Path,
         run_name: str,
         params: Mapping[str, Any] | None = None,
         tags: Mapping[str, str] | None = None,
         run_id: str | None = None,
     ) -> Tracker:
         """Open a new run (or reopen ``run_id`` when resuming) and log ``params`` (nested dicts are flattened).
+        ``store_dir`` holds the local store when ``cfg.uri`` is null (runs pass ``run.output_dir``, so every run
+        there shares one store and one Model Registry).
 
         Raises TrackingError naming the URI when the store or server cannot be used."""
-        uri = resolve_tracking_uri(cfg.uri, run_dir)
-        all_tags = {"dockflow.run_dir": str(Path(run_dir).absolute()), **{k: str(v) for k, v in (tags or {}).items()}}
+        uri = resolve_tracking_uri(cfg.uri, store_dir)
+        all_tags = {"dockflow.output_dir": str(Path(store_dir).absolute()), **{k: str(v) for k, v in (tags or {}).items()}}
         client = _open_client(uri)
         resumed = run_id is not None
         try:
@@ -154,10 +156,10 @@ class Tracker:
         return tracker
 
     @classmethod
-    def attach(cls, cfg: TrackingConfig, run_dir: str | Path, run_id: str) -> Tracker:
+    def attach(cls, cfg: TrackingConfig, store_dir: str | Path, run_id: str) -> Tracker:
         """Log more to an existing run (e.g. ``dockflow eval --mlflow-run``) without changing its status;
         do not call ``end`` on it. Raises TrackingError when the run does not exist."""
-        uri = resolve_tracking_uri(cfg.uri, run_dir)
+        uri = resolve_tracking_uri(cfg.uri, store_dir)
         require_existing_store(uri)
         client = _open_client(uri)
         try:

@@ -1,9 +1,9 @@
 """Where MLflow data goes: resolve the tracking URI, bound HTTP waits, and word the errors.
 
-``tracking.uri: null`` means a SQLite store in the run directory (``sqlite:///<run_dir>/mlflow.db``, artifacts in
-``<run_dir>/mlartifacts``). MLflow 3.17 refuses its file store (``./mlruns``) unless
-``MLFLOW_ALLOW_FILE_STORE=true``, so SQLite is the local default. View it with
-``mlflow ui --backend-store-uri sqlite:///<run_dir>/mlflow.db``.
+``tracking.uri: null`` means a SQLite store in the runs' output directory (``sqlite:///<run.output_dir>/mlflow.db``,
+artifacts in ``<run.output_dir>/mlartifacts``), shared by every run there: one experiment, one Model Registry.
+MLflow 3.17 refuses its file store (``./mlruns``) unless ``MLFLOW_ALLOW_FILE_STORE=true``, so SQLite is the local
+default. View it with ``mlflow ui --backend-store-uri sqlite:///<run.output_dir>/mlflow.db``.
 """
 
 from __future__ import annotations
@@ -30,19 +30,19 @@ class TrackingError(RuntimeError):
     """MLflow tracking failed; the message names the tracking URI and what to do."""
 
 
-def resolve_tracking_uri(uri: str | None, run_dir: str | Path) -> str:
-    """The configured URI, or the local SQLite store of the run directory (created if needed)."""
+def resolve_tracking_uri(uri: str | None, store_dir: str | Path) -> str:
+    """The configured URI, or the local SQLite store in ``store_dir`` (created if needed)."""
     if uri:
         return uri
-    run_dir = Path(run_dir).absolute()
+    store_dir = Path(store_dir).absolute()
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        store_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise TrackingError(
-            f"cannot create run directory '{run_dir}' for the local MLflow store ({exc}): "
+            f"cannot create directory '{store_dir}' for the local MLflow store ({exc}): "
             "set run.output_dir to a writable directory, or tracking.uri to a tracking server"
         ) from None
-    return f"sqlite:///{run_dir / 'mlflow.db'}"
+    return f"sqlite:///{store_dir / 'mlflow.db'}"
 
 
 def require_existing_store(uri: str) -> None:
@@ -59,7 +59,7 @@ def require_existing_store(uri: str) -> None:
     if not path.exists():
         raise TrackingError(
             f"MLflow store {uri} does not exist (no {what} {path}): check the path; a run with tracking.uri: null "
-            "keeps its store in <run_dir>/mlflow.db"
+            "keeps its store in <run.output_dir>/mlflow.db"
         )
 
 

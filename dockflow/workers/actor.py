@@ -26,6 +26,7 @@ from dockflow.dock import TransferDock
 from dockflow.engines import create_engines, encode_rollouts
 from dockflow.eval import evaluate_policy
 from dockflow.models import load_model_and_tokenizer
+from dockflow.storage.objects import fetch_model
 from dockflow.workers.columns import consumers, kl_in_loss
 from dockflow.workers.consume import WaitClock, consume
 from dockflow.workers.dp_group import join_dp_group
@@ -48,14 +49,14 @@ class ActorWorker(ModelWorker):
         self.rank, self.dp = rank, cfg.train.dp
         if self.dp > 1:
             join_dp_group(rank, self.dp, dp_key, cfg.ray.init_timeout_s, cfg.train.stage_timeout_s)
-        model, self.tokenizer = load_model_and_tokenizer(model_dir, dtype=cfg.model.dtype)
+        model, self.tokenizer = load_model_and_tokenizer(fetch_model(model_dir, cfg.checkpoint), dtype=cfg.model.dtype)
         self.train_engine, self.gen_engine = create_engines(cfg, model, self.tokenizer, cpus=cfg.ray.actor_cpus)
         self.engine = self.train_engine  # the checkpointed one
-        self.task = load_task(cfg.data, cfg.run.seed)
+        self.task = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint)
         self.columns = consumers(cfg)
         self.policy_version = 0
         if cfg.algorithm.name == "dpo":
-            self.pairs, self.eval_pairs = preference_splits(cfg.algorithm.dpo, self.task, cfg.run.seed)
+            self.pairs, self.eval_pairs = preference_splits(cfg.algorithm.dpo, self.task, cfg.run.seed, cfg.checkpoint)
 
     def ready(self) -> bool:
         return True
@@ -184,9 +185,12 @@ class ActorWorker(ModelWorker):
         out["train/policy_version"] = float(self.policy_version)
         return out
 
-    def publish_weights(self) -> dict[str, Any]:
-        """The policy's version and current weights, for the generator workers (disaggregated placement)."""
-        return {"version": self.policy_version, "weights": dict(self.train_engine.named_weights())}
+    def publish_weights(self) -> tuple[dict[str, float], dict[str, Any]]:
+        """For the generator workers (disaggregated placement): (metrics with the policy version, the version and
+        current weights). Called with ``num_returns=2``, so the driver fetches the metrics and never the weights."""
+        start = time.perf_counter()
+        published = {"version": self.policy_version, "weights": dict(self.train_engine.named_weights())}
+        return {"policy_version": float(self.policy_version), "timing/publish_s": time.perf_counter() - start}, published
 
     def reshard(self, iteration: int) -> dict[str, float]:
         """Hand the updated weights to the generation engine: dp = 1 the same tensors, nothing copied; dp >= 2
@@ -223,4 +227,14 @@ class ActorWorker(ModelWorker):
         self.policy.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         return path
+
+    def save_final(self, dest: str) -> str:
+        """The current policy as an HF model directory staged at ``dest`` (in the checkpoint store: a directory,
+        or s3://...), so the run's final model never lives on this worker's disk alone. Returns ``dest``."""
+        import tempfile
+
+        from dockflow.storage.objects import stage_model
+
+        with tempfile.TemporaryDirectory(prefix="dockflow-final-") as tmp:
+            return stage_model(self.save_hf(tmp), dest, self.cfg.checkpoint)
 

@@ -49,3 +49,48 @@ def disconnect() -> None:
 
     if ray.is_initialized():
         ray.shutdown()
+
+
+def nodes_off_this_host() -> list[str]:
+    """Addresses of the alive Ray nodes that are not this machine (empty: every node is here)."""
+    import socket
+
+    import ray
+
+    here = {"127.0.0.1", "localhost", socket.gethostname()}
+    for name in (socket.gethostname(), "localhost"):
+        try:
+            here.add(socket.gethostbyname(name))
+        except OSError:
+            pass
+    return sorted({n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]} - here)
+
+
+def local_inputs(cfg: Config) -> dict[str, str]:
+    """The config's inputs and outputs that are paths on one machine's disk (not s3:// or a server)."""
+    out: dict[str, str] = {}
+    paths = {"model.path": cfg.model.path, "algorithm.dpo.pairs_path": cfg.algorithm.dpo.pairs_path}
+    if cfg.data.source == "file":
+        paths.update({"data.train_path": cfg.data.train_path, "data.test_path": cfg.data.test_path})
+    for key, value in paths.items():
+        if value and not value.startswith("s3://"):
+            out[key] = value
+    if not (cfg.checkpoint.dir or "").startswith("s3://"):
+        out["checkpoint.dir"] = cfg.checkpoint.dir or "<run.output_dir>/<run.name>/checkpoints"
+    if not (cfg.tracking.uri or "").startswith(("http://", "https://", "databricks", "postgresql", "mysql")):
+        out["tracking.uri"] = cfg.tracking.uri or "<run.output_dir>/mlflow.db"
+    return out
+
+
+def check_reachable_inputs(cfg: Config) -> None:
+    """On a cluster whose nodes are not all this machine, refuse paths on one machine's disk: the workers and
+    the supervisor run on other nodes (pods) and would not find them."""
+    remote = nodes_off_this_host()
+    local = local_inputs(cfg)
+    if remote and local:
+        key, value = next(iter(local.items()))
+        raise ClusterError(
+            f"{key}={value!r} is on this machine's disk, but the Ray cluster has nodes elsewhere ({', '.join(remote[:3])}): "
+            "give an s3://bucket/... URI (MinIO) for models, data and checkpoints, and an MLflow server for tracking.uri"
+            + (f" (also local: {', '.join(k for k in local if k != key)})" if len(local) > 1 else "")
+        )

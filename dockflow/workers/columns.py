@@ -71,6 +71,19 @@ def advantage_inputs(cfg: Config) -> list[str]:
     return cols
 
 
+SNAPSHOT_CONSUMER = "snapshot"  # reads what generation wrote ahead into a checkpoint (disaggregated, max_staleness > 0)
+
+
+def generated_columns(cfg: Config) -> list[str]:
+    """What generation writes into the dock (``workers.rollout.dock_columns``)."""
+    cols = list(ROLLOUT_COLUMNS)
+    if cfg.train.tis_cap is not None:
+        cols.append("rollout_log_prob")
+    if cfg.train.old_log_prob == "rollout":
+        cols.append("old_log_prob")
+    return cols
+
+
 def consumers(cfg: Config) -> dict[str, list[str]]:
     """Consumer name -> columns it reads, for this config."""
     if cfg.algorithm.name == "dpo":
@@ -91,17 +104,19 @@ def consumers(cfg: Config) -> dict[str, list[str]]:
     if cfg.train.tis_cap is not None:
         update.append("rollout_log_prob")
     out["actor_update"] = update
+    if cfg.placement.mode == "disaggregated" and cfg.train.max_staleness > 0:
+        out[SNAPSHOT_CONSUMER] = generated_columns(cfg)
     return out
 
 
-def create_run_dock(cfg: Config, namespace: str, *, detached: bool = False) -> TransferDock:
+def create_run_dock(cfg: Config, namespace: str) -> TransferDock:
     """The run's transfer dock with this config's schema, every consumer registered (both drivers use it)."""
     from dockflow.dock import DockSpec, create_dock
 
     dock = create_dock(DockSpec(
         columns=COLUMNS, capacity=cfg.dock_capacity, group_size=cfg.rollout.group_size, backend=cfg.dock.backend,
         num_warehouses=cfg.dock.num_warehouses, name=f"{cfg.run.name}-dock", namespace=namespace,
-        get_timeout_s=cfg.dock.get_timeout_s, detached=detached,
+        get_timeout_s=cfg.dock.get_timeout_s,
     ))
     try:
         for consumer, cols in consumers(cfg).items():

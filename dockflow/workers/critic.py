@@ -16,6 +16,7 @@ from dockflow.config import Config
 from dockflow.dock import TransferDock
 from dockflow.engines import create_critic_engine
 from dockflow.models import load_critic
+from dockflow.storage.objects import fetch_model
 from dockflow.workers.columns import consumers
 from dockflow.workers.consume import consume
 from dockflow.workers.runtime import ModelWorker
@@ -29,7 +30,7 @@ class CriticWorker(ModelWorker):
 
     def __init__(self, cfg: Config, model_dir: str, dock: TransferDock):
         super().__init__(cfg, dock)
-        self.engine = create_critic_engine(cfg, load_critic(model_dir, dtype=cfg.model.dtype))
+        self.engine = create_critic_engine(cfg, load_critic(fetch_model(model_dir, cfg.checkpoint), dtype=cfg.model.dtype))
         self.columns = consumers(cfg)
 
     def ready(self) -> bool:

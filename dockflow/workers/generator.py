@@ -1,8 +1,9 @@
 """A generator worker (disaggregated placement): its own copy of the policy in a generation engine.
 
 It samples responses into the dock with whatever weights it holds, tagging every sample with their policy
-version, and takes new weights when the actor publishes them (the reshard stage). The scheduler decides
-when each generation may start, which bounds how stale its samples can get (``dockflow.flow.asynchronous``).
+version; each generation names the published policy it must use (the reshard stage publishes one per update),
+and the stage loops decide when it may start, which bounds how stale its samples can get
+(``dockflow.flow.streaming``).
 """
 
 from __future__ import annotations
@@ -15,26 +16,28 @@ from dockflow.data import load_task
 from dockflow.dock import TransferDock
 from dockflow.engines import create_generation_engine
 from dockflow.models import load_model_and_tokenizer
+from dockflow.storage.objects import fetch_model
+from dockflow.workers.columns import SNAPSHOT_CONSUMER
 from dockflow.workers.partial_rollout import generate_partial_into_dock
-from dockflow.workers.rollout import generate_into_dock
+from dockflow.workers.rollout import call, generate_into_dock
 from dockflow.workers.rollout_queue import RolloutQueue, rollout_queue
 from dockflow.workers.runtime import init_worker_process
 
 
 class GeneratorWorker:
-    """Generate-only policy state: ``generate`` and ``load_weights``, nothing to checkpoint (the actor's
-    weights are the policy; a restarted generator gets them republished)."""
+    """Generate-only policy state: ``generate`` (taking newer published weights first), and the checkpoint of
+    what is in flight (``save_inflight``). Its weights are the actor's, republished after a restart."""
 
     def __init__(self, cfg: Config, model_dir: str, dock: TransferDock) -> None:
         init_worker_process(cfg.ray.torch_threads, cfg.run.seed)
         self.cfg = cfg
         self.dock = dock
-        self.model, tokenizer = load_model_and_tokenizer(model_dir, dtype=cfg.model.dtype)
+        self.model, tokenizer = load_model_and_tokenizer(fetch_model(model_dir, cfg.checkpoint), dtype=cfg.model.dtype)
         self.model.eval()
         self.engine = create_generation_engine(cfg, self.model, tokenizer, cpus=cfg.placement.generator_cpus)
         self.tokenizer = tokenizer
         self.queue: RolloutQueue = rollout_queue(cfg)  # used alone (one generator); parked groups live here
-        self.train_prompts = load_task(cfg.data, cfg.run.seed).train
+        self.train_prompts = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint).train
         self.policy_version = 0
 
     def ready(self) -> bool:
@@ -42,11 +45,13 @@ class GeneratorWorker:
 
     def generate(
         self, iteration: int, prompt_ids: list[int], first_index: int = 0, queue: Any = None, rank: int = 0,
-        opened: Any = None,
+        opened: Any = None, weights: dict[str, Any] | None = None,
     ) -> dict[str, float]:
         """Sample N responses for each prompt into ``iteration``'s dock window from ``first_index`` on, taking
         chunks from ``queue`` (the generators' shared queue actor, ``opened`` for this iteration) or, alone, from
-        its own queue; with ``rollout.partial.token_budget`` unfinished groups are parked there."""
+        its own queue; with ``rollout.partial.token_budget`` unfinished groups are parked there. ``weights``: a
+        policy the actor published (``ActorWorker.publish_weights``), taken first when newer than the one held."""
+        loaded = self._take(weights)
         if queue is None:
             queue = self.queue
             queue.open(iteration, prompt_ids)
@@ -61,11 +66,39 @@ class GeneratorWorker:
                 self.policy_version, queue, rank,
             )
         out["rollout/policy_version"] = float(self.policy_version)
+        out.update(loaded)
         return out
 
-    def load_weights(self, published: dict[str, Any]) -> dict[str, float]:
-        """Take what ``ActorWorker.publish_weights`` returned: bit-exact copies of the policy's tensors."""
+    def _take(self, weights: dict[str, Any] | None) -> dict[str, float]:
+        """Load bit-exact copies of the published policy's tensors when they are newer than ours."""
+        if weights is None or int(weights["version"]) <= self.policy_version:
+            return {}
         start = time.perf_counter()
-        self.engine.load_weights(iter(published["weights"].items()))
-        self.policy_version = int(published["version"])
+        self.engine.load_weights(iter(weights["weights"].items()))
+        self.policy_version = int(weights["version"])
         return {"timing/load_weights_s": time.perf_counter() - start}
+
+    def save_inflight(self, store: Any, step: int, iterations: list[int], queue: Any = None) -> None:
+        """Checkpoint part ``inflight``: the samples of ``iterations`` (generated ahead, not trained on yet), read
+        from their dock windows, and the rollout queue's state (parked groups, the prompt stream)."""
+        windows = {}
+        for j in iterations:
+            batch = self.dock.get(SNAPSHOT_CONSUMER, self.cfg.global_batch, window=self.cfg.dock_window(j),
+                                  timeout_s=self.cfg.dock.get_timeout_s)
+            windows[j] = {"indices": batch.indices, "data": batch.data, "meta": batch.meta}
+        state = call(queue, "state_dict", timeout_s=self.cfg.train.stage_timeout_s) if queue is not None \
+            else self.queue.state_dict()
+        store.write_part(step, "inflight", {"windows": windows, "queue": state})
+
+    def load_inflight(self, store: Any, step: int, queue: Any = None) -> list[int]:
+        """Put a checkpoint's in-flight samples back into their windows and restore the queue; returns their
+        iterations."""
+        part = store.read_part(step, "inflight", weights_only=False)
+        for j, w in part["windows"].items():
+            self.dock.reset(window=self.cfg.dock_window(j))
+            self.dock.put(w["indices"], w["data"], w["meta"])
+        if queue is not None:
+            call(queue, "load_state_dict", part["queue"], timeout_s=self.cfg.train.stage_timeout_s)
+        else:
+            self.queue.load_state_dict(part["queue"])
+        return sorted(part["windows"])

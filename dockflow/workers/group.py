@@ -47,15 +47,14 @@ class Workers:
         return {k: v for k, v in named.items() if v is not None}
 
 
-def create_workers(cfg: Config, model_dir: str, dock: TransferDock, name: str, detached: bool = False) -> Workers:
-    """Start the workers the algorithm uses; fail fast if they cannot be placed. ``detached`` workers outlive
-    the process that created them (the KFP setup task); ``kill_workers`` must end them."""
+def create_workers(cfg: Config, model_dir: str, dock: TransferDock, name: str) -> Workers:
+    """Start the workers the algorithm uses, from the model at ``model_dir`` (a local directory or s3:// URI, which
+    each worker fetches itself); fail fast if they cannot be placed. They belong to the calling process (a pipeline
+    run's supervisor actor): they die with it."""
     import ray
 
-    lifetime = "detached" if detached else None
-
     def spawn(cls, label: str, cpus: float, *extra):
-        options = {"name": f"{name}-{label}", "num_cpus": cpus, "max_concurrency": 1, "lifetime": lifetime}
+        options = {"name": f"{name}-{label}", "num_cpus": cpus, "max_concurrency": 1}
         return ray.remote(cls).options(**options).remote(cfg, model_dir, dock, *extra)
 
     dp_key = f"{name}-{uuid.uuid4().hex}"  # where actor rank 0 publishes its process group's address
@@ -74,7 +73,7 @@ def create_workers(cfg: Config, model_dir: str, dock: TransferDock, name: str, d
         prefix=name,
     )
     if len(workers.generators) > 1:
-        options = {"name": f"{name}-rollout-queue", "num_cpus": 0, "max_concurrency": 1, "lifetime": lifetime}
+        options = {"name": f"{name}-rollout-queue", "num_cpus": 0, "max_concurrency": 1}
         workers.rollout_queue = ray.remote(RolloutQueue).options(**options).remote(*queue_args(cfg))
     handles = workers.all()
     refs = {label: h.ready.remote() for label, h in handles.items()}

@@ -10,6 +10,7 @@ from dockflow.config import Config
 from dockflow.dock import TransferDock
 from dockflow.engines import batched_log_probs
 from dockflow.models import load_model_and_tokenizer
+from dockflow.storage.objects import fetch_model
 from dockflow.workers.columns import consumers
 from dockflow.workers.consume import consume
 from dockflow.workers.runtime import init_worker_process
@@ -22,7 +23,7 @@ class ReferenceWorker:
         init_worker_process(cfg.ray.torch_threads, cfg.run.seed)
         self.cfg = cfg
         self.dock = dock
-        self.model, _ = load_model_and_tokenizer(model_dir, dtype=cfg.model.dtype)
+        self.model, _ = load_model_and_tokenizer(fetch_model(model_dir, cfg.checkpoint), dtype=cfg.model.dtype)
         self.model.requires_grad_(False)
 
     def ready(self) -> bool:

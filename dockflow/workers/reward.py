@@ -20,6 +20,7 @@ from dockflow.dock import TransferDock
 from dockflow.engines import decode_responses
 from dockflow.models import load_tokenizer
 from dockflow.rewards import verify
+from dockflow.storage.objects import fetch_model
 from dockflow.workers.advantages import advantage_batch_size, compute_advantages
 from dockflow.workers.columns import consumers
 from dockflow.workers.consume import consume
@@ -36,8 +37,8 @@ class RewardWorker:
     def __init__(self, cfg: Config, model_dir: str, dock: TransferDock):
         self.cfg = cfg
         self.dock = dock
-        self.tokenizer = load_tokenizer(model_dir)
-        self.answers = [ex.answer for ex in load_task(cfg.data, cfg.run.seed).train]
+        self.tokenizer = load_tokenizer(fetch_model(model_dir, cfg.checkpoint))
+        self.answers = [ex.answer for ex in load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint).train]
         self.advantage_columns = consumers(cfg)["advantage"]
         self.kept_groups = 0  # groups given advantages in this iteration (dynamic sampling's quota)
 

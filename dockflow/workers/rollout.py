@@ -58,8 +58,9 @@ def call(queue: Any, method: str, *args: Any, timeout_s: float = 60.0) -> Any:
     try:
         return ray.get(fn.remote(*args), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
+        which = f" for iteration {args[0]}" if args and isinstance(args[0], int) else ""
         raise RolloutQueueTimeout(
-            f"the rollout queue actor did not answer '{method}' for iteration {args[0]} within {timeout_s:.0f}s "
+            f"the rollout queue actor did not answer '{method}'{which} within {timeout_s:.0f}s "
             "(train.stage_timeout_s); is the '<run>-rollout-queue' actor alive?"
         ) from None
 

@@ -235,6 +235,18 @@ class RolloutQueue:
         self.overflow += len(groups)
         self.parked.extend(groups)
 
+    # What a checkpoint holds: everything but the look-ahead function (the run's prompt sampler, rebuilt alike).
+    _STATE = ("iterations", "parked", "stream", "streamed", "dropped", "regenerated", "overflow", "new_started",
+              "new_finished")
+
+    def state_dict(self) -> dict[str, Any]:
+        """The queue's state (parked groups with their tokens, the prompt stream, counters) for a checkpoint."""
+        return {name: getattr(self, name) for name in self._STATE}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name in self._STATE:
+            setattr(self, name, state[name])
+
     def stats(self, iteration: int) -> dict[str, Any]:
         it = self.iterations[iteration]
         waiting = [p for p in self.parked if p.open_rows > 0]

@@ -2,8 +2,8 @@ import pytest
 
 from dockflow.config import ConfigError, load_config
 from dockflow.flow.idle import IdleTracker
+from dockflow.flow.metrics import pop_generated
 from dockflow.flow.stages import shares
-from dockflow.flow.sync import pop_generated
 
 
 def test_shares_split_prompts_contiguously_and_nearly_evenly():
@@ -46,6 +46,13 @@ def test_disaggregated_placement_refuses_offline_and_dynamic_sampling_algorithms
         load_config("configs/dapo_arith.yaml", ["placement.mode=disaggregated"])
     cfg = load_config("configs/grpo_arith.yaml", ["placement.mode=disaggregated", "train.max_staleness=2"])
     assert cfg.dock_capacity == 3 * cfg.global_batch
+
+
+def test_one_staleness_rule_for_both_drivers():
+    """A colocated actor cannot generate ahead of its own update: refused at config load, so ``dockflow train``
+    and the pipeline's setup refuse the same configs."""
+    with pytest.raises(ConfigError, match="train.max_staleness=1 with placement.mode=colocated"):
+        load_config("configs/dapo_arith.yaml", ["train.max_staleness=1"])
 
 
 def test_partial_rollout_and_tis_refuse_what_they_cannot_run():

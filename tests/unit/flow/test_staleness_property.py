@@ -1,6 +1,7 @@
 """Property: whatever the relative speeds of generators and trainer, every sample the update trains on is at
-most ``train.max_staleness`` policy versions old. The real ``AsyncScheduler`` and ``stages`` drive fake actors
-with Ray's ordering rules (``fake_ray``); the fake update checks ages with the real ``StalenessCounter``."""
+most ``train.max_staleness`` policy versions old, and exactly that once the pipeline is full. The real stage
+loops (``streaming.StageLoops`` running ``stage_tasks.RunTasks``) drive fake actors with Ray's ordering rules
+(``fake_ray``); the fake update checks ages with the real ``StalenessCounter``."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from fake_ray import FakeActor, World
 from tensordict import TensorDict
 
 from dockflow.config import Config, load_config
-from dockflow.flow import asynchronous
+from dockflow.flow import record
 from dockflow.flow.sampler import PromptSampler
+from dockflow.flow.stage_tasks import RunTasks
+from dockflow.flow.streaming import Plan, StageLoops
 from dockflow.workers.rollout_queue import RolloutQueue
 from dockflow.workers.staleness import StalenessCounter
 
@@ -65,8 +68,8 @@ class FakeTrainer:
         self.version += 1
         return {**counter.metrics(), "timing/update_s": 0.0}
 
-    def publish_weights(self) -> dict:
-        return {"version": self.version, "weights": {}}
+    def publish_weights(self) -> tuple[dict, dict]:
+        return {"policy_version": float(self.version)}, {"version": self.version, "weights": {}}
 
 
 class FakeGenerator:
@@ -74,13 +77,12 @@ class FakeGenerator:
         self.cfg, self.dock, self.rank, self.version = cfg, dock, rank, 0
         self.chunks = 0
 
-    def load_weights(self, published: dict) -> dict[str, float]:
-        self.version = published["version"]
-        return {}
-
     def generate(
-        self, iteration: int, prompt_ids: list[int], first_index: int = 0, queue=None, rank: int = 0, opened=None
+        self, iteration: int, prompt_ids: list[int], first_index: int = 0, queue=None, rank: int = 0, opened=None,
+        weights: dict | None = None,
     ) -> Iterator[None]:
+        if weights is not None and weights["version"] > self.version:
+            self.version = weights["version"]
         if queue is None:  # alone: a private queue, as GeneratorWorker does
             q = RolloutQueue(1)
             q.open(iteration, prompt_ids)
@@ -118,18 +120,15 @@ def run_case(
         rollout_queue=FakeActor(world, RolloutQueue(1), 1.0),
     )
     sampler = PromptSampler(1000, G, seed)
-    original = asynchronous.wait_stages
-    asynchronous.wait_stages = world.wait
-    try:
-        start = rng.randint(0, 2)  # a resumed run starts past 0 with the restored version
-        trainer.version = start
-        scheduler = asynchronous.AsyncScheduler(cfg, workers, dock, sampler, devices=2.0, end=start + iterations)
-        for i in range(start, start + iterations):
-            metrics = scheduler.run_iteration(i)
-            assert metrics["staleness/dropped"] == 0.0
-        scheduler.close()
-    finally:
-        asynchronous.wait_stages = original
+    start = rng.randint(0, 2)  # a resumed run starts past 0 with the restored version
+    trainer.version = start
+    state = record.initial_state()
+    tracker = SimpleNamespace(log_metrics_or_defer=lambda metrics, step: True)
+    tasks = RunTasks(cfg, workers, dock, sampler, None, state, tracker, start)
+    plan = Plan(start=start, end=start + iterations, max_staleness=max_staleness, eval_steps=[],
+                checkpoint_steps=set(), publish_first=start > 0)
+    StageLoops(plan, tasks, timeout_s=60.0, waiter=world).run()
+    assert len(state["history"]) == iterations
     return trainer, gens
 
 

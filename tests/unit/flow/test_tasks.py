@@ -1,8 +1,19 @@
-"""The pipeline tasks' pure parts: where they find the Ray cluster, and the overrides the parameters make."""
+"""The pipeline tasks' pure parts: where they find the Ray cluster, the run's name, the overrides the run-time
+parameters make, the KFP outputs, and the lines a stage task prints."""
 
 import pytest
 
-from dockflow.flow.tasks import PipelineError, kfp_outputs, platform_overrides, ray_address
+from dockflow.flow.tasks import (
+    PipelineError,
+    RunParams,
+    kfp_metrics,
+    load_run_config,
+    mlflow_link,
+    progress_line,
+    ray_address,
+    run_name,
+    run_report,
+)
 
 
 def test_ray_address_comes_from_the_parameter_then_the_env(monkeypatch):
@@ -14,23 +25,48 @@ def test_ray_address_comes_from_the_parameter_then_the_env(monkeypatch):
         ray_address("")
 
 
-def test_platform_overrides(monkeypatch):
+def test_a_run_is_named_explicitly_or_after_its_kfp_run_id():
+    assert run_name("nightly", "8f1c2d3e-aaaa-bbbb", "grpo_arith") == "nightly"
+    assert run_name("", "8f1c2d3e-aaaa-bbbb-cccc", "grpo_arith") == "grpo_arith-8f1c2d3eaaaa"
+    assert run_name("", "12345678", "grpo_arith") != run_name("", "87654321", "grpo_arith")
+    with pytest.raises(PipelineError, match="run_name"):
+        run_name("", "", "grpo_arith")
+
+
+def test_run_time_parameters_become_overrides(monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    assert platform_overrides("", "", "", "") == []
+    assert RunParams(job_id="42").overrides("grpo_arith") == ["run.name=grpo_arith-42"]
+    params = RunParams(run_name="r1", iterations=1000, max_staleness=1, eval_every=50, checkpoint_every=10,
+                       continue_from="champion", s3_endpoint="http://minio:9000", s3_bucket="ckpt")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow:5000")
-    assert platform_overrides("r1", "", "http://minio:9000", "ckpt") == [
-        "run.name=r1", "tracking.uri=http://mlflow:5000", "checkpoint.s3_endpoint=http://minio:9000",
-        "checkpoint.dir=s3://ckpt/r1",
+    assert params.overrides("x") == [
+        "run.name=r1", "train.iterations=1000", "train.max_staleness=1", "eval.every=50", "checkpoint.every=10",
+        "model.continue_from=champion", "tracking.uri=http://mlflow:5000", "checkpoint.s3_endpoint=http://minio:9000",
+        "checkpoint.dir=s3://ckpt",
     ]
-    assert platform_overrides("r1", "http://other:5000", "", "")[1] == "tracking.uri=http://other:5000"
-    with pytest.raises(PipelineError, match="s3_bucket needs run_name"):
-        platform_overrides("", "", "", "ckpt")
+    cfg = load_run_config("configs/grpo_arith_async.yaml", ["run.name=base"], RunParams(job_id="77", iterations=3))
+    assert cfg.run.name == "base-77" and cfg.train.iterations == 3 and cfg.train.max_staleness == 1
 
 
-def test_kfp_outputs_log_every_metric(tmp_path):
+def test_kfp_metrics_log_every_metric(tmp_path):
     from kfp.dsl import Metrics
 
     m = Metrics(name="metrics", uri=str(tmp_path / "metrics"), metadata={})
-    out = kfp_outputs({"metrics": {"reward/mean": 0.5, "timing/generate_s": 2}, "mlflow_run_id": "abc",
-                       "checkpoint_uri": "s3://b/r"}, m)
-    assert out == ("abc", "s3://b/r") and m.metadata == {"reward/mean": 0.5, "timing/generate_s": 2.0}
+    kfp_metrics({"reward/mean": 0.5, "timing/generate_s": 2}, m)
+    assert m.metadata == {"reward/mean": 0.5, "timing/generate_s": 2.0}
+
+
+def test_progress_lines_and_reports():
+    status = {"iterations": 200}
+    line = progress_line("generate", {"index": 11, "seconds": 0.4123, "metrics": {"rollout/response_length": 4.2}},
+                         status)
+    assert line == "generate: iteration 12/200 0.41s rollout/response_length=4.2"
+    assert progress_line("evaluate", {"index": 100, "seconds": 3.0, "metrics": {}}, status).startswith(
+        "evaluate: step 100/200")
+    assert mlflow_link("http://mlflow:5000/", "3", "abc") == "[MLflow run abc](http://mlflow:5000/#/experiments/3/runs/abc)"
+    assert "mlflow ui --backend-store-uri sqlite:///x.db" in mlflow_link("sqlite:///x.db", "1", "abc")
+    summary = {"run_name": "r", "algorithm": "grpo", "accuracy_before": 0.4, "accuracy_after": 0.6, "iterations": 2,
+               "samples_trained": 512, "throughput_tps": 10.0, "final_model": "s3://b/r/final_model",
+               "registry": {"model_name": "m", "version": 3, "score": 0.6, "decision": "champion moved to 3"}}
+    report = run_report(summary)
+    assert "40.0%" in report and "60.0%" in report and "version 3" in report and "champion moved to 3" in report

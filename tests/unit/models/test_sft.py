@@ -113,3 +113,38 @@ def test_cache_key_covers_file_contents(tmp_path: Path, content: str) -> None:
     before = sft_cache_key(_cfg(tmp_path, *files))
     train.write_text(content)
     assert (sft_cache_key(_cfg(tmp_path, *files)) == before) == ("1" in content)
+
+
+def test_cache_key_and_initial_model_from_s3(
+    s3_checkpoint_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, micro_cfg, char_tok
+) -> None:
+    import io
+
+    from dockflow.config import CheckpointConfig
+    from dockflow.models import save_pretrained_dir
+    from dockflow.models.sft import _initial_model
+    from dockflow.storage import stage_model
+    from dockflow.storage.s3_bucket import S3Bucket
+    from dockflow.storage.s3_client import S3Options
+
+    monkeypatch.setenv("DOCKFLOW_CACHE_DIR", str(tmp_path / "fetch"))
+    bucket = S3Bucket("dockflow-test", S3Options.from_config(CheckpointConfig()))
+
+    def put(url: str, data: bytes) -> str:
+        bucket.client.put_object("dockflow-test", url.removeprefix("s3://dockflow-test/"), io.BytesIO(data), len(data))
+        return url
+
+    src = save_pretrained_dir(build_tiny_model(micro_cfg, char_tok, seed=0), char_tok, tmp_path / "m")
+    model = stage_model(src, f"{s3_checkpoint_dir}/model", CheckpointConfig())
+    train = put(f"{s3_checkpoint_dir}/train.jsonl", b'{"prompt": "a?", "answer": 1}\n')
+    files = ["data.source=file", f"data.train_path={train}", f"data.test_path={train}", f"model.path={model}"]
+    key = sft_cache_key(_cfg(tmp_path, *files))
+    assert sft_cache_key(_cfg(tmp_path, *files)) == key and not (tmp_path / "fetch").exists()  # nothing fetched
+    put(train, b'{"prompt": "a?", "answer": 2}\n')
+    assert sft_cache_key(_cfg(tmp_path, *files)) != key
+    key = sft_cache_key(_cfg(tmp_path, *files))
+    (src / "generation_config.json").write_text("{}")
+    stage_model(src, model, CheckpointConfig())  # another model at the same URI
+    assert sft_cache_key(_cfg(tmp_path, *files)) != key
+    lm, _ = _initial_model(_cfg(tmp_path, *files))  # fetched into the node's cache, then loaded
+    assert lm.config.hidden_size == micro_cfg.hidden_size and any((tmp_path / "fetch" / "models").iterdir())

@@ -66,9 +66,10 @@ def kfp_api():
 def test_schedule_sends_cron_parameters_and_the_pipeline_spec(kfp_api, tmp_path: Path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))  # kfp.Client reads its context file from there
     host, requests = kfp_api
-    overrides = ["train.iterations=2", f"run.output_dir={tmp_path}"]
+    overrides = [f"run.output_dir={tmp_path}"]
     cfg = load_config("configs/grpo_arith.yaml", overrides)
-    params = launch.arguments("configs/grpo_arith.yaml", overrides, cfg, s3_bucket="ckpt", image="")
+    params = launch.arguments("configs/grpo_arith.yaml", overrides, cfg, s3_bucket="ckpt", image="",
+                              continue_from="champion", iterations=300)
     job = launch.schedule(host, "0 0 2 * * *", params, launch.options_for(cfg), "nightly", "grpo-nightly",
                           tmp_path / "p.yaml")
     assert job == "rr-1"
@@ -78,15 +79,24 @@ def test_schedule_sends_cron_parameters_and_the_pipeline_spec(kfp_api, tmp_path:
     assert body["trigger"]["cron_schedule"]["cron"] == "0 0 2 * * *"
     assert body["display_name"] == "grpo-nightly" and body["experiment_id"] == "exp-1"
     assert body["mode"] == "ENABLE" and int(body["max_concurrency"]) == 1
+    # No run_name: every night's run is named after its own KFP run id; it starts from the champion.
     assert body["runtime_config"]["parameters"] == {
-        "config": "configs/grpo_arith.yaml", "overrides": overrides, "run_name": "grpo_arith", "s3_bucket": "ckpt",
+        "config": "configs/grpo_arith.yaml", "overrides": overrides, "iterations": 300, "max_staleness": 0,
+        "eval_every": 100, "checkpoint_every": 10, "continue_from": "champion", "s3_bucket": "ckpt",
     }
     spec = body["pipeline_spec"]["pipeline_spec"]
     executors = body["pipeline_spec"]["platform_spec"]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     assert all(e["secretAsEnv"] for e in executors.values())  # the Kubernetes settings travel with it
     assert spec["pipelineInfo"]["name"] == "dockflow-rl"
     tasks = next(c for n, c in spec["components"].items() if n.startswith("comp-exit-handler"))["dag"]["tasks"]
-    assert {t["taskInfo"]["name"] for t in tasks.values()} >= {"generate-0", "reshard-1", "evaluate-2"}
+    assert {t["taskInfo"]["name"] for t in tasks.values()} == {"setup", "generate", "infer", "update", "reshard",
+                                                               "evaluate", "finish"}
+
+
+def test_unknown_parameters_are_refused():
+    cfg = load_config("configs/grpo_arith.yaml")
+    with pytest.raises(launch.LaunchError, match="unknown pipeline parameters"):
+        launch.arguments("configs/grpo_arith.yaml", [], cfg, iteratons=3)
 
 
 def test_bad_cron_and_unreachable_host_are_clear_errors():

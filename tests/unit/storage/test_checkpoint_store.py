@@ -195,3 +195,17 @@ def test_open_store_paths_and_errors(tmp_path: Path) -> None:
     kept = open_store(CheckpointConfig(keep=1, keep_best=True, best_metric="accuracy", best_mode="min"), tmp_path)
     assert (kept.keep, kept.best_metric, kept.best_mode) == (1, "accuracy", "min")
     assert open_store(CheckpointConfig(best_metric="accuracy"), tmp_path).best_metric is None  # keep_best false
+
+
+def test_run_store_puts_each_run_under_its_name(tmp_path: Path, s3_checkpoint_dir: str) -> None:
+    from dockflow.config import load_config
+    from dockflow.storage import S3CheckpointStore, run_store
+
+    default = run_store(load_config(None, [f"run.output_dir={tmp_path}", "run.name=a"]))
+    assert isinstance(default, LocalCheckpointStore) and default.location() == str(tmp_path / "a" / "checkpoints")
+    local = run_store(load_config(None, [f"checkpoint.dir={tmp_path}/ckpt/", "run.name=b"]))
+    assert local.location() == str(tmp_path / "ckpt" / "b")
+    remote = run_store(load_config(None, [f"checkpoint.dir={s3_checkpoint_dir}/", "run.name=c"]))
+    assert isinstance(remote, S3CheckpointStore) and remote.location() == f"{s3_checkpoint_dir}/c"
+    with pytest.raises(CheckpointError, match="run.name 'x/y' cannot name a checkpoint folder"):
+        run_store(load_config(None, [f"checkpoint.dir={tmp_path}", "run.name=x/y"]))

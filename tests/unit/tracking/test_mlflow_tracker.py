@@ -106,7 +106,7 @@ def test_bad_uri_errors_name_the_uri(tmp_path: Path) -> None:
         Tracker.start(TrackingConfig(uri="nosuch://x"), tmp_path, "bad")
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    with pytest.raises(TrackingError, match=r"cannot create run directory .*a_file/run"):
+    with pytest.raises(TrackingError, match=r"cannot create directory .*a_file/run"):
         Tracker.start(TrackingConfig(), blocker / "run", "bad")
 
 

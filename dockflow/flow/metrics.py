@@ -1,0 +1,74 @@
+"""One iteration's metrics from the workers' results: merged generations, rollout summary, Eq. (5)."""
+
+from __future__ import annotations
+
+from dockflow.flow.throughput import throughput_tps
+
+
+def merge_results(results: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The stages' metrics as one flat dict (later parts win on a shared key)."""
+    metrics: dict[str, float] = {}
+    for part in results.values():
+        metrics.update(part)
+    return metrics
+
+
+def iteration_throughput(metrics: dict[str, float], devices: float, seconds: float) -> float:
+    """Eq. (5) of an iteration from its rollout metrics and end-to-end seconds."""
+    return throughput_tps(
+        int(metrics["rollout/samples"]), metrics["rollout/prompt_length"], metrics["rollout/response_length"],
+        devices, seconds,
+    )
+
+
+def is_generation(stage: str) -> bool:
+    return stage == "generate" or stage.startswith("generate/")
+
+
+def pop_generated(results: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Remove the generation results (one, or one per generator worker) and merge them into one round:
+    sample-weighted mean lengths, summed samples and tokens, the slowest generator's seconds."""
+    parts = [results.pop(k) for k in sorted(results) if is_generation(k)]
+    samples = sum(p["rollout/samples"] for p in parts)
+    merged = {
+        "rollout/samples": samples,
+        "rollout/tokens": sum(p["rollout/tokens"] for p in parts),
+        "timing/generate_s": max(p["timing/generate_s"] for p in parts),
+        "timing/generate_busy_s": sum(p["timing/generate_s"] for p in parts),
+    }
+    for key in ("rollout/prompt_length", "rollout/response_length"):
+        merged[key] = sum(p[key] * p["rollout/samples"] for p in parts) / samples
+    versions = [p["rollout/policy_version"] for p in parts if "rollout/policy_version" in p]
+    if versions:
+        merged["rollout/policy_version"] = min(versions)
+    merged.update(merge_flow_counts(parts))
+    return merged
+
+
+def merge_flow_counts(parts: list[dict[str, float]]) -> dict[str, float]:
+    """The generators' ``flow/`` counters (chunks taken, groups parked and resumed): summed, except the
+    queue-wide ``*_total`` ones, which every generator reports alike (the largest is the latest)."""
+    out: dict[str, float] = {}
+    for part in parts:
+        for key, value in part.items():
+            if key.startswith("flow/"):
+                out[key] = max(out.get(key, value), value) if key.endswith("_total") else out.get(key, 0.0) + value
+    return out
+
+
+def rollout_summary(rounds: list[dict[str, float]], round_samples: int) -> dict[str, float]:
+    """Generation metrics over rounds of equal size: mean lengths, total samples, tokens and seconds."""
+    n = len(rounds)
+    out = {
+        "rollout/samples": float(round_samples * n),
+        "rollout/prompt_length": sum(r["rollout/prompt_length"] for r in rounds) / n,
+        "rollout/response_length": sum(r["rollout/response_length"] for r in rounds) / n,
+        "rollout/tokens": sum(r["rollout/tokens"] for r in rounds),
+        "timing/generate_s": sum(r["timing/generate_s"] for r in rounds),
+        "timing/generate_busy_s": sum(r.get("timing/generate_busy_s", r["timing/generate_s"]) for r in rounds),
+    }
+    versions = [r["rollout/policy_version"] for r in rounds if "rollout/policy_version" in r]
+    if versions:
+        out["rollout/policy_version"] = min(versions)
+    out.update(merge_flow_counts(rounds))
+    return out

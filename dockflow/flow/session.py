@@ -1,0 +1,132 @@
+"""One run's parts on the Ray cluster and their life, the same for both drivers.
+
+``dockflow train`` holds a session in its own process; a pipeline run holds one in its supervisor actor. A
+session owns the dock and the workers (created from the staged initial model, restored from the latest
+committed checkpoint when there is one), runs the stage loops to the end, restarts them together from the
+latest checkpoint after a failure when asked, and finishes the run (final model, summary, registry)::
+
+    session = RunSession(cfg, model_uri, store, tracker, state, run_dir)
+    session.start()                       # dock, workers, restore
+    session.run(on_iteration=progress)    # the stage loops, to the end
+    summary = session.finish(wall_s)
+    session.close()                       # kill the workers and the dock
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dockflow.config import Config
+from dockflow.flow import record
+from dockflow.flow.finish import finish
+from dockflow.flow.sampler import iteration_sampler
+from dockflow.flow.stage_tasks import ProgressFn, RunTasks
+from dockflow.flow.streaming import Plan, StageLoops
+from dockflow.flow.waiting import StageError, wait_stages
+from dockflow.tracking import Tracker
+from dockflow.workers import Workers, create_workers, kill_workers
+from dockflow.workers.cluster import run_namespace
+from dockflow.workers.columns import create_run_dock
+
+log = logging.getLogger(__name__)
+
+StageFn = Callable[[str, int, dict[str, float], float], None]
+
+
+class RunSession:
+    """A run's dock, workers, checkpoint store, MLflow run and record (``record.initial_state()`` or a checkpoint's)."""
+
+    def __init__(self, cfg: Config, model_uri: str, store: Any, tracker: Tracker, state: dict[str, Any],
+                 run_dir: Path) -> None:
+        self.cfg, self.model_uri, self.store, self.tracker = cfg, model_uri, store, tracker
+        self.state, self.run_dir = state, run_dir
+        self.sampler = iteration_sampler(cfg)
+        self.dock: Any = None
+        self.workers: Workers | None = None
+        self.plan: Plan | None = None
+
+    def start(self) -> None:
+        """Create the dock and the workers; restore them (and what was in flight) from the checkpoint the record
+        came from, if any."""
+        cfg, step = self.cfg, self.state["iteration"] or None
+        self.dock = create_run_dock(cfg, run_namespace(cfg))
+        self.workers = create_workers(cfg, self.model_uri, self.dock, cfg.run.name)
+        generated: dict[int, dict[str, float]] = {}
+        if step is not None:
+            record.restore_workers(self.store, self.workers, step, cfg)
+            if self.workers.generators:  # their checkpoints always hold the part, empty when nothing was ahead
+                ref = self.workers.generators[0].load_inflight.remote(self.store, step, self.workers.rollout_queue)
+                wait_stages({"restore_inflight": ref}, cfg.train.stage_timeout_s, step)
+            generated = {int(j): m for j, m in (self.state.get("inflight") or {}).items()}
+        self.plan = self._plan(step or 0, generated)
+
+    def _plan(self, start: int, generated: dict[int, dict[str, float]]) -> Plan:
+        cfg, end = self.cfg, self.cfg.train.iterations
+        evaluated = {s for s, _ in self.state["evals"]}
+        steps = range(start, end + 1)
+        return Plan(
+            start=start, end=end, max_staleness=cfg.train.max_staleness,
+            eval_steps=[k for k in steps if (k == 0 or record.eval_due(cfg, k)) and k not in evaluated],
+            checkpoint_steps={k for k in steps if k > start and record.ckpt_due(cfg, k)},
+            generated=generated, rounds=cfg.rounds, publish_first=bool(self.workers.generators) and start > 0,
+        )
+
+    def run(self, on_iteration: ProgressFn | None = None, on_stage: StageFn | None = None,
+            on_complete: Callable[[str], None] | None = None, stop: threading.Event | None = None) -> None:
+        """The stage loops, from the record's iteration to the end. With ``fault_tolerance.restart`` a worker that
+        dies restarts the run from the latest checkpoint (up to ``max_restarts`` times); any other failure raises."""
+        while True:
+            tasks = RunTasks(self.cfg, self.workers, self.dock, self.sampler, self.store, self.state, self.tracker,
+                             self.plan.start, on_iteration)
+            tasks.generated.update(self.plan.generated)
+            loops = StageLoops(self.plan, tasks, self.cfg.train.stage_timeout_s, on_stage=on_stage,
+                               on_complete=on_complete, stop=stop)
+            try:
+                loops.run()
+                return
+            except StageError as exc:
+                ft = self.cfg.fault_tolerance
+                if not (exc.worker_died and ft.restart and self.state["restarts"] < ft.max_restarts):
+                    raise
+                self.restart(str(exc))
+
+    def restart(self, reason: str) -> None:
+        """Kill the workers and the dock, go back to the latest committed checkpoint (or the start, keeping the
+        evaluation before RL) and start again; iterations after it run again and are counted once."""
+        restarts = self.state["restarts"] + 1
+        self.close()
+        step = self.store.latest()
+        if step is not None:
+            state = self.store.read_part(step, "driver", weights_only=False)
+        else:
+            state = record.initial_state()
+            state["evals"] = [e for e in self.state["evals"] if e[0] == 0]
+            state["eval_scores"] = [e for e in self.state.get("eval_scores", []) if e[0] == 0]
+            state["init_metrics"] = self.state.get("init_metrics", {})
+        state["mlflow_run_id"] = self.state["mlflow_run_id"]
+        state["restarts"] = restarts
+        self.state = state
+        log.warning("%s; restarting the run from %s", reason, f"checkpoint {step}" if step else "the initial model")
+        self.start()
+        self.tracker.log_metrics_or_defer({"fault/restarts": restarts}, step=self.plan.start)
+
+    def finish(self, wall_s: float) -> dict[str, Any]:
+        """The run is done: final model (staged in the checkpoint store), ``summary.json``, MLflow artifacts, and the
+        final model registered (with the champion decision) when ``registry.model_name`` is set."""
+        return finish(self.cfg, self.run_dir, self.workers, self.store, self.tracker, self.state, self.model_uri,
+                      wall_s)
+
+    def close(self) -> None:
+        """Kill the workers and the dock (idempotent)."""
+        workers, dock = self.workers, self.dock
+        self.workers = self.dock = None
+        try:
+            if workers is not None:
+                kill_workers(workers)
+        finally:
+            if dock is not None:
+                dock.shutdown()

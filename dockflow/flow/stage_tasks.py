@@ -1,0 +1,147 @@
+"""What each stage of one iteration sends to the workers: the coroutines the stage loops run (``streaming``).
+
+A reader follows an iteration here top to bottom: ``_generate`` (rollouts into the iteration's dock window; DAPO's
+sampling rounds score each round at once), ``_infer`` (rewards and advantages, old and reference log-probs,
+critic values), ``_update``, ``_reshard`` (the new weights to the generation layout, or published for the
+generator workers), ``_evaluate``; ``close`` records the iteration, ``checkpoint`` saves the run. Each coroutine
+yields ``{name: ObjectRef}`` and gets the results back; none of them touches sample data.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from dockflow.config import Config
+from dockflow.dock import TransferDock
+from dockflow.flow import record, stages
+from dockflow.flow.idle import IdleTracker
+from dockflow.flow.metrics import iteration_throughput, merge_results, pop_generated, rollout_summary
+from dockflow.flow.sampler import PromptSampler
+from dockflow.flow.streaming import AWAIT_ONLY, StageTask
+from dockflow.tracking import Tracker
+from dockflow.workers import Workers
+
+ProgressFn = Callable[[int, dict[str, float]], None]
+
+
+class RunTasks:
+    """The stage work of one run (``streaming.Tasks``) over its workers, dock, checkpoint store and record."""
+
+    def __init__(self, cfg: Config, workers: Workers, dock: TransferDock, sampler: PromptSampler, store: Any,
+                 state: dict[str, Any], tracker: Tracker, start: int, on_iteration: ProgressFn | None = None) -> None:
+        self.cfg, self.workers, self.dock, self.sampler = cfg, workers, dock, sampler
+        self.store, self.state, self.tracker, self.start = store, state, tracker, start
+        self.on_iteration = on_iteration
+        self.offline = cfg.algorithm.name == "dpo"
+        self.devices = record.devices(cfg)
+        self.idle = IdleTracker.for_placement(cfg)
+        self.published: dict[int, Any] = {}  # policy version -> its weights in the object store (generators)
+        self.generated: dict[int, dict[str, float]] = {}  # generate's metrics until the iteration closes
+
+    def stage(self, stage: str, index: int) -> StageTask:
+        return getattr(self, f"_{stage}")(index)
+
+    # ---- the stages ----
+
+    def _generate(self, i: int) -> StageTask:
+        """Rollouts of iteration ``i`` into its dock window, with the policy ``i - max_staleness`` at the oldest."""
+        cfg = self.cfg
+        self.dock.reset(window=cfg.dock_window(i))  # the window's previous iteration was trained on
+        prompt_ids = self.sampler.indices(i)
+        if cfg.rounds > 1:
+            metrics, rounds = yield from self._sampling_rounds(i, prompt_ids)
+        else:
+            results = yield stages.generate(self.workers, i, prompt_ids, offline=self.offline,
+                                            group_size=cfg.rollout.group_size, weights=self._weights_for(i))
+            rounds = [pop_generated(results)]
+            metrics = merge_results(results)
+        metrics.update(rollout_summary(rounds, cfg.global_batch))
+        self.generated[i] = metrics
+        return metrics
+
+    def _sampling_rounds(self, i: int, prompt_ids: list[int]) -> Any:
+        """DAPO's dynamic sampling: generate and score rounds of G prompts until G informative groups have
+        advantages (the last round fills the batch). Returns the last round's scores and every round's rollouts."""
+        cfg, g = self.cfg, self.cfg.rollout.prompts_per_iter
+        rounds: list[dict[str, float]] = []
+        scored: dict[str, float] = {}
+        for r in range(cfg.rounds):
+            refs = stages.generate(self.workers, i, prompt_ids[r * g: (r + 1) * g], first_index=r * cfg.global_batch,
+                                   group_size=cfg.rollout.group_size)
+            refs.update(stages.score(self.workers, i, r, r == cfg.rounds - 1))
+            results = yield refs
+            rounds.append(pop_generated(results))
+            scored = merge_results(results)
+            if scored["dapo/kept_groups"] >= g:
+                break
+        scored["dapo/rounds"] = float(len(rounds))
+        return scored, rounds
+
+    def _weights_for(self, i: int) -> Any:
+        """Generator workers: the published policy that generation ``i`` must use (None: the one they hold)."""
+        if not self.workers.generators:
+            return None
+        return self.published.get(max(i - self.cfg.train.max_staleness, self.start))
+
+    def _infer(self, i: int) -> StageTask:
+        """Rewards and advantages (scored per round inside generate under DAPO), then the model inferences."""
+        refs = {} if self.cfg.rounds > 1 else stages.score(self.workers, i)
+        refs.update(stages.infer(self.workers, i, offline=self.offline))
+        return merge_results((yield refs))
+
+    def _update(self, i: int) -> StageTask:
+        return merge_results((yield stages.update(self.workers, i)))
+
+    def _reshard(self, i: int) -> StageTask:
+        """Colocated: the actor's generation state takes the new weights. Disaggregated: the actor publishes them
+        once to the object store, as policy version ``i + 1``; each generation takes the version it is due."""
+        if not self.workers.generators:
+            return merge_results((yield stages.reshard(self.workers, i)))
+        meta, weights = stages.publish(self.workers)
+        results = yield {"reshard": meta, f"{AWAIT_ONLY}weights": weights}
+        version = int(results["reshard"].pop("policy_version"))
+        self.published[version] = weights
+        oldest = version - self.cfg.train.max_staleness  # generations after this one never need older weights
+        self.published = {v: w for v, w in self.published.items() if v >= oldest}
+        return results["reshard"]
+
+    def _evaluate(self, step: int) -> StageTask:
+        """Held-out scores of the policy after ``step`` iterations (0: before RL)."""
+        results = yield stages.evaluate(self.workers, self.cfg.eval.num_prompts)
+        scores = {k: v for k, v in results["evaluate"].items() if k.startswith("eval/")}
+        record.record_eval(self.state, step, scores)
+        if step == self.start:
+            self.tracker.log_metrics_or_defer(scores, step=step)  # later ones are logged with their iteration
+        return scores
+
+    # ---- the run's record ----
+
+    def close(self, i: int, parts: dict[str, dict[str, float]], seconds: float) -> None:
+        """Iteration ``i`` is done: its metrics (wall seconds since the previous one closed, Eq. 5 throughput, idle
+        fractions) go to the record, MLflow (step ``i + 1``) and the progress callback."""
+        self.generated.pop(i, None)
+        metrics = merge_results(parts)
+        metrics["timing/iteration_s"] = seconds
+        metrics["perf/throughput_tps"] = iteration_throughput(metrics, self.devices, seconds)
+        metrics.update(self.idle.add(metrics, seconds))
+        record.record_iteration(self.cfg, self.state, i + 1, metrics)
+        self.tracker.log_metrics_or_defer(metrics, step=i + 1)  # an MLflow outage must not stop training
+        if self.on_iteration is not None:
+            self.on_iteration(i + 1, metrics)
+
+    def checkpoint(self, step: int) -> StageTask:
+        """Save the workers, the generations already done ahead (their samples and metrics) and the record."""
+        started = time.perf_counter()
+        refs = {f"checkpoint_{k}": w.save.remote(self.store, step) for k, w in record.stateful(self.workers).items()}
+        ahead = [j for j in sorted(self.generated) if j >= step]
+        if self.workers.generators:
+            refs["inflight"] = self.workers.generators[0].save_inflight.remote(
+                self.store, step, ahead, self.workers.rollout_queue)
+        yield refs
+        state = {**self.state, "history": list(self.state["history"]), "evals": list(self.state["evals"]),
+                 "eval_scores": list(self.state.get("eval_scores", [])),
+                 "inflight": {j: self.generated[j] for j in ahead}}
+        record.commit_checkpoint(self.store, step, state, self.cfg)
+        return {"timing/checkpoint_s": time.perf_counter() - started}
