@@ -63,9 +63,11 @@ def arguments(config: str, overrides: list[str], cfg: Config, **params: Any) -> 
     return args
 
 
-def run_local(config: str, overrides: list[str], cfg: Config, on_iteration: Any = None, **params: Any) -> dict[str, Any]:
-    """Run the pipeline here: a local Ray cluster that the tasks join, ``kfp.local`` running each task as a
-    subprocess. ``on_iteration(step, metrics)`` follows the run's iterations (as ``dockflow train``'s progress).
+def run_local(config: str, overrides: list[str], cfg: Config, on_iteration: Any = None,
+              options: PipelineOptions | None = None, **params: Any) -> dict[str, Any]:
+    """Run the pipeline here: a local Ray cluster that the tasks join (``ray.address`` of ``cfg``, or a new one),
+    ``kfp.local`` running each task as a subprocess. ``on_iteration(step, metrics)`` follows the run's iterations
+    (as ``dockflow train``'s progress); ``params`` are the run-time parameters (``RUNTIME_PARAMETERS``).
     Returns the run's summary (what ``dockflow train`` writes too)."""
     import ray
     from kfp import local
@@ -87,7 +89,11 @@ def run_local(config: str, overrides: list[str], cfg: Config, on_iteration: Any 
         local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*non-Python base image.*", category=RuntimeWarning)
-            build_pipeline(options_for(cfg, config))(**arguments(config, overrides, cfg, ray_address=address, **params))
+            try:
+                build_pipeline(options or options_for(cfg, config))(
+                    **arguments(config, overrides, cfg, ray_address=address, **params))
+            except RuntimeError as exc:  # kfp.local's one line for a failed task; the task's log says why
+                raise LaunchError(f"{' '.join(str(exc).split())}: see that task's log above") from None
     finally:
         stop.set()
         if owns:
@@ -98,24 +104,31 @@ def run_local(config: str, overrides: list[str], cfg: Config, on_iteration: Any 
     return json.loads(summary.read_text())
 
 
-def _supervisors() -> set[tuple[str, str]]:
+def _supervisors() -> dict[str, tuple[str, str]]:
+    """The run supervisors on this cluster, by actor id (an id, not a name: a resubmitted run reuses its name)."""
     import ray
 
-    return {(a["namespace"], a["name"]) for a in ray.util.list_named_actors(all_namespaces=True)
-            if a["name"].endswith(SUPERVISOR_SUFFIX)}
+    out = {}
+    for a in ray.util.list_named_actors(all_namespaces=True):
+        if a["name"].endswith(SUPERVISOR_SUFFIX):
+            try:
+                out[ray.get_actor(a["name"], namespace=a["namespace"])._actor_id.hex()] = (a["namespace"], a["name"])
+            except ValueError:  # gone meanwhile
+                pass
+    return out
 
 
-def _follow_iterations(known: set[tuple[str, str]], on_iteration: Any, stop: threading.Event,
+def _follow_iterations(known: dict[str, tuple[str, str]], on_iteration: Any, stop: threading.Event,
                        found: dict[str, str]) -> None:
-    """Find the run's supervisor once setup has started it (the only new one on this launcher's own cluster),
-    then report each closed iteration (no heartbeat: only the pipeline's tasks keep a run alive)."""
+    """Find the run's supervisor once setup has started it (the only new one on this launcher's cluster), then
+    report each closed iteration (no heartbeat: only the pipeline's tasks keep a run alive)."""
     import ray
 
     sup = None
     while sup is None and not stop.is_set():
-        new = _supervisors() - known
+        new = {k: v for k, v in _supervisors().items() if k not in known}
         if new:
-            namespace, name = sorted(new)[0]
+            namespace, name = sorted(new.values())[0]
             found["run_name"] = name.removesuffix(SUPERVISOR_SUFFIX)
             sup = ray.get_actor(name, namespace=namespace)
         else:

@@ -97,6 +97,7 @@ def summary(cfg: Config, state: dict[str, Any], run_id: str, wall: float) -> dic
         "algorithm": cfg.algorithm.name,
         "samples_trained": state.get("samples", 0),
         "restarts": state.get("restarts", 0),
+        "resumed_from": state.get("resumed_from", 0),
         "accuracy_before": evals[0][1] if evals and evals[0][0] == 0 else None,
         "accuracy_after": evals[-1][1] if evals else None,
         "iterations": state["iteration"],

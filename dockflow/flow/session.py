@@ -63,6 +63,7 @@ class RunSession:
                 wait_stages({"restore_inflight": ref}, cfg.train.stage_timeout_s, step)
             generated = {int(j): m for j, m in (self.state.get("inflight") or {}).items()}
         self.plan = self._plan(step or 0, generated)
+        self.state["resumed_from"] = self.plan.start  # where this attempt started (0: from the beginning)
 
     def _plan(self, start: int, generated: dict[int, dict[str, float]]) -> Plan:
         cfg, end = self.cfg, self.cfg.train.iterations

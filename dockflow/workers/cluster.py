@@ -57,12 +57,11 @@ def nodes_off_this_host() -> list[str]:
 
     import ray
 
-    here = {"127.0.0.1", "localhost", socket.gethostname()}
-    for name in (socket.gethostname(), "localhost"):
-        try:
-            here.add(socket.gethostbyname(name))
-        except OSError:
-            pass
+    here = {"127.0.0.1", "localhost", socket.gethostname(), ray.util.get_node_ip_address()}
+    try:
+        here.update(info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None))
+    except OSError:
+        pass
     return sorted({n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]} - here)
 
 

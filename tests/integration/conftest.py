@@ -36,6 +36,7 @@ TINY_RUN = {
     "eval.every": 2,
     "eval.num_prompts": 20,
     "checkpoint.every": 2,
+    "registry.model_name": "null",  # the registry has its own tests and the recurring pipeline runs
 }
 
 

@@ -1,47 +1,180 @@
-"""The KFP pipeline end to end under kfp.local: two DAPO iterations (dynamic sampling runs its rounds inside the
-generate task) with max_staleness 1 (generation of the second iteration may run before the first one's update,
-each in its own dock window); the same summary ``dockflow train`` writes, per-stage metrics of both iterations
-in MLflow, and a policy whose every tensor changed."""
+"""The Kubeflow pipeline end to end under kfp.local, on one shared local Ray cluster, the test S3 server (moto) and
+one MLflow tracking server:
 
+- a run whose model and data come only from s3:// (their local copies are deleted first; SFT's warm start is
+  staged to S3 and the workers load it from there) loses one of its stage tasks to SIGKILL mid-run; KFP's retry
+  re-attaches and the run finishes with every sample trained once;
+- the same run, started under its own name in another process that is killed mid-way, resubmitted with that
+  name: the earlier attempt's live actors are ended, the run resumes from its S3 checkpoint in the same MLflow
+  run, and its final weights equal the uninterrupted run's bit for bit (max_staleness 0);
+- two recurring runs with no run name: different names, namespaces, checkpoint prefixes and MLflow runs; the
+  second starts from the first's registered champion, registers its own version and, not beating the champion by
+  the margin, leaves the alias where it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
+import psutil
+import pytest
+import ray
 from mlflow import MlflowClient
 from safetensors.torch import load_file
 
 from dockflow.config import load_config
-from dockflow.storage import open_store
-from dockflow.tracking import read_metric_history, resolve_tracking_uri
+from dockflow.storage import run_store
+from dockflow.storage.objects import fetch_model, stage_model
+from dockflow.tracking import read_metric_history
 from pipelines.launch import options_for, run_local
 
-CONFIG = "configs/dapo_arith.yaml"
+pytestmark = pytest.mark.slow
+CONFIG = "configs/grpo_arith.yaml"
+STAGES = ("generate", "infer", "update", "reshard", "evaluate")
 
 
-def weights(model_dir: str):
-    return load_file(str(Path(model_dir) / "model.safetensors"))
+@pytest.fixture(scope="module")
+def cluster(s3_server, mlflow_server, tmp_path_factory):
+    """One local Ray cluster for the module, started with the S3 keys in its environment (the workers read them)."""
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in s3_server.env().items():
+            mp.setenv(key, value)
+        mp.setenv("DOCKFLOW_CACHE_DIR", str(tmp_path_factory.mktemp("worker_cache")))
+        ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="test-pipeline")
+        try:
+            yield ray.get_runtime_context().gcs_address
+        finally:
+            ray.shutdown()
 
 
-def test_two_iteration_pipeline_runs_locally(tiny_overrides):
-    overrides = tiny_overrides("pipe", 2, train__max_staleness=1, eval__every=0, checkpoint__every=1,
-                               dock__backend="centralized")  # one dock actor: the dock has its own tests
-    cfg = load_config(CONFIG, overrides)
-    summary = run_local(CONFIG, overrides, cfg, options_for(cfg))
+@pytest.fixture(scope="module")
+def s3_inputs(cluster, s3_server, tmp_path_factory):
+    """A tiny model and the task's JSONL files uploaded to S3; the local copies are deleted."""
+    from dockflow.data import generate_arithmetic
+    from dockflow.models import build_tiny_model, save_pretrained_dir
+    from dockflow.models.tokenizer import build_task_tokenizer
 
-    assert summary["iterations"] == 2 and summary["samples_trained"] == 2 * cfg.train_batch
-    assert [e["iteration"] for e in summary["evals"]] == [0, 2]
-    assert summary["throughput_tps"] > 0
-    run_dir = Path(summary["final_model"]).parent
-    assert (run_dir / "summary.json").is_file()
-    before, after = weights(summary["initial_model"]), weights(summary["final_model"])
-    unchanged = [k for k in before if (before[k] == after[k]).all()]
-    assert not unchanged, f"unchanged tensors: {unchanged}"
+    local = tmp_path_factory.mktemp("inputs")
+    cfg = load_config(CONFIG, ["data.arithmetic.digits=1", "data.arithmetic.ops=[+]", "data.arithmetic.num_train=60",
+                               "data.arithmetic.num_labeled=60", "data.arithmetic.num_val=20",
+                               "data.arithmetic.num_test=20"])  # the tiny task of conftest.TINY_RUN
+    task = generate_arithmetic(cfg.data.arithmetic, 0)
+    root = f"s3://{s3_server.BUCKET}/inputs"
+    import boto3
 
-    uri = resolve_tracking_uri(cfg.tracking.uri, run_dir)
-    run_id = summary["mlflow_run_id"]
-    for key in ("pipeline/generate_s", "pipeline/infer_s", "pipeline/update_s", "pipeline/reshard_s",
-                "reward/mean", "train/pg_loss", "timing/old_log_prob_s", "perf/throughput_tps",
-                "dapo/kept_groups", "dapo/rounds"):
-        assert [s for s, _ in read_metric_history(uri, run_id, key)] == [1, 2], key
-    assert [s for s, _ in read_metric_history(uri, run_id, "eval/test_accuracy")] == [0, 2]
-    run = MlflowClient(uri).get_run(run_id)
-    assert run.info.status == "FINISHED" and run.data.tags["driver"] == "kfp"
-    assert open_store(cfg.checkpoint, run_dir).latest() == 2
+    s3 = boto3.client("s3", endpoint_url=s3_server.endpoint, aws_access_key_id=s3_server.access_key,
+                      aws_secret_access_key=s3_server.secret_key, region_name=s3_server.region)
+    for name, rows in (("train", task.val + task.train), ("test", task.test)):
+        body = "".join(json.dumps({"prompt": e.prompt, "answer": e.answer}) + "\n" for e in rows)
+        s3.put_object(Bucket=s3_server.BUCKET, Key=f"inputs/{name}.jsonl", Body=body.encode())
+    tok = build_task_tokenizer(cfg)
+    model_dir = save_pretrained_dir(build_tiny_model(cfg.model.tiny, tok, seed=0), tok, local / "tiny")
+    stage_model(model_dir, f"{root}/tiny", cfg.checkpoint)
+    for path in sorted(local.rglob("*"), reverse=True):  # nothing of the inputs stays on this disk
+        path.unlink() if path.is_file() else path.rmdir()
+    return root
+
+
+def s3_run(tiny_overrides, s3_server, s3_inputs, mlflow_server, iterations: int) -> list[str]:
+    extra = {
+        "model__path": f"{s3_inputs}/tiny", "data__source": "file", "data__train_path": f"{s3_inputs}/train.jsonl",
+        "data__test_path": f"{s3_inputs}/test.jsonl", "checkpoint__dir": f"s3://{s3_server.BUCKET}/pipeline-ckpt",
+        "tracking__uri": mlflow_server, "registry__model_name": "null", "eval__every": 10,
+        "dock__backend": "centralized", "fault_tolerance__attach_grace_s": 600, "checkpoint__every": 4,
+    }
+    return tiny_overrides("s3run", iterations, **extra)
+
+
+def kill_one_stage_task_mid_run(cfg, killed: list[str]) -> None:
+    """SIGKILL the first stage task's process once the run is a few iterations in (not near its end)."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not killed:
+        for proc in psutil.process_iter(["cmdline"]):
+            cmd = proc.info["cmdline"] or []
+            if "kfp.dsl.executor_main" in cmd and "--function_to_execute" in cmd:
+                stage = cmd[cmd.index("--function_to_execute") + 1]
+                latest = run_store(cfg).latest() or 0
+                if stage in STAGES and 4 <= latest < cfg.train.iterations - 8:
+                    proc.send_signal(signal.SIGKILL)
+                    killed.append(stage)
+                    return
+        time.sleep(0.2)
+
+
+def weights(model_uri: str, cfg) -> dict:
+    return load_file(str(fetch_model(model_uri, cfg.checkpoint) / "model.safetensors"))
+
+
+def test_s3_run_survives_a_killed_stage_task_and_a_resumed_run_matches_it_bit_for_bit(
+    cluster, s3_inputs, s3_server, mlflow_server, tiny_overrides, tmp_path
+):
+    overrides = s3_run(tiny_overrides, s3_server, s3_inputs, mlflow_server, 40)
+    options = options_for(load_config(CONFIG, overrides), CONFIG)
+    quick = type(options)(**{**options.__dict__, "retry_backoff_s": 1})
+
+    # Uninterrupted, except that one stage task is killed mid-run: its retry re-attaches to the live loop.
+    cfg = load_config(CONFIG, [*overrides, "run.name=uninterrupted"])
+    killed: list[str] = []
+    killer = threading.Thread(target=kill_one_stage_task_mid_run, args=(cfg, killed), daemon=True)
+    killer.start()
+    full = run_local(CONFIG, overrides, cfg, options=quick, run_name="uninterrupted")
+    killer.join(timeout=5)
+    assert killed, "no stage task was killed mid-run"
+    assert full["iterations"] == 40 and full["samples_trained"] == 40 * cfg.train_batch
+    assert full["restarts"] == 0 and full["resumed_from"] == 0  # the loops never stopped: only a task's process died
+    assert full["initial_model"].startswith("s3://") and full["final_model"].startswith("s3://")
+    history = read_metric_history(mlflow_server, full["mlflow_run_id"], "train/samples")
+    assert [s for s, _ in history] == list(range(1, 41))
+
+    # A second attempt in another process, killed mid-way; its supervisor lives on in the shared cluster.
+    resumed_cfg = load_config(CONFIG, [*overrides, "run.name=resubmitted"])
+    cmd = [sys.executable, "-m", "dockflow.cli", "pipeline", "run", "--local", "--config", CONFIG, *overrides,
+           f"ray.address={cluster}", f"run.output_dir={tmp_path / 'killed'}", "--run-name", "resubmitted"]
+    first = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    while (run_store(resumed_cfg).latest() or 0) < 4:
+        assert first.poll() is None and time.monotonic() < deadline, "the first attempt ended before its checkpoint"
+        time.sleep(0.2)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    store = run_store(resumed_cfg)
+    first_run_id = store.read_part(store.latest(), "driver", weights_only=False)["mlflow_run_id"]
+    assert ray.get_actor("resubmitted-supervisor", namespace="dockflow-resubmitted")  # still alive
+    resumed = run_local(CONFIG, overrides, resumed_cfg, options=quick, run_name="resubmitted")
+    assert resumed["mlflow_run_id"] == first_run_id and resumed["samples_trained"] == 40 * cfg.train_batch
+    assert 4 <= resumed["resumed_from"] < 40, resumed["resumed_from"]
+    assert resumed["reward_per_iteration"] == full["reward_per_iteration"]
+    a, b = weights(full["final_model"], cfg), weights(resumed["final_model"], cfg)
+    assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a), "the resumed run's weights differ"
+
+
+def test_recurring_runs_build_on_the_champion_with_their_own_identity(cluster, mlflow_server, tiny_overrides, tmp_path):
+    model = f"nightly-{os.getpid()}"
+    base = tiny_overrides("nightly", 2, tracking__uri=mlflow_server, registry__model_name=model,
+                          dock__backend="centralized", checkpoint__dir=str(tmp_path / "ckpt"))
+    cfg = load_config(CONFIG, base)
+    first = run_local(CONFIG, base, cfg, continue_from="base")
+    second_overrides = [*base, "registry.champion_margin=1.0"]  # held-out accuracy cannot beat it by more than 1
+    second = run_local(CONFIG, second_overrides, load_config(CONFIG, second_overrides), continue_from="champion")
+
+    names = {first["run_name"], second["run_name"]}
+    assert len(names) == 2 and all(n.startswith("nightly-") for n in names)  # named after their KFP run ids
+    assert first["checkpoints"] != second["checkpoints"] and first["mlflow_run_id"] != second["mlflow_run_id"]
+    client = MlflowClient(mlflow_server)
+    assert {client.get_run(r["mlflow_run_id"]).info.run_name for r in (first, second)} == names  # and Ray namespaces
+
+    start, champion = weights(second["initial_model"], cfg), weights(first["final_model"], cfg)
+    assert all((start[k] == champion[k]).all() for k in champion), "the second run did not start from the champion"
+    assert first["registry"]["champion_moved"] and first["registry"]["version"] == 1
+    assert second["registry"]["version"] == 2 and not second["registry"]["champion_moved"]
+    assert client.get_model_version_by_alias(model, "champion").version == "1"
+    for run, moved in ((first, 1.0), (second, 0.0)):
+        assert [v for _, v in read_metric_history(mlflow_server, run["mlflow_run_id"], "registry/champion_moved")] == [moved]
+        assert client.get_run(run["mlflow_run_id"]).info.status == "FINISHED"

@@ -7,7 +7,8 @@ import torch
 from safetensors.torch import load_file
 
 from dockflow.flow.trainer import train
-from dockflow.storage import open_store
+from dockflow.storage import run_store
+from dockflow.storage.objects import fetch_model
 from dockflow.tracking import read_metric_history, resolve_tracking_uri
 
 pytestmark = pytest.mark.slow
@@ -22,8 +23,9 @@ def _flat(state) -> list:
     return state.tolist() if isinstance(state, torch.Tensor) else state
 
 
-def weights(model_dir: str | Path) -> dict:
-    return load_file(str(Path(model_dir) / "model.safetensors"))
+def weights(model_uri: str, cfg) -> dict:
+    """The model's tensors, fetched from the checkpoint store (here S3) like a worker does."""
+    return load_file(str(fetch_model(model_uri, cfg.checkpoint) / "model.safetensors"))
 
 
 def test_train_learns_logs_and_resumes_bit_identically_through_s3(tiny_config, s3_checkpoint_dir):
@@ -36,7 +38,7 @@ def test_train_learns_logs_and_resumes_bit_identically_through_s3(tiny_config, s
     def cfg(name: str, iterations: int, **extra):
         # No KL term: the reference worker (frozen, not checkpointed) would only add start-up time here; the
         # KL algorithms (REINFORCE++, PPO, DPO) run it in test_algorithms.
-        return tiny_config(name, iterations, checkpoint__dir=f"{s3_checkpoint_dir}/{name}", **extra)
+        return tiny_config(name, iterations, checkpoint__dir=s3_checkpoint_dir, **extra)  # a root: <dir>/<run.name>
 
     full_cfg = cfg("full", 4)
     full = train(full_cfg)
@@ -44,12 +46,13 @@ def test_train_learns_logs_and_resumes_bit_identically_through_s3(tiny_config, s
     assert {"accuracy_before", "accuracy_after", "throughput_tps", "wall_seconds", "mlflow_run_id"} <= full.keys()
     assert full["throughput_tps"] > 0
     assert 0 < sum(full["reward_per_iteration"]) < 4, "rewards must vary for GRPO to have a signal"
-    run_dir = Path(full["final_model"]).parent
+    run_dir = Path(full_cfg.run.output_dir) / "full"
     assert (run_dir / "summary.json").is_file()
-    before, after = weights(full["initial_model"]), weights(full["final_model"])
+    assert full["final_model"] == f"{s3_checkpoint_dir}/full/final_model"
+    before, after = weights(full["initial_model"], full_cfg), weights(full["final_model"], full_cfg)
     changed = [k for k in before if not (before[k] == after[k]).all()]
     assert len(changed) == len(before), f"unchanged tensors: {set(before) - set(changed)}"
-    uri = resolve_tracking_uri(None, run_dir)
+    uri = resolve_tracking_uri(None, full_cfg.run.output_dir)
     for key in ("reward/mean", "train/pg_loss", "train/kl", "timing/generate_s", "perf/throughput_tps"):
         assert [s for s, _ in read_metric_history(uri, full["mlflow_run_id"], key)] == [1, 2, 3, 4], key
     assert [s for s, _ in read_metric_history(uri, full["mlflow_run_id"], "eval/test_accuracy")] == [0, 2, 4]
@@ -57,14 +60,14 @@ def test_train_learns_logs_and_resumes_bit_identically_through_s3(tiny_config, s
     split = cfg("split", 2, placement__mode="disaggregated", placement__generator_cpus=0)
     first_half = train(split)
     assert first_half["reward_per_iteration"] == full["reward_per_iteration"][:2]
-    on_policy = open_store(split.checkpoint, Path(first_half["final_model"]).parent).read_part(2, "actor", weights_only=False)["engine"]
-    reference = open_store(full_cfg.checkpoint, run_dir).read_part(2, "actor", weights_only=False)["engine"]
+    on_policy = run_store(split).read_part(2, "actor", weights_only=False)["engine"]
+    reference = run_store(full_cfg).read_part(2, "actor", weights_only=False)["engine"]
     for k, v in reference["model"].items():
         assert torch.equal(v, on_policy["model"][k]), f"{k}: max_staleness 0 with a generator worker differs from sync"
     assert _flat(reference["optimizer"]) == _flat(on_policy["optimizer"])
     resumed = train(cfg("split", 4), resume=True)
     assert resumed["iterations"] == 4
-    a, b = weights(full["final_model"]), weights(resumed["final_model"])
+    a, b = weights(full["final_model"], full_cfg), weights(resumed["final_model"], split)
     assert a.keys() == b.keys()
     for k in a:
         assert (a[k] == b[k]).all(), f"{k} differs after resume"
