@@ -38,6 +38,8 @@ class PipelineOptions:
     checkpoint_every: int = field(default=PIPELINE_CHECKPOINT_EVERY, metadata={"help": "default checkpoint cadence"})
     cpu_request: str = field(default="250m", metadata={"help": "CPU request of every task (they only supervise)"})
     memory_request: str = field(default="1Gi", metadata={"help": "memory request of every task"})
+    setup_cpu_request: str = field(default="2", metadata={"help": "CPU request of setup (the SFT warm start)"})
+    setup_memory_request: str = field(default="8Gi", metadata={"help": "memory request of setup"})
     node_selector: dict[str, str] = field(default_factory=dict, metadata={"help": "node labels the tasks need"})
     retries: int = field(default=2, metadata={"help": "retries of every task but setup (a retry re-attaches)"})
     retry_backoff_s: int = field(default=10, metadata={"help": "first wait before a retry (doubles)"})
@@ -100,6 +102,7 @@ def build_pipeline(opts: PipelineOptions):
                 s3_bucket=s3_bucket,
             ).set_display_name("setup")
             _platform(start, opts, image, retry=False)  # a second setup would end the first attempt's run
+            start.set_cpu_request(opts.setup_cpu_request).set_memory_request(opts.setup_memory_request)
             run = {"namespace": start.outputs["namespace"], "run_name": start.outputs["run_name"],
                    "ray_address": ray_address}
             stages = [_platform(comp(**run).set_display_name(name), opts, image, retry=True)

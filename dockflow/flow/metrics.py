@@ -36,6 +36,9 @@ def pop_generated(results: dict[str, dict[str, float]]) -> dict[str, float]:
         "timing/generate_s": max(p["timing/generate_s"] for p in parts),
         "timing/generate_busy_s": sum(p["timing/generate_s"] for p in parts),
     }
+    loads = [p["timing/load_weights_s"] for p in parts if "timing/load_weights_s" in p]
+    if loads:  # generators that took a newly published policy first
+        merged["timing/load_weights_s"] = max(loads)
     for key in ("rollout/prompt_length", "rollout/response_length"):
         merged[key] = sum(p[key] * p["rollout/samples"] for p in parts) / samples
     versions = [p["rollout/policy_version"] for p in parts if "rollout/policy_version" in p]
@@ -70,5 +73,8 @@ def rollout_summary(rounds: list[dict[str, float]], round_samples: int) -> dict[
     versions = [r["rollout/policy_version"] for r in rounds if "rollout/policy_version" in r]
     if versions:
         out["rollout/policy_version"] = min(versions)
+    loads = [r["timing/load_weights_s"] for r in rounds if "timing/load_weights_s" in r]
+    if loads:
+        out["timing/load_weights_s"] = sum(loads)
     out.update(merge_flow_counts(rounds))
     return out

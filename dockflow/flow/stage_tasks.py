@@ -144,4 +144,6 @@ class RunTasks:
                  "eval_scores": list(self.state.get("eval_scores", [])),
                  "inflight": {j: self.generated[j] for j in ahead}}
         record.commit_checkpoint(self.store, step, state, self.cfg)
-        return {"timing/checkpoint_s": time.perf_counter() - started}
+        metrics = {"timing/checkpoint_s": time.perf_counter() - started}
+        self.tracker.log_metrics_or_defer(metrics, step=step)  # after its iteration closed: logged on its own
+        return metrics

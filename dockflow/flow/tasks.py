@@ -182,16 +182,20 @@ def setup(config: str, overrides: list[str], params: RunParams, address: str | N
         state = store.read_part(step, "driver", weights_only=False) if step is not None else None
         tracker = Tracker.start(cfg.tracking, cfg.run.output_dir, cfg.run.name, params=cfg.flat() if state is None else None,
                                 tags={**run_tags(cfg), "driver": "kfp"}, run_id=state.get("mlflow_run_id") if state else None)
-        with tempfile.TemporaryDirectory(prefix="dockflow-setup-") as work:  # gone before any worker loads
-            model_uri, init_metrics = prepare_initial_model(cfg, store, Path(work), tracker.tracking_uri)
-        if state is None:
-            tracker.log_metrics(init_metrics, step=0)
-        run_dir = str(run_dir_of(cfg).resolve())
-        sup = ray.remote(RunSupervisor).options(
-            name=supervisor_name(cfg.run.name), namespace=namespace, lifetime="detached", num_cpus=0,
-            max_concurrency=32, max_restarts=cfg.fault_tolerance.max_restarts,
-        ).remote(cfg.model_dump(), model_uri, init_metrics, tracker.run_id, run_dir)
-        status = _wait_started(sup, cfg)
+        try:
+            with tempfile.TemporaryDirectory(prefix="dockflow-setup-") as work:  # gone before any worker loads
+                model_uri, init_metrics = prepare_initial_model(cfg, store, Path(work), tracker.tracking_uri)
+            if state is None:
+                tracker.log_metrics(init_metrics, step=0)
+            run_dir = str(run_dir_of(cfg).resolve())
+            sup = ray.remote(RunSupervisor).options(
+                name=supervisor_name(cfg.run.name), namespace=namespace, lifetime="detached", num_cpus=0,
+                max_concurrency=32, max_restarts=cfg.fault_tolerance.max_restarts,
+            ).remote(cfg.model_dump(), model_uri, init_metrics, tracker.run_id, run_dir)
+            status = _wait_started(sup, cfg)
+        except BaseException:
+            tracker.end("FAILED")  # the supervisor, if any, is ended by teardown or its attach grace
+            raise
     print(f"run {cfg.run.name}: {'resumed from iteration ' + str(step) if step else 'started'}; "
           f"MLflow run {tracker.run_id} at {tracker.tracking_uri}", flush=True)
     return {"namespace": namespace, "run_name": cfg.run.name, "mlflow_run_id": tracker.run_id,

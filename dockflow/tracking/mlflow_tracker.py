@@ -99,7 +99,7 @@ def _open_client(uri: str) -> MlflowClient:
     except Exception as exc:
         raise TrackingError(
             f"tracking.uri '{uri}' cannot be used ({str(exc).strip().splitlines()[0][:300]}): use "
-            "http(s)://host:port, sqlite:///path/to/mlflow.db, or null for a local store in the run directory"
+            "http(s)://host:port, sqlite:///path/to/mlflow.db, or null for a local store in run.output_dir"
         ) from exc
 
 

@@ -1,9 +1,9 @@
 """MLflow Model Registry for recurring runs: register the final model, move the champion alias, fetch a start.
 
-    version = register_final_model(uri, cfg.registry, run_id, run_dir / "final_model", score)
+    version = register_final_model(uri, cfg.registry, run_id, final_model_dir, score)
     decision = decide_champion(uri, cfg.registry, version, score)
     metrics, tags = decision_metrics(decision)       # log them to the run
-    start = fetch_registered_model(uri, cfg.registry, "champion", run_dir / "registered")   # start.local_dir: HF dir
+    start = fetch_registered_model(uri, cfg.registry, "champion", work_dir)   # start.local_dir: HF dir
 
 A finished run logs its final Hugging Face directory as artifacts of its MLflow run (under ``model/``, in the
 MLflow artifact store, which checkpoint retention never touches) and registers them as a new version of

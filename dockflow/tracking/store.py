@@ -97,7 +97,7 @@ def explain(uri: str, exc: BaseException) -> TrackingError:
         return TrackingError(
             f"MLflow tracking server {uri} failed ({reason}; timeout {timeout}s, {retries} retries): "
             f"check that the server is running and reachable (curl {uri}/health), fix tracking.uri, "
-            "or set tracking.uri: null to use a local store in the run directory"
+            "or set tracking.uri: null to use a local store in run.output_dir"
         )
     return TrackingError(
         f"MLflow store {uri} failed ({reason}): check that its path is writable and was not created by a "

@@ -7,7 +7,6 @@ twice. Without it the run fails with a message that names the stage and says the
 
 import os
 import signal
-import threading
 
 import pytest
 import ray
@@ -18,12 +17,23 @@ from dockflow.flow.waiting import StageError
 pytestmark = pytest.mark.slow
 
 
-def kill_actor_soon(run_name: str) -> int:
-    """SIGKILL the run's actor worker process 50 ms from now (the next iteration is then under way)."""
-    actor = ray.get_actor(f"{run_name}-actor")
-    pid = ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
-    threading.Timer(0.05, os.kill, (pid, signal.SIGKILL)).start()
-    return pid
+class Chaos:
+    """``on_iteration`` hook: SIGKILL the run's actor worker when iteration ``at`` closes. The stage loops have
+    sent the next iteration's calls by then (they launch before they close), so the actor dies under way. Its
+    pid is asked one iteration earlier: a call queued behind the next iteration's would come too late."""
+
+    def __init__(self, run_name: str, at: int) -> None:
+        self.run_name, self.at = run_name, at
+        self.pid: int | None = None
+        self.killed: list[int] = []
+
+    def __call__(self, step: int, metrics: dict) -> None:
+        if step == self.at - 1 or (step == self.at and self.pid is None):
+            actor = ray.get_actor(f"{self.run_name}-actor")
+            self.pid = ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
+        if step == self.at and not self.killed:
+            os.kill(self.pid, signal.SIGKILL)
+            self.killed.append(self.pid)
 
 
 @pytest.fixture(scope="module")
@@ -35,14 +45,9 @@ def ray_cluster():
 
 def test_killed_actor_restarts_from_checkpoint_and_finishes(ray_cluster, tiny_config):
     cfg = tiny_config("chaos", 4, fault_tolerance__restart=True, dock__backend="centralized")
-    killed: list[int] = []
-
-    def chaos(step: int, metrics: dict) -> None:
-        if step == 3 and not killed:  # checkpoints are at 2 and 4: iteration 3 is lost with the actor
-            killed.append(kill_actor_soon(cfg.run.name))
-
+    chaos = Chaos(cfg.run.name, at=3)  # checkpoints are at 2 and 4: iteration 4 is lost with the actor
     summary = train(cfg, on_iteration=chaos)
-    assert killed, "the chaos hook never ran"
+    assert chaos.killed, "the chaos hook never ran"
     assert summary["iterations"] == 4 and summary["restarts"] == 1
     assert summary["samples_trained"] == 4 * cfg.train_batch, "an iteration was counted twice or lost"
     assert len(summary["reward_per_iteration"]) == 4
@@ -51,4 +56,4 @@ def test_killed_actor_restarts_from_checkpoint_and_finishes(ray_cluster, tiny_co
 def test_killed_actor_without_restart_fails_with_a_clear_error(ray_cluster, tiny_config):
     cfg = tiny_config("chaos_fail", 3, dock__backend="centralized")
     with pytest.raises(StageError, match="the worker running stage '.*' died"):
-        train(cfg, on_iteration=lambda step, m: kill_actor_soon(cfg.run.name) if step == 1 else None)
+        train(cfg, on_iteration=Chaos(cfg.run.name, at=1))

@@ -21,7 +21,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -178,3 +177,27 @@ def test_recurring_runs_build_on_the_champion_with_their_own_identity(cluster, m
     for run, moved in ((first, 1.0), (second, 0.0)):
         assert [v for _, v in read_metric_history(mlflow_server, run["mlflow_run_id"], "registry/champion_moved")] == [moved]
         assert client.get_run(run["mlflow_run_id"]).info.status == "FINISHED"
+
+
+def test_a_run_no_task_attaches_to_stops_itself(cluster, mlflow_server, tiny_overrides):
+    """KFP terminated the run before any stage task attached (its exit handler did not run either): after
+    ``fault_tolerance.attach_grace_s`` the loops stop, the MLflow run is KILLED and the run's actors are gone."""
+    from dockflow.flow.tasks import RunParams, setup
+
+    overrides = tiny_overrides("orphan", 200, tracking__uri=mlflow_server, dock__backend="centralized",
+                               fault_tolerance__attach_grace_s=3)
+    info = setup(CONFIG, overrides, RunParams(job_id="orphan01"), cluster)
+    assert info["run_name"] == "orphan-orphan01" and info["namespace"] == "dockflow-orphan-orphan01"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            ray.get_actor("orphan-orphan01-supervisor", namespace=info["namespace"])
+        except ValueError:
+            break
+        assert time.monotonic() < deadline, "the abandoned run's supervisor is still alive"
+        time.sleep(0.5)
+    with pytest.raises(ValueError):
+        ray.get_actor("orphan-orphan01-actor", namespace=info["namespace"])  # the workers died with it
+    run = MlflowClient(mlflow_server).get_run(info["mlflow_run_id"])
+    assert run.info.status == "KILLED"
+    assert run.data.metrics["train/samples"] < 200 * 16  # it stopped mid-run

@@ -97,6 +97,8 @@ def test_platform_config_no_accelerators_secrets_and_endpoints(tmp_path):
         assert ex["configMapAsEnv"][0]["configMapName"] == platform.ENDPOINTS_CONFIG_MAP
         assert [k["envVar"] for k in ex["configMapAsEnv"][0]["keyToEnv"]] == list(platform.COMPONENT_ENV)
         assert ex["nodeSelector"]["labels"] == {"pool": "rl"}
+    assert deployment[executor_of(spec, "setup")]["container"]["resources"]["resourceCpuRequest"] == "2"  # SFT
+    assert deployment[executor_of(spec, "update")]["container"]["resources"]["resourceCpuRequest"] == "250m"
 
 
 def test_every_task_but_setup_retries_and_nothing_is_cached(tmp_path):
