@@ -24,9 +24,9 @@ $(STAMP): pyproject.toml constraints.txt
 demo: setup
 	$(BIN)/dockflow train configs/grpo_arith.yaml
 
-# The same RL stages as a Kubeflow pipeline, 2 iterations, run here by kfp.local against a local Ray cluster.
+# The demo as a Kubeflow pipeline, run here by kfp.local against a local Ray cluster (each run gets its own name).
 demo-pipeline: setup
-	$(BIN)/dockflow pipeline run --local --config configs/grpo_arith.yaml train.iterations=2 run.name=grpo_arith_pipeline
+	$(BIN)/dockflow pipeline run --local --config configs/grpo_arith.yaml --iterations 500
 
 # pytest exits 5 when it collects no test; that is not a failure of the suite.
 test: setup

@@ -61,8 +61,9 @@ class DataConfig(_Section):
     test_path: str | None = Field(None, description="Held-out JSONL/Parquet (source: file): a local path, or s3://bucket/key.")
     shuffle_seed: int | None = Field(
         None,
-        description="Seed of the order in which RL draws train prompts; null = run.seed. The dataset itself (splits, "
-        "held-out set) always follows run.seed, so runs with different shuffle seeds are scored on the same test set.",
+        description="Seed of the order in which RL draws train prompts; null = run.seed, or for a run that continues "
+        "from a registered model one derived from run.name (each recurring run draws another order). The dataset "
+        "itself (splits, held-out set) always follows run.seed, so every run is scored on the same test set.",
     )
     prompt_template: str = Field("{prompt}\nAnswer: ", description="Template applied to each prompt; '{prompt}' is replaced.")
 

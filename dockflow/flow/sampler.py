@@ -6,6 +6,8 @@ data position (``iteration * G``) is still saved in checkpoints for the record.
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 
 from dockflow.config import Config
@@ -41,7 +43,7 @@ class PromptSampler:
 
 def iteration_sampler(cfg: Config) -> PromptSampler:
     """The run's sampler: G prompts (x DAPO's rounds) per iteration from the train split, or DPO's train pairs, in
-    the order of ``data.shuffle_seed`` (null: ``run.seed``)."""
+    the order of ``shuffle_seed(cfg)``."""
     from dockflow.data import load_task
     from dockflow.data.preferences import preference_splits
 
@@ -50,5 +52,15 @@ def iteration_sampler(cfg: Config) -> PromptSampler:
         count = len(preference_splits(cfg.algorithm.dpo, task, cfg.run.seed, cfg.checkpoint)[0])
     else:
         count = len(task.train)
-    seed = cfg.run.seed if cfg.data.shuffle_seed is None else cfg.data.shuffle_seed
-    return PromptSampler(count, cfg.rollout.prompts_per_iter * cfg.rounds, seed)
+    return PromptSampler(count, cfg.rollout.prompts_per_iter * cfg.rounds, shuffle_seed(cfg))
+
+
+def shuffle_seed(cfg: Config) -> int:
+    """``data.shuffle_seed``; when null, ``run.seed``, except for a run that continues from a registered model:
+    then one derived from the run's name, so each recurring run (named after its KFP run) draws the prompts in
+    another order, and a resumed run in the same one."""
+    if cfg.data.shuffle_seed is not None:
+        return cfg.data.shuffle_seed
+    if cfg.model.continue_from == "base":
+        return cfg.run.seed
+    return int(hashlib.sha256(f"{cfg.run.seed}:{cfg.run.name}".encode()).hexdigest()[:8], 16)

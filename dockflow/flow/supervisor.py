@@ -4,7 +4,8 @@ KFP tasks are short-lived processes (under ``kfp.local`` they even run one at a 
 live in them. The setup task creates this actor; it holds the run's session (``dockflow.flow.session``: the
 dock and workers it owns, so they die with it) and runs the same stage loops as ``dockflow train`` in a
 thread. Each stage task attaches to its stage here (``follow``): it prints the stage's progress, ends when
-the stage has done every iteration, fails with the stage's error, and outputs the stage's metrics.
+the stage has done every iteration, fails with the stage's error, and outputs the stage's metrics. The loops start when the first stage task attaches (the workers are up by then), so no
+iteration runs unobserved.
 
 - A failure stops every loop; the run is then ``failed``. A stage task that attaches to a failed run (a
   KFP retry) restarts the loops together from the latest committed checkpoint (``restart``), at most
@@ -23,7 +24,7 @@ import threading
 import time
 from typing import Any
 
-PHASES = ("starting", "running", "done", "failed", "finished", "stopped")
+PHASES = ("starting", "ready", "running", "done", "failed", "finished", "stopped")
 HEADLINES = {  # what a stage task prints per iteration, besides the seconds
     "generate": ("rollout/response_length", "rollout/policy_version"),
     "infer": ("reward/mean",),
@@ -62,6 +63,7 @@ class RunSupervisor:
         self.results: dict[str, dict[int, dict[str, float]]] = {s: {} for s in HEADLINES}
         self.complete: set[str] = set()
         self.attached_at = time.monotonic()
+        self.followed = False  # a stage task has attached: the loops may start
         self.stop = threading.Event()
         self.session: Any = None
         self.summary: dict[str, Any] | None = None
@@ -89,6 +91,12 @@ class RunSupervisor:
                 state["mlflow_run_id"] = self.tracker.run_id
                 self.session = RunSession(self.cfg, self.model_uri, self.store, self.tracker, state, self.run_dir)
                 self.session.start()
+                self._set_phase("ready")
+                with self.lock:  # no iteration runs unobserved: the loops start when a stage task attaches
+                    while not (self.followed or self.stop.is_set()):
+                        self.lock.wait(timeout=1.0)
+                if self.stop.is_set():
+                    raise RunStopped("the run was ended before a stage task attached")
             self._set_phase("running")
             self.session.run(on_iteration=self._on_iteration, on_stage=self._on_stage,
                              on_complete=self._on_complete, stop=self.stop)
@@ -140,7 +148,9 @@ class RunSupervisor:
         with self.lock:
             if heartbeat:
                 self.attached_at = time.monotonic()
-            while len(self.events[stream]) <= cursor and self.phase in ("starting", "running") \
+                self.followed = True
+                self.lock.notify_all()
+            while len(self.events[stream]) <= cursor and self.phase in ("starting", "ready", "running") \
                     and stream not in self.complete and time.monotonic() < deadline:
                 self.lock.wait(timeout=max(0.0, deadline - time.monotonic()))
             if heartbeat:
@@ -178,7 +188,7 @@ class RunSupervisor:
         """Once every loop is done: the final model, summary and registry (``dockflow.flow.finish``). Idempotent."""
         with self.lock:
             self.attached_at = time.monotonic()
-            ok = self.lock.wait_for(lambda: self.phase not in ("starting", "running"),
+            ok = self.lock.wait_for(lambda: self.phase not in ("starting", "ready", "running"),
                                     timeout=self.cfg.train.stage_timeout_s)
             if self.summary is not None:
                 return self.summary

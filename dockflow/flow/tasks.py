@@ -204,7 +204,8 @@ def setup(config: str, overrides: list[str], params: RunParams, address: str | N
 
 
 def _wait_started(sup: Any, cfg: Any) -> dict[str, Any]:
-    """Until the supervisor's workers are up and its loops run (bounded: worker start-up plus one stage)."""
+    """Until the supervisor's workers are up (bounded: worker start-up plus one stage); its loops start when the
+    first stage task attaches."""
     limit = cfg.ray.init_timeout_s + cfg.train.stage_timeout_s
     deadline = time.monotonic() + limit
     while True:

@@ -180,8 +180,9 @@ def test_recurring_runs_build_on_the_champion_with_their_own_identity(cluster, m
 
 
 def test_a_run_no_task_attaches_to_stops_itself(cluster, mlflow_server, tiny_overrides):
-    """KFP terminated the run before any stage task attached (its exit handler did not run either): after
-    ``fault_tolerance.attach_grace_s`` the loops stop, the MLflow run is KILLED and the run's actors are gone."""
+    """KFP terminated the run before any stage task attached (its exit handler did not run either): no iteration
+    runs unobserved, and after ``fault_tolerance.attach_grace_s`` the MLflow run is KILLED and the run's actors
+    are gone."""
     from dockflow.flow.tasks import RunParams, setup
 
     overrides = tiny_overrides("orphan", 200, tracking__uri=mlflow_server, dock__backend="centralized",
@@ -200,4 +201,4 @@ def test_a_run_no_task_attaches_to_stops_itself(cluster, mlflow_server, tiny_ove
         ray.get_actor("orphan-orphan01-actor", namespace=info["namespace"])  # the workers died with it
     run = MlflowClient(mlflow_server).get_run(info["mlflow_run_id"])
     assert run.info.status == "KILLED"
-    assert run.data.metrics["train/samples"] < 200 * 16  # it stopped mid-run
+    assert "train/samples" not in run.data.metrics  # the loops wait for a stage task to attach

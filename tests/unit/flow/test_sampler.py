@@ -20,3 +20,17 @@ def test_batch_larger_than_dataset_wraps_epochs():
     s = PromptSampler(num_prompts=3, per_iteration=7, seed=0)
     idx = s.indices(0)
     assert len(idx) == 7 and sorted(idx[:3]) == [0, 1, 2] and sorted(idx[3:6]) == [0, 1, 2]
+
+
+def test_recurring_runs_draw_prompts_in_their_own_order_and_a_resumed_run_in_the_same():
+    from dockflow.config import load_config
+    from dockflow.flow.sampler import shuffle_seed
+
+    base = load_config("configs/grpo_arith.yaml")
+    assert shuffle_seed(base) == base.run.seed
+    night = ["model.continue_from=champion", "run.name=grpo_arith-0a1b2c"]
+    first, again = load_config("configs/grpo_arith.yaml", night), load_config("configs/grpo_arith.yaml", night)
+    other = load_config("configs/grpo_arith.yaml", ["model.continue_from=champion", "run.name=grpo_arith-ffee00"])
+    assert shuffle_seed(first) == shuffle_seed(again) != shuffle_seed(other)
+    fixed = load_config("configs/grpo_arith.yaml", [*night, "data.shuffle_seed=7"])
+    assert shuffle_seed(fixed) == 7
