@@ -236,7 +236,8 @@ def follow_stage(stage: str, namespace: str, run_name: str, address: str | None)
                 print(f"{stage}: the run restarted from its latest checkpoint (attempt {out['epoch'] + 1})", flush=True)
             epoch, cursor = out["epoch"], out["cursor"]
             for event in out["events"]:
-                print(progress_line(stage, event, out), flush=True)
+                if worth_a_line(event["index"], out["iterations"]):
+                    print(progress_line(stage, event, out), flush=True)
             if out["phase"] == "failed" and first:
                 print(f"{stage}: run {run_name!r} had failed ({out['error']}); restarting it", flush=True)
                 out = _get(sup.restart.remote(out["epoch"]), "restart")
@@ -248,6 +249,11 @@ def follow_stage(stage: str, namespace: str, run_name: str, address: str | None)
             if out["complete"]:
                 return {"metrics": out.get("metrics", {}), "mlflow_run_id": out["mlflow_run_id"],
                         "checkpoint_uri": out["checkpoint_uri"]}
+
+
+def worth_a_line(index: int, iterations: int) -> bool:
+    """A stage task logs its first 10 iterations, then about 100 lines more in all, and the last one."""
+    return index < 10 or index >= iterations - 1 or index % max(1, iterations // 100) == 0
 
 
 def progress_line(stream: str, event: dict[str, Any], status: dict[str, Any]) -> str:

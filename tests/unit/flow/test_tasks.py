@@ -10,6 +10,7 @@ from dockflow.flow.tasks import (
     load_run_config,
     mlflow_link,
     progress_line,
+    worth_a_line,
     ray_address,
     run_name,
     run_report,
@@ -70,3 +71,8 @@ def test_progress_lines_and_reports():
                "registry": {"model_name": "m", "version": 3, "score": 0.6, "decision": "champion moved to 3"}}
     report = run_report(summary)
     assert "40.0%" in report and "60.0%" in report and "version 3" in report and "champion moved to 3" in report
+
+
+def test_a_long_run_logs_about_a_hundred_lines_per_stage():
+    assert sum(worth_a_line(i, 100_000) for i in range(100_000)) <= 112
+    assert all(worth_a_line(i, 20) for i in range(20))
