@@ -10,10 +10,10 @@ from dockflow.flow.tasks import (
     load_run_config,
     mlflow_link,
     progress_line,
-    worth_a_line,
     ray_address,
     run_name,
     run_report,
+    worth_a_line,
 )
 
 
