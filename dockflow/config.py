@@ -1,8 +1,10 @@
 """Typed run configuration: pydantic models, YAML loading and dotted command-line overrides.
 
-A config is one YAML file (see ``configs/``) whose keys mirror the classes below. Every key that a run
-needs is written in the example YAML; the defaults here only fill keys that a user may leave out.
-Unknown or mistyped keys are errors that name the key and the nearest valid one::
+A config is one YAML file (see ``configs/``) whose keys mirror ``Config``'s sections (``config_sections.py``;
+the ``algorithm:`` section is the chosen algorithm's own, from its recipe in ``dockflow.algos.recipes``). Every
+key that a run needs is written in the example YAML; the defaults only fill keys that a user may leave out.
+Unknown or mistyped keys are errors that name the key and the nearest valid one; the checks across sections
+live here (each algorithm adds its own), the same for ``dockflow train`` and the pipeline::
 
     cfg = load_config("configs/grpo_arith.yaml", ["train.iterations=10", "rollout.temperature=0.8"])
 """
@@ -10,419 +12,53 @@ Unknown or mistyped keys are errors that name the key and the nearest valid one:
 from __future__ import annotations
 
 import difflib
+import types
+import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from dockflow.algos.recipes import AlgorithmConfig
+from dockflow.algos.recipes.grpo import GRPOSection
+from dockflow.config_base import Section
+from dockflow.config_sections import (
+    ArithmeticConfig,
+    CheckpointConfig,
+    CostModelConfig,
+    DataConfig,
+    DockConfig,
+    EngineConfig,
+    EvalConfig,
+    FaultToleranceConfig,
+    ModelConfig,
+    PartialRolloutConfig,
+    PlacementConfig,
+    RayConfig,
+    RegistryConfig,
+    RolloutConfig,
+    RunConfig,
+    SFTConfig,
+    TinyModelConfig,
+    TrackingConfig,
+    TrainConfig,
+)
+
+__all__ = [
+    "AlgorithmConfig", "ArithmeticConfig", "CheckpointConfig", "Config", "ConfigError", "CostModelConfig", "DataConfig",
+    "DockConfig", "EngineConfig", "EvalConfig", "FaultToleranceConfig", "ModelConfig", "PartialRolloutConfig",
+    "PlacementConfig", "RayConfig", "RegistryConfig", "RolloutConfig", "RunConfig", "SFTConfig", "TinyModelConfig",
+    "TrackingConfig", "TrainConfig", "config_from_dict", "flatten_dict", "load_config", "parse_overrides",
+]
 
 
 class ConfigError(ValueError):
     """A config file or override is wrong; the message names the key and what to do."""
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class RunConfig(_Section):
-    name: str = Field("dockflow", description="Run name: used for the run directory and the MLflow run.")
-    output_dir: str = Field("runs", description="Parent directory of run directories.")
-    seed: int = Field(0, description="Seed of every random choice in the run (data order, sampling, init).")
-
-
-class RayConfig(_Section):
-    address: str | None = Field(None, description="Ray cluster to join ('auto', 'ray://host:10001'); null starts a local one.")
-    num_cpus: int | None = Field(None, description="CPUs of the local cluster; null = all of this machine's.")
-    namespace: str | None = Field(None, description="Ray namespace for the run's actors; null = derived from run.name.")
-    actor_cpus: float = Field(2.0, description="CPUs reserved by the actor (policy) worker.")
-    reference_cpus: float = Field(1.0, description="CPUs reserved by the reference worker (when one is used).")
-    critic_cpus: float = Field(1.0, description="CPUs reserved by the critic worker (PPO, PF-PPO).")
-    torch_threads: int = Field(2, description="torch intra-op threads per model worker.")
-    init_timeout_s: float = Field(120.0, description="Seconds to wait for workers to start before failing.")
-
-
-class ArithmeticConfig(_Section):
-    digits: int = Field(2, ge=1, le=12, description="Maximum digits of each operand.")
-    ops: list[Literal["+", "-"]] = Field(default_factory=lambda: ["+", "-"], description="Operators drawn uniformly.")
-    num_train: int = Field(20000, ge=1, description="Prompts in the train split (RL prompts come from here).")
-    num_labeled: int = Field(900, ge=0, description="Train prompts whose answers SFT may use (labels are scarce).")
-    num_val: int = Field(200, ge=0, description="Labeled validation prompts for SFT early stopping (never the test set).")
-    num_test: int = Field(500, ge=1, description="Held-out test prompts for accuracy.")
-
-
-class DataConfig(_Section):
-    source: Literal["arithmetic", "file"] = Field("arithmetic", description="Synthetic arithmetic task, or user files.")
-    arithmetic: ArithmeticConfig = Field(default_factory=ArithmeticConfig)
-    train_path: str | None = Field(
-        None, description="JSONL/Parquet with 'prompt' and 'answer' (source: file): a local path, or s3://bucket/key."
-    )
-    test_path: str | None = Field(None, description="Held-out JSONL/Parquet (source: file): a local path, or s3://bucket/key.")
-    shuffle_seed: int | None = Field(
-        None,
-        description="Seed of the order in which RL draws train prompts; null = run.seed, or for a run that continues "
-        "from a registered model one derived from run.name (each recurring run draws another order). The dataset "
-        "itself (splits, held-out set) always follows run.seed, so every run is scored on the same test set.",
-    )
-    prompt_template: str = Field("{prompt}\nAnswer: ", description="Template applied to each prompt; '{prompt}' is replaced.")
-
-
-class TinyModelConfig(_Section):
-    architecture: Literal["qwen2", "qwen3_moe"] = Field(
-        "qwen2", description="transformers architecture of the tiny model: dense Qwen2, or Qwen3-MoE (experts below)."
-    )
-    hidden_size: int = Field(128, description="Hidden size of the tiny model.")
-    num_layers: int = Field(4, description="Transformer layers.")
-    num_heads: int = Field(4, description="Attention heads.")
-    num_kv_heads: int = Field(2, description="Key/value heads (GQA).")
-    intermediate_size: int = Field(512, description="MLP inner size.")
-    max_position_embeddings: int = Field(128, description="Longest sequence the model handles.")
-    tokenizer_merges: int = Field(
-        64, ge=0, description="BPE merges the local tokenizer learns from the train prompts (0 = characters only)."
-    )
-    num_experts: int = Field(8, ge=1, description="qwen3_moe only: experts per MoE layer.")
-    num_experts_per_tok: int = Field(2, ge=1, description="qwen3_moe only: experts each token is routed to (top-k).")
-    moe_intermediate_size: int = Field(128, ge=1, description="qwen3_moe only: inner size of each expert's MLP.")
-
-
-class ModelConfig(_Section):
-    path: str | None = Field(
-        None,
-        description="HF model directory to start from: a local path, or s3://bucket/prefix (MinIO/S3, fetched by every "
-        "worker into its own cache, bytes checked); null builds the tiny model below.",
-    )
-    continue_from: Literal["base", "latest", "champion"] = Field(
-        "base",
-        description="Where RL starts: 'base' = model.path or the tiny model (with the SFT warm start when sft.enabled); "
-        "'latest' = the newest version of registry.model_name in the MLflow Model Registry; 'champion' = the version "
-        "holding registry.champion_alias. A registered start takes its weights only (the reference model is that model "
-        "too): optimizer state and data position start fresh, and SFT is skipped.",
-    )
-    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Parameter dtype.")
-
-
-class SFTConfig(_Section):
-    enabled: bool = Field(True, description="Warm-start the policy with SFT on the labeled subset first.")
-    lr: float = Field(2e-3, ge=0.0, description="SFT peak learning rate (AdamW, no weight decay).")
-    warmup_steps: int = Field(100, ge=0, description="Optimizer steps of linear learning-rate warm-up.")
-    batch_size: int = Field(64, ge=1, description="SFT batch size.")
-    max_epochs: int = Field(150, ge=0, description="Upper bound on SFT epochs.")
-    eval_every_epochs: int = Field(2, ge=1, description="Validate every this many epochs.")
-    patience: int = Field(6, ge=1, description="Stop after this many validations without a new best accuracy.")
-    cache_dir: str = Field("runs/cache", description="SFT results are cached here, keyed by everything they depend on.")
-
-
-AlgorithmName = Literal["grpo", "ppo", "dapo", "pf_ppo", "reinforce_pp", "reinforce_pp_baseline", "dpo"]
-
-
-class PPOConfig(_Section):
-    """PPO's critic and GAE (also used by PF-PPO)."""
-
-    gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount over response tokens.")
-    lam: float = Field(0.95, ge=0.0, le=1.0, description="GAE lambda (bias/variance trade-off).")
-    value_clip: float = Field(0.2, gt=0.0, description="Clip range of the value update around the old values.")
-    critic_lr: float = Field(1e-3, gt=0.0, description="Critic learning rate (AdamW).")
-    whiten_advantages: bool = Field(True, description="Normalise GAE advantages over the batch's tokens.")
-
-
-class DAPOConfig(_Section):
-    """DAPO (Yu et al., 2025): clip-higher, overlong shaping, dynamic sampling."""
-
-    clip_eps_high: float = Field(0.28, gt=0.0, description="Upper ratio clip (clip-higher); algorithm.clip_eps is the lower.")
-    overlong_buffer: int = Field(2, ge=0, description="Tokens before max_new_tokens where the overlong penalty ramps up (0 = off).")
-    overlong_penalty: float = Field(1.0, ge=0.0, description="Reward subtracted from a response that hits max_new_tokens.")
-    dynamic_sampling: bool = Field(True, description="Drop groups whose rewards are all equal and sample more prompts.")
-    max_rounds: int = Field(3, ge=1, description="Generation rounds per iteration at most; the last round fills the batch.")
-
-
-class PFPPOConfig(_Section):
-    """PF-PPO (Zhang et al., 2024): train only on responses filtered by reward."""
-
-    keep: int = Field(4, ge=1, description="Responses kept per prompt (of rollout.group_size).")
-    mode: Literal["best_worst", "best", "worst", "reward_weighted"] = Field(
-        "best_worst", description="Which responses a group keeps."
-    )
-    temperature: float = Field(1.0, gt=0.0, description="Softmax temperature of reward_weighted sampling.")
-
-
-class ReinforcePPConfig(_Section):
-    """REINFORCE++ (Hu, 2025): token-level KL in the reward, batch-normalised returns."""
-
-    gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount over response tokens.")
-
-
-class DPOConfig(_Section):
-    """DPO (Rafailov et al., 2023): offline preference pairs against the frozen reference."""
-
-    beta: float = Field(0.1, gt=0.0, description="Inverse temperature of the implicit reward.")
-    label_smoothing: float = Field(0.0, ge=0.0, lt=0.5, description="Conservative DPO: assumed label-noise rate.")
-    pairs_path: str | None = Field(None, description="JSONL of {prompt, chosen, rejected}; null = synthetic pairs from the task.")
-    num_eval_pairs: int = Field(200, ge=1, description="Held-out pairs (from the test split) for the margin metric.")
-
-
-class AlgorithmConfig(_Section):
-    """Shared knobs first; each algorithm's own section is read only when ``name`` selects it."""
-
-    name: AlgorithmName = Field("grpo", description="RL algorithm.")
-    clip_eps: float = Field(0.2, description="PPO-style ratio clip epsilon (the lower one under DAPO).")
-    kl_coef: float = Field(
-        0.0, ge=0.0, description="KL to the reference: a loss term (GRPO, DAPO) or a token reward (PPO, PF-PPO, REINFORCE++)."
-    )
-    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator (Schulman's k1/k2/k3).")
-    norm_adv_by_std: bool = Field(True, description="Divide group-centred rewards by the group std (GRPO, DAPO).")
-    adv_eps: float = Field(1e-6, description="Added to the std when normalising advantages.")
-    ppo: PPOConfig = Field(default_factory=PPOConfig)
-    dapo: DAPOConfig = Field(default_factory=DAPOConfig)
-    pf_ppo: PFPPOConfig = Field(default_factory=PFPPOConfig)
-    reinforce_pp: ReinforcePPConfig = Field(default_factory=ReinforcePPConfig)
-    dpo: DPOConfig = Field(default_factory=DPOConfig)
-
-
-# Which sub-section of ``algorithm`` each algorithm reads (the example YAML of an algorithm writes only its own).
-ALGORITHM_SECTIONS: dict[str, tuple[str, ...]] = {
-    "grpo": (),
-    "ppo": ("ppo",),
-    "dapo": ("dapo",),
-    "pf_ppo": ("ppo", "pf_ppo"),
-    "reinforce_pp": ("reinforce_pp",),
-    "reinforce_pp_baseline": ("reinforce_pp",),
-    "dpo": ("dpo",),
-}
-
-
-class PartialRolloutConfig(_Section):
-    token_budget: int | None = Field(
-        None,
-        ge=1,
-        description="Partial rollout: new tokens a response may get in one generation call; unfinished groups are "
-        "parked (in the generator) and continued by the next iteration's generation with newer weights. null = off.",
-    )
-    max_age: int = Field(
-        1, ge=0, description="Times a group may be parked; a group parked this often is finished without a budget."
-    )
-    over_provision: float = Field(
-        1.0,
-        ge=0.0,
-        le=1.0,
-        description="Partial rollout: extra new prompts (a fraction of G, from the next iteration's) an iteration may "
-        "start while its window is short, before finishing its own parked groups without a budget; what they "
-        "park primes the next iteration (APRIL-style over-provisioning). 0 = none.",
-    )
-    on_stale: Literal["drop", "regenerate"] = Field(
-        "drop",
-        description="Partial rollout: a parked group whose oldest tokens would exceed the staleness bound "
-        "(train.max_staleness + max_age) when trained is dropped (its prompt is lost), or regenerated (its prompt "
-        "starts over with the current weights). Counted in flow/dropped_ or flow/regenerated_parked_groups_total.",
-    )
-
-
-class RolloutConfig(_Section):
-    prompts_per_iter: int = Field(32, ge=1, description="G: prompts per iteration.")
-    group_size: int = Field(8, ge=1, description="N: responses per prompt.")
-    max_new_tokens: int = Field(8, ge=1, description="Longest response in tokens.")
-    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold.")
-    batch_size: int = Field(256, ge=1, description="Sequences generated per forward batch.")
-    partial: PartialRolloutConfig = Field(default_factory=PartialRolloutConfig)
-
-
-class TrainConfig(_Section):
-    iterations: int = Field(500, ge=0, description="RL iterations.")
-    lr: float = Field(2e-4, gt=0.0, description="Policy learning rate (AdamW).")
-    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
-    epochs: int = Field(1, ge=1, description="Update epochs over each iteration's batch.")
-    mini_batch_size: int = Field(256, ge=1, description="Samples per optimizer step.")
-    micro_batch_size: int = Field(256, ge=1, description="Samples per forward/backward (gradient accumulation).")
-    grad_clip: float = Field(1.0, gt=0.0, description="Max global gradient norm.")
-    infer_batch_size: int = Field(256, ge=1, description="Samples per forward in log-prob inference.")
-    stage_timeout_s: float = Field(1800.0, gt=0.0, description="Seconds one stage may take before the run fails.")
-    dp: int = Field(
-        1,
-        ge=1,
-        description="Data-parallel ranks of the actor's update: 1 = one worker (plain torch); W >= 2 = W actor "
-        "workers training with FSDP2 over torch.distributed (gloo on CPU), resharded to a full copy per rank for "
-        "generation by allgather-swap (docs/reshard.md). train.mini_batch_size must divide by it.",
-    )
-    reshard_bucket_mb: float = Field(
-        64.0, gt=0.0, description="dp >= 2: size of one allgather bucket when resharding for generation (MiB)."
-    )
-    max_staleness: int = Field(
-        0,
-        ge=0,
-        description="Policy versions generation may run ahead of the update (the dock then holds 1 + max_staleness "
-        "iterations, each in its own window). 0 = on-policy. Generation of iteration i waits until the policy is at "
-        "version >= i - max_staleness; needs placement.mode: disaggregated (one colocated actor cannot run ahead).",
-    )
-    old_log_prob: Literal["recompute", "rollout"] = Field(
-        "recompute",
-        description="Where the behaviour policy's log-probs (the ratio's denominator) come from: 'recompute' = a "
-        "forward pass of the actor over every sample (the actor_infer stage); 'rollout' = the log-probs the "
-        "generation engine computed while sampling, stored as old_log_prob (no extra pass; exact when generation "
-        "and training run the same numerics, as the HF engine does).",
-    )
-    seqlen_balance: bool = Field(
-        True,
-        description="Balance the update by sequence length: with dp >= 2 the dock's controller splits each "
-        "mini-batch into equal-count shares with near-equal response tokens (Karmarkar-Karp on metadata, before "
-        "any data is read), and each mini-batch is sorted by length before it is cut into micro-batches, so a "
-        "micro-batch pads only to lengths like its own. false = shares and micro-batches in index order.",
-    )
-    tis_cap: float | None = Field(
-        None,
-        gt=0.0,
-        description="Truncated importance sampling: weight each token's policy loss by min(exp(old_log_prob - "
-        "rollout_log_prob), tis_cap), the generating engine's log-probs as behaviour policy. null = off.",
-    )
-
-
-class PlacementConfig(_Section):
-    mode: Literal["colocated", "disaggregated"] = Field(
-        "colocated",
-        description="colocated: the actor worker generates and trains (one process, stages take turns); "
-        "disaggregated: generator workers hold their own copy of the policy and generate while the actor "
-        "trains, up to train.max_staleness policy versions ahead (the asynchronous scheduler).",
-    )
-    generators: int = Field(1, ge=1, description="Generator workers in disaggregated mode; each takes a share of the prompts.")
-    generator_cpus: float = Field(1.0, ge=0.0, description="CPUs each generator worker asks Ray for.")
-
-
-class CostModelConfig(_Section):
-    prefill_s_per_token: float = Field(2e-5, ge=0.0, description="Seconds per prompt token per CPU (prefill).")
-    decode_s_per_step: float = Field(0.02, ge=0.0, description="Seconds per decoding step of a chunk (its longest response sets the steps).")
-    length_mu: float = Field(3.0, description="Mean of log(response length): lognormal response lengths.")
-    length_sigma: float = Field(0.8, ge=0.0, description="Std of log(response length); larger: a longer tail.")
-    infer_s_per_token: float = Field(2e-5, ge=0.0, description="Seconds per token per CPU of a log-prob forward.")
-    train_s_per_token: float = Field(6e-5, ge=0.0, description="Seconds per token per CPU of forward + backward.")
-
-
-class EngineConfig(_Section):
-    backend: Literal["hf", "cost_model"] = Field(
-        "hf",
-        description="hf: transformers generation and torch training (the real model); cost_model: modelled "
-        "durations and random responses, to measure the scheduler itself (dockflow/engines/cost_model.py).",
-    )
-    cost_model: CostModelConfig = Field(default_factory=CostModelConfig)
-
-
-class DockConfig(_Section):
-    backend: Literal["distributed", "centralized"] = Field("distributed", description="Transfer dock backend.")
-    num_warehouses: int | None = Field(None, ge=1, description="Warehouse actors; null = one per Ray node.")
-    get_timeout_s: float = Field(300.0, gt=0.0, description="Seconds a get waits for ready samples before failing.")
-
-
-class EvalConfig(_Section):
-    every: int = Field(100, ge=0, description="Held-out accuracy every this many iterations (0 = only first and last).")
-    num_prompts: int = Field(500, ge=1, description="Held-out prompts per evaluation.")
-    batch_size: int = Field(500, ge=1, description="Prompts per greedy generation batch.")
-    pass_k: int = Field(1, ge=1, description="Samples per prompt for pass@k and avg@k (1 = greedy accuracy only).")
-    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature of the pass@k samples.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold of the pass@k samples.")
-
-
-class CheckpointConfig(_Section):
-    """Checkpoint store (``dockflow.storage``): where, how many, and how to reach S3/MinIO.
-
-    S3 credentials are never config keys (configs are logged as MLflow params): they come from the environment
-    (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, or ``MINIO_ROOT_USER``/``MINIO_ROOT_PASSWORD``) or from a
-    mounted Kubernetes Secret directory named by ``DOCKFLOW_S3_SECRET_DIR`` (files ``access-key``, ``secret-key``).
-    """
-
-    every: int = Field(100, ge=0, description="Checkpoint every this many iterations (0 = only at the end).")
-    dir: str | None = Field(
-        None,
-        description="Checkpoint root: a directory, or s3://bucket/prefix for S3/MinIO; each run's checkpoints go to "
-        "<dir>/<run.name>. null = <run.output_dir>/<run.name>/checkpoints.",
-    )
-    keep: int = Field(2, ge=1, description="Keep the last K checkpoints.")
-    keep_best: bool = Field(
-        False, description="Also keep the best committed checkpoint by best_metric (besides the last K)."
-    )
-    best_metric: str | None = Field(
-        None,
-        description="Key of the commit meta that ranks checkpoints for keep_best (the trainer writes 'accuracy', "
-        "the last held-out accuracy); checkpoints whose value is missing or not a number are not candidates.",
-    )
-    best_mode: Literal["max", "min"] = Field("max", description="Whether a higher (max) or lower (min) best_metric is better.")
-    s3_endpoint: str | None = Field(
-        None,
-        description="S3 API endpoint for s3:// dirs: host:port or http(s)://host:port; null = env DOCKFLOW_S3_ENDPOINT, "
-        "then AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, else AWS (s3.amazonaws.com).",
-    )
-    s3_secure: bool | None = Field(
-        None, description="TLS to the S3 endpoint; null = from the endpoint's scheme (http:// off, https:// or none: on)."
-    )
-    s3_region: str | None = Field(
-        None, description="S3 region; null = env AWS_REGION or AWS_DEFAULT_REGION, else asked from the server."
-    )
-    s3_create_bucket: bool = Field(False, description="Create the bucket of an s3:// dir if it does not exist.")
-    s3_attempts: int = Field(
-        4, ge=1, description="Tries per S3 request on transient errors (connection, timeout, HTTP 5xx/429), with backoff."
-    )
-    s3_backoff_s: float = Field(0.5, ge=0, description="Wait before the 2nd try of an S3 request; doubled per try (max 30 s).")
-    s3_connect_timeout_s: float = Field(5.0, gt=0, description="Seconds to wait for a connection to the S3 endpoint.")
-    s3_read_timeout_s: float = Field(60.0, gt=0, description="Seconds an S3 socket read may wait for data.")
-
-    @model_validator(mode="after")
-    def _check_best(self) -> CheckpointConfig:
-        if self.keep_best and not self.best_metric:
-            raise ValueError(
-                "checkpoint.keep_best is true but checkpoint.best_metric is not set: "
-                "name a key of the commit meta (e.g. accuracy)"
-            )
-        return self
-
-
-class FaultToleranceConfig(_Section):
-    restart: bool = Field(
-        False, description="When a worker dies, restart the workers from the last checkpoint instead of failing."
-    )
-    max_restarts: int = Field(
-        2, ge=0, description="Restarts allowed per run before the failure is final (pipeline task retries count too)."
-    )
-    attach_grace_s: float = Field(
-        300.0,
-        gt=0.0,
-        description="Pipeline runs: seconds the run's stage loops keep going on the Ray cluster while no pipeline task "
-        "is attached to them; then they stop and the run's actors are killed (a run that KFP terminated).",
-    )
-
-
-class RegistryConfig(_Section):
-    """MLflow Model Registry: where each run registers its final model, and the champion alias recurring runs move."""
-
-    model_name: str | None = Field(
-        None, description="Registered model that a finished run adds its final model to as a new version; null = none."
-    )
-    champion_alias: str = Field("champion", description="Alias of the best version so far (model.continue_from: champion).")
-    champion_margin: float = Field(
-        0.0,
-        description="A new version takes the champion alias only when its held-out score beats the champion's by more "
-        "than this (in the score's units).",
-    )
-    score_metric: str = Field(
-        "eval/test_accuracy",
-        description="Held-out metric of the final evaluation that ranks versions (higher is better); the task's own "
-        "verifier scores it.",
-    )
-    lock_timeout_s: float = Field(
-        120.0, gt=0.0, description="Seconds to wait for another run's champion decision before failing."
-    )
-
-
-class TrackingConfig(_Section):
-    uri: str | None = Field(
-        None,
-        description="MLflow tracking URI; null = the local store <run.output_dir>/mlflow.db, which every run under that "
-        "directory shares (one experiment, one Model Registry).",
-    )
-    experiment: str = Field("dockflow", description="MLflow experiment name.")
-    system_metrics: bool = Field(False, description="Log CPU, memory, disk, network (and GPU) usage as system/... metrics.")
-    system_metrics_interval_s: float = Field(10.0, gt=0.0, description="Seconds between system metric samples.")
-
-
-class Config(_Section):
+class Config(Section):
     """The whole run: one section per subsystem."""
 
     run: RunConfig = Field(default_factory=RunConfig)
@@ -430,7 +66,7 @@ class Config(_Section):
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
-    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=GRPOSection)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
@@ -443,66 +79,49 @@ class Config(_Section):
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
 
     @model_validator(mode="after")
-    def _check_batches(self) -> Config:
-        samples = self.rollout.prompts_per_iter * self.rollout.group_size
-        if samples % self.train.mini_batch_size:
+    def _check(self) -> Config:
+        """Rules across sections, each with its reason; the algorithm's own rules come from its recipe."""
+        samples, tc = self.global_batch, self.train
+        if samples % tc.mini_batch_size:
+            raise ValueError(f"train.mini_batch_size={tc.mini_batch_size} must divide the global batch "
+                             f"rollout.prompts_per_iter x rollout.group_size = {samples}: an iteration is whole mini-batches")
+        if tc.mini_batch_size % tc.micro_batch_size:
+            raise ValueError(f"train.micro_batch_size={tc.micro_batch_size} must divide train.mini_batch_size="
+                             f"{tc.mini_batch_size}: a mini-batch is whole micro-batches")
+        self.algorithm.recipe.check(self)
+        if tc.max_staleness and self.placement.mode == "colocated":
             raise ValueError(
-                f"train.mini_batch_size={self.train.mini_batch_size} must divide the global batch "
-                f"rollout.prompts_per_iter x rollout.group_size = {samples}"
-            )
-        if self.train.mini_batch_size % self.train.micro_batch_size:
-            raise ValueError(
-                f"train.micro_batch_size={self.train.micro_batch_size} must divide "
-                f"train.mini_batch_size={self.train.mini_batch_size}"
-            )
-        alg = self.algorithm
-        if alg.name == "pf_ppo" and alg.pf_ppo.keep > self.rollout.group_size:
-            raise ValueError(
-                f"algorithm.pf_ppo.keep={alg.pf_ppo.keep} must be at most rollout.group_size={self.rollout.group_size}"
-            )
-        if alg.name == "pf_ppo" and (self.rollout.prompts_per_iter * alg.pf_ppo.keep) % self.train.mini_batch_size:
-            raise ValueError(
-                f"train.mini_batch_size={self.train.mini_batch_size} must divide the filtered batch "
-                f"rollout.prompts_per_iter x algorithm.pf_ppo.keep = {self.rollout.prompts_per_iter * alg.pf_ppo.keep}"
-            )
-        if alg.name == "dpo" and self.rollout.group_size != 2:
-            raise ValueError("algorithm.name=dpo trains on (chosen, rejected) pairs: set rollout.group_size: 2")
-        if alg.name == "dpo" and (self.train.micro_batch_size % 2 or self.train.mini_batch_size % 2):
-            raise ValueError(
-                "algorithm.name=dpo keeps each (chosen, rejected) pair in one micro-batch: "
-                "train.mini_batch_size and train.micro_batch_size must be even"
-            )
-        if self.train.max_staleness and self.placement.mode == "colocated":
-            raise ValueError(
-                f"train.max_staleness={self.train.max_staleness} with placement.mode=colocated: one actor worker cannot "
+                f"train.max_staleness={tc.max_staleness} with placement.mode=colocated: one actor worker cannot "
                 "generate ahead of its own update; set placement.mode: disaggregated (generator workers), or 0"
             )
         if self.model.continue_from != "base" and not self.registry.model_name:
-            raise ValueError(
-                f"model.continue_from={self.model.continue_from} starts from the MLflow Model Registry: set "
-                "registry.model_name to the registered model"
-            )
-        if self.placement.mode == "disaggregated" and (alg.name == "dpo" or self.rounds > 1):
-            raise ValueError(
-                f"placement.mode=disaggregated runs on-line generation ahead of the update; algorithm.name="
-                f"{alg.name}{' with dynamic sampling' if self.rounds > 1 else ''} is supported colocated only"
-            )
-        if self.train.old_log_prob == "rollout" and (alg.name == "dpo" or self.train.tis_cap is not None):
-            raise ValueError(
-                "train.old_log_prob=rollout takes the generation engine's log-probs as old_log_prob: it needs on-line "
-                "generation (not algorithm.name=dpo), and makes train.tis_cap's weights 1 (set tis_cap: null)"
-            )
-        if self.train.tis_cap is not None and alg.name == "dpo":
-            raise ValueError("train.tis_cap weights generated tokens; algorithm.name=dpo trains on offline pairs")
-        if self.rollout.partial.token_budget is not None and self.placement.mode != "disaggregated":
-            raise ValueError(
-                "rollout.partial.token_budget parks unfinished groups in the generator workers: it needs "
-                "placement.mode: disaggregated"
-            )
+            raise ValueError(f"model.continue_from={self.model.continue_from} starts from the MLflow Model Registry: "
+                             "set registry.model_name to the registered model")
+        self._check_generation()
         self._check_dp()
         if self.data.source == "file" and not self.data.train_path:
             raise ValueError("data.source is 'file' but data.train_path is not set: give a JSONL or Parquet path")
         return self
+
+    def _check_generation(self) -> None:
+        """What needs on-line generation (an algorithm that samples) or generator workers."""
+        recipe, tc = self.algorithm.recipe, self.train
+        offline = f"algorithm.name={self.algorithm.name} trains on offline pairs"
+        if self.placement.mode == "disaggregated" and (recipe.offline or self.rounds > 1):
+            why = offline if recipe.offline else f"algorithm.name={self.algorithm.name} samples in rounds (dynamic sampling)"
+            raise ValueError(f"placement.mode=disaggregated generates ahead of the update, but {why}: run it colocated")
+        if tc.old_log_prob == "rollout" and (recipe.offline or tc.tis_cap is not None):
+            raise ValueError(
+                "train.old_log_prob=rollout takes the generation engine's log-probs as old_log_prob: it needs on-line "
+                f"generation ({offline})" if recipe.offline else
+                "train.old_log_prob=rollout makes train.tis_cap's weights 1 (the behaviour log-probs are the rollout's): "
+                "set tis_cap: null"
+            )
+        if tc.tis_cap is not None and recipe.offline:
+            raise ValueError(f"train.tis_cap weights generated tokens, but {offline}: set tis_cap: null")
+        if self.rollout.partial.token_budget is not None and self.placement.mode != "disaggregated":
+            raise ValueError("rollout.partial.token_budget parks unfinished groups in the generator workers: it needs "
+                             "placement.mode: disaggregated")
 
     def _check_dp(self) -> None:
         dp = self.train.dp
@@ -510,17 +129,15 @@ class Config(_Section):
             return
         refused = {
             "placement.mode=disaggregated": self.placement.mode == "disaggregated",
-            "algorithm.name=dpo": self.algorithm.name == "dpo",
+            f"algorithm.name={self.algorithm.name} (offline pairs)": self.algorithm.recipe.offline,
             "engine.backend=cost_model": self.engine.backend == "cost_model",
         }
         for setting, hit in refused.items():
             if hit:
                 raise ValueError(f"train.dp={dp} is supported with colocated on-line RL on the hf engine, not with {setting}")
         if self.train.mini_batch_size % dp:
-            raise ValueError(
-                f"train.dp={dp} must divide train.mini_batch_size={self.train.mini_batch_size}: every rank takes an "
-                "equal share of each mini-batch"
-            )
+            raise ValueError(f"train.dp={dp} must divide train.mini_batch_size={self.train.mini_batch_size}: every rank "
+                             "takes an equal share of each mini-batch")
         if self.rollout.prompts_per_iter < dp:
             raise ValueError(f"train.dp={dp} ranks each generate for some prompts: rollout.prompts_per_iter must be >= it")
 
@@ -531,16 +148,13 @@ class Config(_Section):
 
     @property
     def train_batch(self) -> int:
-        """Samples the policy update consumes per iteration (PF-PPO keeps only the filtered ones)."""
-        if self.algorithm.name == "pf_ppo":
-            return self.rollout.prompts_per_iter * self.algorithm.pf_ppo.keep
-        return self.global_batch
+        """Samples the policy update consumes per iteration (the algorithm's: PF-PPO keeps only the filtered ones)."""
+        return self.algorithm.recipe.train_batch(self)
 
     @property
     def rounds(self) -> int:
         """Generation rounds per iteration at most (DAPO's dynamic sampling), so dock slots = rounds x G x N."""
-        dapo = self.algorithm.dapo
-        return dapo.max_rounds if self.algorithm.name == "dapo" and dapo.dynamic_sampling else 1
+        return self.algorithm.recipe.rounds(self)
 
     @property
     def dock_capacity(self) -> int:
@@ -571,12 +185,15 @@ def flatten_dict(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _valid_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
-    keys = []
+    """Every dotted key of ``model``; a union of sections (the algorithm's) contributes every member's keys."""
+    keys: list[str] = []
     for name, field in model.model_fields.items():
         keys.append(prefix + name)
         ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            keys.extend(_valid_keys(ann, f"{prefix}{name}."))
+        members = typing.get_args(ann) if typing.get_origin(ann) in (typing.Union, types.UnionType) else (ann,)
+        for member in members:
+            if isinstance(member, type) and issubclass(member, BaseModel):
+                keys.extend(k for k in _valid_keys(member, f"{prefix}{name}.") if k not in keys)
     return keys
 
 
@@ -624,12 +241,34 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
         return Config.model_validate(raw)
     except ValidationError as exc:
         err = exc.errors()[0]
-        key = ".".join(str(p) for p in err["loc"])
+        loc = [str(p) for p in err["loc"]]
+        if loc[:1] == ["algorithm"] and len(loc) > 1 and loc[1] == str((raw.get("algorithm") or {}).get("name")):
+            del loc[1]  # the section's tag (the algorithm's name), not a key
+        key = ".".join(loc)
+        if err["type"] == "union_tag_invalid":
+            from dockflow.algos.recipes import RECIPES
+
+            name = (raw.get("algorithm") or {}).get("name")
+            raise ConfigError(f"unknown algorithm.name {name!r}: one of {sorted(RECIPES)}") from None
         if err["type"] == "extra_forbidden":
             raise ConfigError(f"unknown config key '{key}' (did you mean '{_nearest(key)}'?)") from None
         if not key:
             raise ConfigError(f"invalid config: {err['msg']}") from None
         raise ConfigError(f"invalid value for '{key}': {err['msg']} (got {err.get('input')!r})") from None
+
+
+def _switch_algorithm(raw: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """An override that picks another algorithm than the file's: the file's ``algorithm:`` keys the new
+    algorithm's section does not have are left behind (they were written for the other one); the overrides'
+    own keys are all kept, so a wrong one still fails."""
+    from dockflow.algos.recipes import RECIPES
+
+    name = (extra.get("algorithm") or {}).get("name")
+    written = raw.get("algorithm") or {}
+    if name is None or name == written.get("name") or name not in RECIPES:
+        return raw
+    fields = RECIPES[name].section.model_fields
+    return {**raw, "algorithm": {k: v for k, v in written.items() if k in fields}}
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
@@ -645,4 +284,5 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
             raise ConfigError(f"config file '{p}' is not valid YAML: {exc}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"config file '{p}' must hold a mapping of sections, not {type(raw).__name__}")
-    return config_from_dict(_merge(raw, parse_overrides(overrides or [])))
+    extra = parse_overrides(overrides or [])
+    return config_from_dict(_merge(_switch_algorithm(raw, extra), extra))

@@ -1,45 +1,45 @@
-"""Advantage estimators and losses: pure tensor functions, no Ray, files or engines."""
+"""Algorithms: one recipe per algorithm (``dockflow.algos.recipes``: config section, worker states and columns,
+advantage estimator, loss, checks), over pure tensor functions (advantage estimators, losses, KL estimators;
+no Ray, files or engines).
 
-from dockflow.algos.dapo import informative_groups, overlong_penalty
-from dockflow.algos.dpo import DPOOutput, dpo_loss, sequence_log_probs
-from dockflow.algos.grpo import PolicyLossOutput, clipped_policy_loss, grpo_advantages
-from dockflow.algos.kl import KLEstimator, kl_penalty
-from dockflow.algos.pf_ppo import FilterMode, filter_by_reward
-from dockflow.algos.ppo import clipped_value_loss, gae_advantages, outcome_token_rewards
-from dockflow.algos.reinforce_pp import reinforce_pp_advantages
-from dockflow.algos.tis import TISWeights, truncated_is_weights
-from dockflow.algos.utils import (
-    last_token_index,
-    masked_discounted_cumsum,
-    masked_mean,
-    masked_sum,
-    masked_whiten,
-    next_real_index,
-)
+Names are imported lazily (PEP 562): the config imports the recipes' sections, and must not pay for torch.
+"""
 
-__all__ = [
-    "DPOOutput",
-    "FilterMode",
-    "KLEstimator",
-    "PolicyLossOutput",
-    "TISWeights",
-    "clipped_policy_loss",
-    "clipped_value_loss",
-    "dpo_loss",
-    "filter_by_reward",
-    "gae_advantages",
-    "grpo_advantages",
-    "informative_groups",
-    "kl_penalty",
-    "last_token_index",
-    "masked_discounted_cumsum",
-    "masked_mean",
-    "masked_sum",
-    "masked_whiten",
-    "next_real_index",
-    "outcome_token_rewards",
-    "overlong_penalty",
-    "reinforce_pp_advantages",
-    "sequence_log_probs",
-    "truncated_is_weights",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "DPOOutput": "dockflow.algos.dpo",
+    "FilterMode": "dockflow.algos.pf_ppo",
+    "KLEstimator": "dockflow.algos.kl",
+    "PolicyLossOutput": "dockflow.algos.grpo",
+    "TISWeights": "dockflow.algos.tis",
+    "clipped_policy_loss": "dockflow.algos.grpo",
+    "clipped_value_loss": "dockflow.algos.ppo",
+    "dpo_loss": "dockflow.algos.dpo",
+    "filter_by_reward": "dockflow.algos.pf_ppo",
+    "gae_advantages": "dockflow.algos.ppo",
+    "grpo_advantages": "dockflow.algos.grpo",
+    "informative_groups": "dockflow.algos.dapo",
+    "kl_penalty": "dockflow.algos.kl",
+    "last_token_index": "dockflow.algos.utils",
+    "masked_discounted_cumsum": "dockflow.algos.utils",
+    "masked_mean": "dockflow.algos.utils",
+    "masked_sum": "dockflow.algos.utils",
+    "masked_whiten": "dockflow.algos.utils",
+    "next_real_index": "dockflow.algos.utils",
+    "outcome_token_rewards": "dockflow.algos.ppo",
+    "overlong_penalty": "dockflow.algos.dapo",
+    "reinforce_pp_advantages": "dockflow.algos.reinforce_pp",
+    "sequence_log_probs": "dockflow.algos.dpo",
+    "truncated_is_weights": "dockflow.algos.tis",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'dockflow.algos' has no attribute {name!r}")

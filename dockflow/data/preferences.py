@@ -16,7 +16,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from dockflow.config import CheckpointConfig, DPOConfig
+from dockflow.algos.recipes.dpo import DPOConfig
+from dockflow.config import CheckpointConfig
 from dockflow.data.example import Example, TaskData
 from dockflow.data.loaders import DatasetError, local_copy
 

@@ -13,7 +13,6 @@ from dockflow.config import Config
 from dockflow.flow import stages
 from dockflow.flow.waiting import wait_stages
 from dockflow.workers import Workers
-from dockflow.workers.columns import uses_critic, uses_reference
 
 HISTORY_KEYS = ("reward/mean", "perf/throughput_tps", "timing/iteration_s")
 
@@ -31,8 +30,8 @@ def devices(cfg: Config) -> float:
     generators = placement.generators * placement.generator_cpus if placement.mode == "disaggregated" else 0.0
     return (
         ray.actor_cpus * cfg.train.dp
-        + (ray.reference_cpus if uses_reference(cfg) else 0.0)
-        + (ray.critic_cpus if uses_critic(cfg) else 0.0)
+        + (ray.reference_cpus if cfg.algorithm.recipe.uses_reference(cfg) else 0.0)
+        + (ray.critic_cpus if cfg.algorithm.recipe.critic else 0.0)
         + generators
     )
 
@@ -88,10 +87,7 @@ def summary(cfg: Config, state: dict[str, Any], run_id: str, wall: float) -> dic
     tps = [h["perf/throughput_tps"] for h in hist]
     evals = state["evals"]
     scores = state.get("eval_scores", [])
-    extra = {}
-    if cfg.algorithm.name == "dpo" and scores:
-        extra["margin_before"] = scores[0][1]["eval/dpo_margin"] if scores[0][0] == 0 else None
-        extra["margin_after"] = scores[-1][1]["eval/dpo_margin"]
+    extra = cfg.algorithm.recipe.summary(scores)  # e.g. DPO's held-out margins
     return {
         "run_name": cfg.run.name,
         "algorithm": cfg.algorithm.name,

@@ -48,7 +48,7 @@ def iteration_sampler(cfg: Config) -> PromptSampler:
     from dockflow.data.preferences import preference_splits
 
     task = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint)
-    if cfg.algorithm.name == "dpo":
+    if cfg.algorithm.recipe.offline:  # it trains on preference pairs
         count = len(preference_splits(cfg.algorithm.dpo, task, cfg.run.seed, cfg.checkpoint)[0])
     else:
         count = len(task.train)

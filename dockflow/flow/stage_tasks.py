@@ -34,7 +34,7 @@ class RunTasks:
         self.cfg, self.workers, self.dock, self.sampler = cfg, workers, dock, sampler
         self.store, self.state, self.tracker, self.start = store, state, tracker, start
         self.on_iteration = on_iteration
-        self.offline = cfg.algorithm.name == "dpo"
+        self.offline = cfg.algorithm.recipe.offline  # preference pairs, not rollouts
         self.devices = record.devices(cfg)
         self.idle = IdleTracker.for_placement(cfg)
         self.published: dict[int, Any] = {}  # policy version -> its weights in the object store (generators)

@@ -25,7 +25,7 @@ def generate(
     slice of the window (``dockflow.workers.rollout_queue``); generator workers first take ``weights`` (a policy
     ``publish`` put in the object store) when it is newer than theirs."""
     if offline:
-        return {"generate": workers.actor.put_pairs.remote(iteration, prompt_ids)}
+        return {"generate": workers.pairs.put_pairs.remote(iteration, prompt_ids)}
     if not workers.generators:
         return _generate_on_actor_ranks(workers, iteration, prompt_ids, first_index, group_size)
     if len(workers.generators) == 1:
@@ -114,5 +114,7 @@ def publish(workers: Workers) -> tuple[Any, Any]:
 
 
 def evaluate(workers: Workers, limit: int) -> Refs:
-    """Held-out scores of the current policy (actor rank 0, on its unsharded generation copy)."""
-    return {"evaluate": workers.actor.evaluate.remote("test", limit)}
+    """Held-out scores of the current policy (actor rank 0, on its unsharded generation copy); offline algorithms
+    add the margin on the pair source's held-out pairs (passed worker to worker, not through the driver)."""
+    pairs = workers.pairs.eval_pairs.remote() if workers.pairs is not None else None
+    return {"evaluate": workers.actor.evaluate.remote("test", limit, pairs)}

@@ -6,8 +6,8 @@ workers, ranks of one process group: each generates for its share of the prompts
 policy, takes an equal share of every batch for old log-probs and the FSDP2 update, and the states cycle
 update -> reshard (allgather-swap) -> generate -> swap back -> update (``engines/fsdp_training.py``). Every method reads its inputs from the
 transfer dock and writes its outputs back; the driver passes only iteration numbers and prompt indices.
-The policy-gradient algorithms share one clipped loss (DAPO widens its upper clip); DPO instead puts
-its offline (chosen, rejected) pairs into the dock and trains on them against the reference worker.
+The loss is the algorithm's (its recipe's ``policy_loss``: the clipped surrogate of the policy-gradient
+algorithms, GSPO's sequence-level one, DPO's on the pairs the pair source put into the dock).
 """
 
 from __future__ import annotations
@@ -18,19 +18,19 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from dockflow.algos import clipped_policy_loss, dpo_loss, sequence_log_probs, truncated_is_weights
+from dockflow.algos import sequence_log_probs
+from dockflow.algos.recipes.dpo import MARGIN
 from dockflow.config import Config
-from dockflow.data import apply_template, load_task
-from dockflow.data.preferences import PreferencePair, preference_splits
+from dockflow.data import load_task
 from dockflow.dock import TransferDock
-from dockflow.engines import create_engines, encode_rollouts
+from dockflow.engines import create_engines
 from dockflow.eval import evaluate_policy
 from dockflow.models import load_model_and_tokenizer
 from dockflow.storage.objects import fetch_model
-from dockflow.workers.columns import consumers, kl_in_loss
+from dockflow.workers.columns import consumers
 from dockflow.workers.consume import WaitClock, consume
 from dockflow.workers.dp_group import join_dp_group
-from dockflow.workers.rollout import generate_into_dock, rollout_metrics
+from dockflow.workers.rollout import generate_into_dock
 from dockflow.workers.rollout_queue import staleness_bound
 from dockflow.workers.runtime import ModelWorker
 from dockflow.workers.staleness import StalenessCounter
@@ -55,8 +55,7 @@ class ActorWorker(ModelWorker):
         self.task = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint)
         self.columns = consumers(cfg)
         self.policy_version = 0
-        if cfg.algorithm.name == "dpo":
-            self.pairs, self.eval_pairs = preference_splits(cfg.algorithm.dpo, self.task, cfg.run.seed, cfg.checkpoint)
+        self.recipe = cfg.algorithm.recipe  # the algorithm: its loss, how its rows are batched
 
     def ready(self) -> bool:
         return True
@@ -72,21 +71,6 @@ class ActorWorker(ModelWorker):
         return generate_into_dock(
             self.cfg, self.gen_engine, self.dock, self.task.train, iteration, prompt_ids, first_index, self.policy_version
         )
-
-    def put_pairs(self, iteration: int, pair_ids: list[int]) -> dict[str, float]:
-        """DPO's "generation": the iteration's preference pairs into the dock, chosen at 2i, rejected at 2i+1."""
-        start = time.perf_counter()
-        pairs = [self.pairs[i] for i in pair_ids]
-        out = self._encode_pairs(pairs)
-        meta = {"prompt_id": torch.tensor(pair_ids).repeat_interleave(2), "response_length": out["response_length"]}
-        lo = self.cfg.dock_window(iteration)[0]
-        self.dock.put(list(range(lo, lo + len(out))), out.select(*self.columns["ref_infer"], "response_mask"), meta)
-        return rollout_metrics(int(out["prompt_length"].sum()), int(out["response_length"].sum()), len(out), start)
-
-    def _encode_pairs(self, pairs: list[PreferencePair]) -> TensorDict:
-        prompts = [apply_template(self.cfg.data.prompt_template, p.prompt) for p in pairs for _ in range(2)]
-        responses = [r for p in pairs for r in (p.chosen, p.rejected)]
-        return encode_rollouts(self.tokenizer, prompts, responses, self.cfg.rollout.max_new_tokens)
 
     def compute_old_log_prob(self, iteration: int) -> dict[str, float]:
         """Log-probs of the behaviour policy (the weights that generated), for the ratio. With
@@ -104,78 +88,31 @@ class ActorWorker(ModelWorker):
             self.dock.put(batch.indices, TensorDict({"old_log_prob": logp}, batch_size=[len(batch)]))
         return {"timing/old_log_prob_s": time.perf_counter() - start, "timing/old_log_prob_wait_s": waited.seconds}
 
-    def _loss(self, logp: torch.Tensor, micro: TensorDict, tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
-        alg = self.cfg.algorithm
-        kl = kl_in_loss(self.cfg)
-        cap = self.cfg.train.tis_cap
-        tis = None if cap is None else truncated_is_weights(
-            micro["old_log_prob"], micro["rollout_log_prob"], micro["response_mask"], cap
-        )
-        out = clipped_policy_loss(
-            logp,
-            micro["old_log_prob"],
-            micro["advantages"],
-            micro["response_mask"],
-            clip_eps=alg.clip_eps,
-            clip_eps_high=alg.dapo.clip_eps_high if alg.name == "dapo" else None,
-            ref_logp=micro["ref_log_prob"] if kl else None,
-            kl_coef=alg.kl_coef if kl else 0.0,
-            kl_estimator=alg.kl_estimator,
-            token_denom=tokens,
-            token_weights=None if tis is None else tis.weights,
-        )
-        metrics = {
-            "train/pg_loss": float(out.pg_loss),
-            "train/kl": float(out.kl),
-            "train/clip_fraction": float(out.clip_fraction),
-            "train/approx_kl_old": float(out.approx_kl_old),
-            "train/loss": float(out.loss.detach()) * tokens / max(float(micro["response_mask"].sum()), 1.0),
-        }
-        if tis is not None:
-            metrics["train/tis_weight_mean"] = float(tis.mean)
-            metrics["train/tis_truncated_fraction"] = float(tis.truncated_fraction)
-        return out.loss, metrics
-
-    def _dpo_loss(self, logp: torch.Tensor, micro: TensorDict, tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
-        # Rows alternate chosen, rejected; the loss is a mean over the mini-batch's pairs, so each micro-batch
-        # contributes its sum divided by the pairs of the whole mini-batch.
-        mask = micro["response_mask"]
-        seq = sequence_log_probs(logp, mask)
-        ref = sequence_log_probs(micro["ref_log_prob"], mask)
-        dpo = self.cfg.algorithm.dpo
-        out = dpo_loss(seq[0::2], seq[1::2], ref[0::2], ref[1::2], dpo.beta, dpo.label_smoothing)
-        pairs = len(seq) // 2
-        loss = out.loss * pairs / (self.cfg.train.mini_batch_size // 2)
-        metrics = {
-            "train/loss": float(out.loss.detach()),
-            "train/dpo_reward_accuracy": float(out.reward_accuracy),
-            "train/dpo_margin": float(out.margin),
-            "train/dpo_chosen_reward": float(out.chosen_reward.mean()),
-            "train/dpo_rejected_reward": float(out.rejected_reward.mean()),
-        }
-        return loss, metrics
-
     def update(self, iteration: int) -> dict[str, float]:
-        """Train on the iteration's samples: mini-batches as they become ready, then further epochs. Samples more
-        than ``train.max_staleness`` policy versions old are masked out of the loss and counted."""
+        """Train on the iteration's samples with the algorithm's loss: mini-batches as they become ready, then
+        further epochs. Samples more than ``train.max_staleness`` policy versions old are masked out of the loss
+        and counted."""
         start = time.perf_counter()
         tc = self.cfg.train
-        dpo = self.cfg.algorithm.name == "dpo"
+        paired = self.recipe.paired_rows  # (chosen, rejected) rows: keep them together and in order
         waited = WaitClock()
-        balance = tc.seqlen_balance and not dpo  # DPO's rows are chosen/rejected pairs: keep their order
+        balance = tc.seqlen_balance and not paired
         batches = consume(
             # each DP rank takes an equal share of every mini-batch (FSDP's collectives need equal step counts),
             # balanced by response length across the ranks when seqlen_balance is on
             self.dock, "actor_update", self.columns["actor_update"], self.cfg.train_batch // self.dp,
             tc.mini_batch_size // self.dp,
-            whole_groups=dpo, window=self.cfg.dock_window(iteration), clock=waited,
+            whole_groups=paired, window=self.cfg.dock_window(iteration), clock=waited,
             dp_share=(self.rank, self.dp) if balance and self.dp > 1 else None,
         )
         staleness = StalenessCounter(self.policy_version, staleness_bound(self.cfg))
-        loss_fn = self._dpo_loss if dpo else self._loss
         mini_batches = (staleness.admit(b.data, b.meta["policy_version"]) for b in batches)
         if balance:
             mini_batches = (length_sorted(mb, tc.micro_batch_size) for mb in mini_batches)
+
+        def loss_fn(logp: torch.Tensor, micro: TensorDict, tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
+            return self.recipe.policy_loss(self.cfg, logp, micro, tokens)
+
         out = train_epochs(self.train_engine, mini_batches, loss_fn, tc.epochs, tc.micro_batch_size)
         out.update(staleness.metrics())
         out.update(self.train_engine.memory_metrics())
@@ -199,21 +136,21 @@ class ActorWorker(ModelWorker):
         self.gen_engine.load_weights(self.train_engine.generation_weights())
         return {"timing/reshard_s": time.perf_counter() - start}
 
-    def evaluate(self, split: str = "test", limit: int | None = None) -> dict[str, float]:
-        """Held-out scores (greedy accuracy; pass@k with eval.pass_k > 1; DPO's margin), by the verifier."""
+    def evaluate(self, split: str = "test", limit: int | None = None, pairs: TensorDict | None = None) -> dict[str, float]:
+        """Held-out scores by the verifier (greedy accuracy; pass@k with eval.pass_k > 1); with held-out
+        preference ``pairs`` (rows chosen, rejected, ...: ``PairSource.eval_pairs``), the policy's margin on them."""
         start = time.perf_counter()
         examples = getattr(self.task, split)[: limit or None]
         out = evaluate_policy(self.policy, self.tokenizer, examples, self.cfg, split)
-        if self.cfg.algorithm.name == "dpo":
-            out["eval/dpo_margin"] = self.preference_margin()
+        if pairs is not None:
+            out[MARGIN] = self.preference_margin(pairs)
         out["timing/eval_s"] = time.perf_counter() - start
         return out
 
     @torch.no_grad()
-    def preference_margin(self) -> float:
-        """Mean log-prob margin, chosen minus rejected, of the policy on held-out pairs."""
-        data = self._encode_pairs(self.eval_pairs)
-        seq = sequence_log_probs(self.train_engine.infer(data), data["response_mask"])
+    def preference_margin(self, pairs: TensorDict) -> float:
+        """Mean log-prob margin, chosen minus rejected, of the policy on ``pairs``."""
+        seq = sequence_log_probs(self.train_engine.infer(pairs), pairs["response_mask"])
         return float((seq[0::2] - seq[1::2]).mean())
 
     def extra_state(self) -> dict[str, Any]:

@@ -10,9 +10,9 @@ from typing import Any
 from dockflow.config import Config
 from dockflow.dock import TransferDock
 from dockflow.workers.actor import ActorWorker
-from dockflow.workers.columns import uses_critic, uses_reference
 from dockflow.workers.critic import CriticWorker
 from dockflow.workers.generator import GeneratorWorker
+from dockflow.workers.pairs import PairSource
 from dockflow.workers.reference import ReferenceWorker
 from dockflow.workers.reward import RewardWorker
 from dockflow.workers.rollout_queue import RolloutQueue, queue_args
@@ -27,9 +27,10 @@ class Workers:
     """Handles of the run's Ray actors; a worker the algorithm does not use is None."""
 
     actor: Any
-    reward: Any | None = None  # all but DPO
-    reference: Any | None = None  # DPO, or a KL penalty
+    reward: Any | None = None  # algorithms that sample (not offline ones)
+    reference: Any | None = None  # offline algorithms (DPO), or a KL penalty
     critic: Any | None = None  # PPO, PF-PPO
+    pairs: Any | None = None  # offline algorithms: the preference pairs' source
     generators: list[Any] = field(default_factory=list)  # placement.mode=disaggregated
     rollout_queue: Any | None = None  # several generators: the chunks they draw from (workers/rollout_queue.py)
     prefix: str = ""  # the actors are named "<prefix>-<role>"
@@ -40,7 +41,8 @@ class Workers:
             self.actors = [self.actor]
 
     def all(self) -> dict[str, Any]:
-        named = {"actor": self.actor, "reward": self.reward, "reference": self.reference, "critic": self.critic}
+        named = {"actor": self.actor, "reward": self.reward, "reference": self.reference, "critic": self.critic,
+                 "pairs": self.pairs}
         named.update({f"actor-{k}": a for k, a in enumerate(self.actors) if k > 0})
         named.update({f"generator-{k}": g for k, g in enumerate(self.generators)})
         named["rollout-queue"] = self.rollout_queue
@@ -60,12 +62,14 @@ def create_workers(cfg: Config, model_dir: str, dock: TransferDock, name: str) -
     dp_key = f"{name}-{uuid.uuid4().hex}"  # where actor rank 0 publishes its process group's address
     actors = [spawn(ActorWorker, "actor" if k == 0 else f"actor-{k}", cfg.ray.actor_cpus, k, dp_key)
               for k in range(cfg.train.dp)]
+    recipe = cfg.algorithm.recipe
     workers = Workers(
         actor=actors[0],
         actors=actors,
-        reward=spawn(RewardWorker, "reward", 0) if cfg.algorithm.name != "dpo" else None,
-        reference=spawn(ReferenceWorker, "reference", cfg.ray.reference_cpus) if uses_reference(cfg) else None,
-        critic=spawn(CriticWorker, "critic", cfg.ray.critic_cpus) if uses_critic(cfg) else None,
+        reward=spawn(RewardWorker, "reward", 0) if not recipe.offline else None,
+        reference=spawn(ReferenceWorker, "reference", cfg.ray.reference_cpus) if recipe.uses_reference(cfg) else None,
+        critic=spawn(CriticWorker, "critic", cfg.ray.critic_cpus) if recipe.critic else None,
+        pairs=spawn(PairSource, "pairs", 0) if recipe.offline else None,
         generators=[
             spawn(GeneratorWorker, f"generator-{k}", cfg.placement.generator_cpus)
             for k in range(cfg.placement.generators if cfg.placement.mode == "disaggregated" else 0)
@@ -81,7 +85,7 @@ def create_workers(cfg: Config, model_dir: str, dock: TransferDock, name: str) -
     if pending:
         waiting = [label for label, r in refs.items() if r in pending]
         need = {"actor": cfg.ray.actor_cpus, "reference": cfg.ray.reference_cpus, "critic": cfg.ray.critic_cpus, "reward": 0,
-                "rollout-queue": 0}
+                "rollout-queue": 0, "pairs": 0}
         need.update({g: cfg.placement.generator_cpus for g in refs if g.startswith("generator-")})
         need.update({a: cfg.ray.actor_cpus for a in refs if a.startswith("actor-")})
         raise WorkerStartError(

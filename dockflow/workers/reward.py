@@ -1,9 +1,9 @@
 """The reward worker: verifies responses against reference answers, then computes advantages.
 
 It holds no model, only the tokenizer (to decode) and the task's answers (looked up by the prompt id
-that the dock carries as metadata). Light: it asks Ray for no CPU. Under DAPO it also shapes rewards of
-overlong responses and runs dynamic sampling: only groups whose rewards differ get advantages, so the
-update consumes informative groups only.
+that the dock carries as metadata). Light: it asks Ray for no CPU. The algorithm's recipe shapes the rewards
+(DAPO: overlong responses) and estimates the advantages; under dynamic sampling (``rounds > 1``) only groups
+whose rewards differ get advantages, so the update consumes informative groups only.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 import torch
 from tensordict import TensorDict
 
-from dockflow.algos import informative_groups, overlong_penalty
+from dockflow.algos import informative_groups
 from dockflow.config import Config
 from dockflow.data import load_task
 from dockflow.dock import TransferDock
@@ -21,7 +21,6 @@ from dockflow.engines import decode_responses
 from dockflow.models import load_tokenizer
 from dockflow.rewards import verify
 from dockflow.storage.objects import fetch_model
-from dockflow.workers.advantages import advantage_batch_size, compute_advantages
 from dockflow.workers.columns import consumers
 from dockflow.workers.consume import consume
 
@@ -41,6 +40,7 @@ class RewardWorker:
         self.answers = [ex.answer for ex in load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint).train]
         self.advantage_columns = consumers(cfg)["advantage"]
         self.kept_groups = 0  # groups given advantages in this iteration (dynamic sampling's quota)
+        self.recipe = cfg.algorithm.recipe  # the algorithm: reward shaping, advantage estimator
 
     def ready(self) -> bool:
         return True
@@ -50,7 +50,6 @@ class RewardWorker:
         start = time.perf_counter()
         values: list[float] = []
         correct = 0.0
-        dapo = self.cfg.algorithm.dapo if self.cfg.algorithm.name == "dapo" else None
         bs = self.cfg.train.infer_batch_size
         for batch in consume(
             self.dock, "reward", ["responses", "response_mask"], self.cfg.global_batch, bs, window=self.cfg.dock_window(iteration)
@@ -61,11 +60,7 @@ class RewardWorker:
                 dtype=torch.float32,
             )
             correct += float((score > 0).sum())
-            if dapo is not None and dapo.overlong_buffer > 0:
-                lengths = batch.meta["response_length"]
-                score = score + overlong_penalty(
-                    lengths, self.cfg.rollout.max_new_tokens, dapo.overlong_buffer, dapo.overlong_penalty
-                )
+            score = self.recipe.shape_rewards(self.cfg, score, batch.meta["response_length"])  # DAPO: overlong shaping
             self.dock.put(batch.indices, TensorDict({"rewards": score}, batch_size=[len(batch)]))
             values.extend(score.tolist())
         t = torch.tensor(values)
@@ -88,7 +83,7 @@ class RewardWorker:
         generator = torch.Generator().manual_seed(filtration_seed(self.cfg.run.seed, iteration))
         zero_groups = groups = filled = 0
         batches = consume(
-            self.dock, "advantage", self.advantage_columns, self.cfg.global_batch, advantage_batch_size(self.cfg),
+            self.dock, "advantage", self.advantage_columns, self.cfg.global_batch, self.recipe.advantage_batch_size(self.cfg),
             whole_groups=True, window=self.cfg.dock_window(iteration),
         )
         for batch in batches:
@@ -111,7 +106,7 @@ class RewardWorker:
                 indices = [batch.indices[int(r)] for r in rows]
             else:
                 indices = batch.indices
-            kept, out = compute_advantages(self.cfg, data, generator)
+            kept, out = self.recipe.advantages(self.cfg, data, generator)
             self.dock.put([indices[int(k)] for k in kept], out)
         metrics = {
             "reward/zero_adv_group_fraction": zero_groups / max(groups, 1),

@@ -74,6 +74,7 @@ def test_two_iterations_train_the_policy(algorithm, ray_cluster, tiny_config):
         assert len(tis) == 2 and all(0.0 < w <= 2.0 for w in tis), tis
     if algorithm == "dpo":
         assert summary["margin_before"] is not None and summary["margin_after"] is not None
+        assert [s for s, _ in read_metric_history(uri, summary["mlflow_run_id"], "eval/preference_margin")] == [0, 2]
         assert any(".mlp.experts." in k for k in after), "not the MoE model"
     if algorithm == "pf_ppo":
         check_data_parallel_run(cfg, summary, rank_weights, uri)

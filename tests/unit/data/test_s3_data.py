@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dockflow.config import ArithmeticConfig, CheckpointConfig, DataConfig, DPOConfig
+from dockflow.algos.recipes.dpo import DPOConfig
+from dockflow.config import ArithmeticConfig, CheckpointConfig, DataConfig
 from dockflow.data import DatasetError, Example, TaskData, load_task
 from dockflow.data.loaders import load_examples
 from dockflow.data.preferences import preference_splits

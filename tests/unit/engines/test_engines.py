@@ -112,7 +112,7 @@ def test_encoded_rollouts_score_like_generated_ones(engines):
 def test_critic_values_follow_the_response_layout(tmp_path):
     """A critic built from a policy directory: zero head (all values 0 at first), a value per response token,
     and training moves the values towards the returns."""
-    cfg = Config()
+    cfg = Config(algorithm={"name": "ppo"})  # an algorithm with a critic
     tok = build_char_tokenizer()
     save_pretrained_dir(build_tiny_model(cfg.model.tiny, tok, seed=0), tok, tmp_path / "m")
     critic = create_critic_engine(cfg, load_critic(tmp_path / "m"))

@@ -1,11 +1,12 @@
-"""The advantage state per algorithm (what the reward worker writes into the dock), and who reads what."""
+"""Each algorithm's recipe: its advantage state (what the reward worker writes into the dock), the worker states it
+runs and what they read, and the registry behind ``algorithm.name``."""
 
 import pytest
 import torch
 from tensordict import TensorDict
 
-from dockflow.config import load_config
-from dockflow.workers.advantages import advantage_batch_size, compute_advantages
+from dockflow.algos.recipes import RECIPES, recipe_of
+from dockflow.config import ConfigError, load_config
 from dockflow.workers.columns import consumers
 
 MASK = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]])
@@ -20,6 +21,10 @@ def cfg_for(name: str, *extra: str):
 
 def batch(**columns) -> TensorDict:
     return TensorDict({"rewards": REWARDS, "response_mask": MASK, **columns}, batch_size=[4])
+
+
+def compute_advantages(cfg, data, generator=None):
+    return cfg.algorithm.recipe.advantages(cfg, data, generator)
 
 
 def test_grpo_family_broadcasts_group_advantages_over_real_tokens():
@@ -49,7 +54,7 @@ def test_pf_ppo_keeps_only_the_filtered_responses():
 
 def test_reinforce_pp_normalises_over_the_whole_batch():
     cfg = cfg_for("reinforce_pp", "algorithm.kl_coef=0.0")
-    assert advantage_batch_size(cfg) == cfg.global_batch
+    assert cfg.algorithm.recipe.advantage_batch_size(cfg) == cfg.global_batch
     _, out = compute_advantages(cfg, batch())
     real = out["advantages"][MASK.bool()]
     assert abs(float(real.mean())) < 1e-5
@@ -75,3 +80,26 @@ def test_dynamic_sampling_scores_only_groups_that_got_advantages():
     assert "advantages" in cols["actor_infer"]
     no_ds = consumers(load_config("configs/dapo_arith.yaml", ["algorithm.dapo.dynamic_sampling=false"]))
     assert "advantages" not in no_ds["actor_infer"]
+
+
+def test_the_registry_knows_every_example_config_and_refuses_unknown_names():
+    assert set(RECIPES) == {"grpo", "ppo", "dapo", "pf_ppo", "reinforce_pp", "reinforce_pp_baseline", "dpo"}
+    for name, recipe in RECIPES.items():
+        assert recipe.name == name and recipe.section.model_fields["name"].default in (name, "reinforce_pp")
+    with pytest.raises(ValueError, match="unknown algorithm 'trpo'"):
+        recipe_of("trpo")
+    with pytest.raises(ConfigError, match=r"unknown algorithm.name 'trpo': one of \['dapo'"):
+        load_config("configs/grpo_arith.yaml", ["algorithm.name=trpo"])
+
+
+def test_a_section_holds_only_its_algorithms_keys():
+    """The ``algorithm:`` section is the chosen algorithm's own: another algorithm's knob is an unknown key."""
+    with pytest.raises(ConfigError, match=r"unknown config key 'algorithm.dapo'"):
+        load_config("configs/grpo_arith.yaml", ["algorithm.dapo.max_rounds=2"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'algorithm.clip_eps'"):
+        load_config("configs/dpo_arith.yaml", ["algorithm.clip_eps=0.1"])
+    switched = load_config("configs/grpo_arith.yaml", ["algorithm.name=ppo"])
+    assert switched.algorithm.ppo.lam == 0.95  # the PPO section's own defaults, the file's shared keys kept
+    to_dpo = load_config("configs/grpo_arith.yaml", ["algorithm.name=dpo", "rollout.group_size=2", "train.mini_batch_size=64",
+                                                     "train.micro_batch_size=64"])
+    assert not hasattr(to_dpo.algorithm, "clip_eps")  # the file's GRPO keys DPO does not have are left behind

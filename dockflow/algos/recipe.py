@@ -1,0 +1,177 @@
+"""What an algorithm is to DockFlow: one ``Algorithm`` (a recipe) per algorithm, in ``dockflow.algos.recipes``.
+
+A recipe holds everything that differs between algorithms, so no other room compares an algorithm's name:
+
+- its config section (``section``: the ``algorithm:`` block of a config, one pydantic model per algorithm,
+  picked by ``algorithm.name``), and its own config checks with their reasons (``check``);
+- the worker states it runs and the columns each reads (``consumers``): a critic, a reference, offline pairs;
+- how rewards are shaped (``shape_rewards``), its advantage estimator (``advantages``) and its policy loss
+  (``policy_loss``);
+- how an iteration is sized: sampling rounds (``rounds``), samples trained (``train_batch``).
+
+Recipe modules are light (pydantic only): they import their tensor functions inside the methods, so loading a
+config never imports torch. The tensor functions live in ``dockflow.algos`` (``grpo.py``, ``ppo.py``, ...).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import Field
+
+from dockflow.config_base import Section
+
+if TYPE_CHECKING:
+    import torch
+    from tensordict import TensorDict
+
+    from dockflow.config import Config
+
+ROLLOUT = ["input_ids", "attention_mask", "responses"]  # what a forward pass over a rollout reads
+
+
+class AlgorithmSection(Section):
+    """Fields every algorithm's section has; a recipe's section adds its own (``name`` is a Literal there)."""
+
+    name: str
+
+    @property
+    def recipe(self) -> Algorithm:
+        from dockflow.algos.recipes import recipe_of
+
+        return recipe_of(self.name)
+
+
+class PolicyGradientSection(AlgorithmSection):
+    """The clipped policy-gradient algorithms' shared knobs."""
+
+    clip_eps: float = Field(0.2, gt=0.0, description="PPO-style ratio clip: the ratio stays in [1 - clip_eps, 1 + clip_eps].")
+    kl_coef: float = Field(
+        0.0, ge=0.0, description="KL to the reference policy: a loss term or a token reward, as the algorithm says (0: no reference worker)."
+    )
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator (Schulman's k1/k2/k3).")
+
+
+class GroupNormSection(PolicyGradientSection):
+    """Group-relative advantages (GRPO and its variants)."""
+
+    norm_adv_by_std: bool = Field(True, description="Divide group-centred rewards by the group std.")
+    adv_eps: float = Field(1e-6, gt=0.0, description="Added to the std when normalising advantages.")
+
+
+class Algorithm:
+    """One algorithm's recipe (an instance per algorithm, ``dockflow.algos.recipes.RECIPES``)."""
+
+    name: ClassVar[str]
+    section: ClassVar[type[AlgorithmSection]]
+    offline: ClassVar[bool] = False  # trains on a dataset's preference pairs: no rollouts, no reward worker
+    critic: ClassVar[bool] = False  # a critic worker estimates values (GAE)
+    kl: ClassVar[Literal["loss", "reward"]] = "loss"  # where algorithm.kl_coef applies
+    group_advantages: ClassVar[bool] = True  # advantages within each group: any whole number of groups per batch
+    paired_rows: ClassVar[bool] = False  # rows come as (chosen, rejected) pairs: keep them together and in order
+
+    # ---- shape of an iteration ----
+
+    def rounds(self, cfg: Config) -> int:
+        """Generation rounds per iteration at most (dock slots = rounds x G x N)."""
+        return 1
+
+    def train_batch(self, cfg: Config) -> int:
+        """Samples the update trains on per iteration."""
+        return cfg.global_batch
+
+    def check(self, cfg: Config) -> None:
+        """Raise ValueError, with the reason and the keys to change, for a config this algorithm cannot run."""
+
+    # ---- worker states ----
+
+    def uses_reference(self, cfg: Config) -> bool:
+        return getattr(cfg.algorithm, "kl_coef", 0.0) > 0
+
+    def kl_in_loss(self, cfg: Config) -> bool:
+        return self.kl == "loss" and self.uses_reference(cfg) and not self.offline
+
+    def kl_in_reward(self, cfg: Config) -> bool:
+        return self.kl == "reward" and self.uses_reference(cfg)
+
+    def consumers(self, cfg: Config) -> dict[str, list[str]]:
+        """Worker state -> the columns it reads (each one a controller of the dock)."""
+        infer = [*ROLLOUT, "advantages"] if self.rounds(cfg) > 1 else list(ROLLOUT)  # scored groups only
+        advantage = ["rewards", "response_mask"]
+        if self.critic:
+            advantage.append("values")
+        if self.kl_in_reward(cfg):
+            advantage += ["old_log_prob", "ref_log_prob"]
+        out = {"reward": ["responses", "response_mask"], "advantage": advantage}
+        if cfg.train.old_log_prob == "recompute":  # else generation writes old_log_prob itself
+            out["actor_infer"] = list(infer)
+        if self.uses_reference(cfg):
+            out["ref_infer"] = list(infer)
+        if self.critic:
+            out["critic_infer"] = list(ROLLOUT)
+            out["critic_update"] = [*ROLLOUT, "response_mask", "values", "returns"]
+        update = [*ROLLOUT, "response_mask", "old_log_prob", "advantages"]
+        if self.kl_in_loss(cfg):
+            update.append("ref_log_prob")
+        if cfg.train.tis_cap is not None:
+            update.append("rollout_log_prob")
+        out["actor_update"] = update
+        return out
+
+    # ---- the math ----
+
+    def shape_rewards(self, cfg: Config, scores: torch.Tensor, response_length: torch.Tensor) -> torch.Tensor:
+        """The verifier's scores -> the rewards the advantage state reads."""
+        return scores
+
+    def advantage_batch_size(self, cfg: Config) -> int:
+        """Group-relative estimators take any whole number of groups; batch-normalised ones the whole batch."""
+        n = cfg.rollout.group_size
+        if self.group_advantages:
+            return max(n, (cfg.train.infer_batch_size // n) * n)
+        return cfg.global_batch
+
+    def advantages(self, cfg: Config, data: TensorDict, generator: Any = None) -> tuple[torch.Tensor, TensorDict]:
+        """(positions of ``data`` that get advantages, their columns: ``advantages`` [B, R], maybe ``returns``)."""
+        raise NotImplementedError(f"algorithm {self.name!r} has no advantage state")
+
+    def policy_loss(self, cfg: Config, logp: torch.Tensor, micro: TensorDict, tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
+        """The actor's loss on one micro-batch (``tokens``: response tokens of the whole mini-batch), and metrics."""
+        from dockflow.algos.grpo import clipped_policy_loss
+        from dockflow.algos.tis import truncated_is_weights
+
+        alg, kl = cfg.algorithm, self.kl_in_loss(cfg)
+        cap = cfg.train.tis_cap
+        tis = None if cap is None else truncated_is_weights(
+            micro["old_log_prob"], micro["rollout_log_prob"], micro["response_mask"], cap)
+        out = clipped_policy_loss(
+            logp, micro["old_log_prob"], micro["advantages"], micro["response_mask"], clip_eps=alg.clip_eps,
+            clip_eps_high=self.clip_eps_high(cfg), ref_logp=micro["ref_log_prob"] if kl else None,
+            kl_coef=alg.kl_coef if kl else 0.0, kl_estimator=alg.kl_estimator, token_denom=tokens,
+            token_weights=None if tis is None else tis.weights,
+        )
+        metrics = {
+            "train/pg_loss": float(out.pg_loss), "train/kl": float(out.kl), "train/clip_fraction": float(out.clip_fraction),
+            "train/approx_kl_old": float(out.approx_kl_old),
+            "train/loss": float(out.loss.detach()) * tokens / max(float(micro["response_mask"].sum()), 1.0),
+        }
+        if tis is not None:
+            metrics["train/tis_weight_mean"] = float(tis.mean)
+            metrics["train/tis_truncated_fraction"] = float(tis.truncated_fraction)
+        return out.loss, metrics
+
+    def clip_eps_high(self, cfg: Config) -> float | None:
+        """The upper ratio clip (None: symmetric)."""
+        return None
+
+    def token_kl(self, cfg: Config, data: TensorDict) -> torch.Tensor | None:
+        """Per-token KL to the reference, for algorithms that put it into the reward."""
+        if not self.kl_in_reward(cfg):
+            return None
+        from dockflow.algos.kl import kl_penalty
+
+        return kl_penalty(data["old_log_prob"], data["ref_log_prob"], cfg.algorithm.kl_estimator)
+
+    def summary(self, scores: list[tuple[int, dict[str, float]]]) -> dict[str, Any]:
+        """Extra ``summary.json`` keys from the held-out evaluations ``[(step, scores), ...]``."""
+        return {}

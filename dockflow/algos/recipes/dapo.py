@@ -1,0 +1,70 @@
+"""DAPO (Yu et al., 2025): GRPO with clip-higher, overlong reward shaping and dynamic sampling.
+
+One iteration: like GRPO (``recipes/grpo.py``), except that
+
+- generate runs in rounds (``rounds``): each round generates and scores G prompts, and the reward worker gives
+  advantages only to informative groups (rewards not all equal) until the iteration has G of them; the last
+  round fills the batch with any groups (``workers/reward.py``, ``stage_tasks.py: _sampling_rounds``);
+- a response that reaches ``max_new_tokens`` loses up to ``overlong_penalty`` reward over the last
+  ``overlong_buffer`` tokens (``shape_rewards``, ``algos/dapo.py: overlong_penalty``);
+- the ratio clip is ``[1 - clip_eps, 1 + clip_eps_high]`` (clip-higher, ``clip_eps_high``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field
+
+from dockflow.algos.recipe import Algorithm, GroupNormSection
+from dockflow.algos.recipes.grpo import group_normalised
+from dockflow.config_base import Section
+
+if TYPE_CHECKING:
+    import torch
+    from tensordict import TensorDict
+
+    from dockflow.config import Config
+
+
+class DAPOConfig(Section):
+    """DAPO's own knobs (the paper's values)."""
+
+    clip_eps_high: float = Field(0.28, gt=0.0, description="Upper ratio clip (clip-higher); algorithm.clip_eps is the lower.")
+    overlong_buffer: int = Field(2, ge=0, description="Tokens before max_new_tokens where the overlong penalty ramps up (0 = off).")
+    overlong_penalty: float = Field(1.0, ge=0.0, description="Reward subtracted from a response that hits max_new_tokens.")
+    dynamic_sampling: bool = Field(True, description="Drop groups whose rewards are all equal and sample more prompts.")
+    max_rounds: int = Field(3, ge=1, description="Generation rounds per iteration at most; the last round fills the batch.")
+
+
+class DAPOSection(GroupNormSection):
+    """DAPO: ``clip_eps`` is the lower ratio clip."""
+
+    name: Literal["dapo"] = "dapo"
+    dapo: DAPOConfig = Field(default_factory=DAPOConfig)
+
+
+class DAPO(Algorithm):
+    name = "dapo"
+    section = DAPOSection
+
+    def rounds(self, cfg: Config) -> int:
+        dapo = cfg.algorithm.dapo
+        return dapo.max_rounds if dapo.dynamic_sampling else 1
+
+    def clip_eps_high(self, cfg: Config) -> float | None:
+        return cfg.algorithm.dapo.clip_eps_high
+
+    def shape_rewards(self, cfg: Config, scores: torch.Tensor, response_length: torch.Tensor) -> torch.Tensor:
+        dapo = cfg.algorithm.dapo
+        if dapo.overlong_buffer == 0:
+            return scores
+        from dockflow.algos.dapo import overlong_penalty
+
+        return scores + overlong_penalty(response_length, cfg.rollout.max_new_tokens, dapo.overlong_buffer,
+                                         dapo.overlong_penalty)
+
+    def advantages(self, cfg: Config, data: TensorDict, generator: Any = None) -> tuple[torch.Tensor, TensorDict]:
+        import torch
+
+        return torch.arange(len(data)), group_normalised(cfg, data)

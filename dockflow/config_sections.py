@@ -1,0 +1,328 @@
+"""The config's sections (one pydantic model each) but the algorithm's, which lives with each algorithm's recipe
+(``dockflow.algos.recipes``); ``dockflow.config`` puts them together as ``Config``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from dockflow.config_base import Section
+
+
+class RunConfig(Section):
+    name: str = Field("dockflow", description="Run name: used for the run directory and the MLflow run.")
+    output_dir: str = Field("runs", description="Parent directory of run directories.")
+    seed: int = Field(0, description="Seed of every random choice in the run (data order, sampling, init).")
+
+
+class RayConfig(Section):
+    address: str | None = Field(None, description="Ray cluster to join ('auto', 'ray://host:10001'); null starts a local one.")
+    num_cpus: int | None = Field(None, description="CPUs of the local cluster; null = all of this machine's.")
+    namespace: str | None = Field(None, description="Ray namespace for the run's actors; null = derived from run.name.")
+    actor_cpus: float = Field(2.0, description="CPUs reserved by the actor (policy) worker.")
+    reference_cpus: float = Field(1.0, description="CPUs reserved by the reference worker (when one is used).")
+    critic_cpus: float = Field(1.0, description="CPUs reserved by the critic worker (PPO, PF-PPO).")
+    torch_threads: int = Field(2, description="torch intra-op threads per model worker.")
+    init_timeout_s: float = Field(120.0, description="Seconds to wait for workers to start before failing.")
+
+
+class ArithmeticConfig(Section):
+    digits: int = Field(2, ge=1, le=12, description="Maximum digits of each operand.")
+    ops: list[Literal["+", "-"]] = Field(default_factory=lambda: ["+", "-"], description="Operators drawn uniformly.")
+    num_train: int = Field(20000, ge=1, description="Prompts in the train split (RL prompts come from here).")
+    num_labeled: int = Field(900, ge=0, description="Train prompts whose answers SFT may use (labels are scarce).")
+    num_val: int = Field(200, ge=0, description="Labeled validation prompts for SFT early stopping (never the test set).")
+    num_test: int = Field(500, ge=1, description="Held-out test prompts for accuracy.")
+
+
+class DataConfig(Section):
+    source: Literal["arithmetic", "file"] = Field("arithmetic", description="Synthetic arithmetic task, or user files.")
+    arithmetic: ArithmeticConfig = Field(default_factory=ArithmeticConfig)
+    train_path: str | None = Field(
+        None, description="JSONL/Parquet with 'prompt' and 'answer' (source: file): a local path, or s3://bucket/key."
+    )
+    test_path: str | None = Field(None, description="Held-out JSONL/Parquet (source: file): a local path, or s3://bucket/key.")
+    shuffle_seed: int | None = Field(
+        None,
+        description="Seed of the order in which RL draws train prompts; null = run.seed, or for a run that continues "
+        "from a registered model one derived from run.name (each recurring run draws another order). The dataset "
+        "itself (splits, held-out set) always follows run.seed, so every run is scored on the same test set.",
+    )
+    prompt_template: str = Field("{prompt}\nAnswer: ", description="Template applied to each prompt; '{prompt}' is replaced.")
+
+
+class TinyModelConfig(Section):
+    architecture: Literal["qwen2", "qwen3_moe"] = Field(
+        "qwen2", description="transformers architecture of the tiny model: dense Qwen2, or Qwen3-MoE (experts below)."
+    )
+    hidden_size: int = Field(128, description="Hidden size of the tiny model.")
+    num_layers: int = Field(4, description="Transformer layers.")
+    num_heads: int = Field(4, description="Attention heads.")
+    num_kv_heads: int = Field(2, description="Key/value heads (GQA).")
+    intermediate_size: int = Field(512, description="MLP inner size.")
+    max_position_embeddings: int = Field(128, description="Longest sequence the model handles.")
+    tokenizer_merges: int = Field(
+        64, ge=0, description="BPE merges the local tokenizer learns from the train prompts (0 = characters only)."
+    )
+    num_experts: int = Field(8, ge=1, description="qwen3_moe only: experts per MoE layer.")
+    num_experts_per_tok: int = Field(2, ge=1, description="qwen3_moe only: experts each token is routed to (top-k).")
+    moe_intermediate_size: int = Field(128, ge=1, description="qwen3_moe only: inner size of each expert's MLP.")
+
+
+class ModelConfig(Section):
+    path: str | None = Field(
+        None,
+        description="HF model directory to start from: a local path, or s3://bucket/prefix (MinIO/S3, fetched by every "
+        "worker into its own cache, bytes checked); null builds the tiny model below.",
+    )
+    continue_from: Literal["base", "latest", "champion"] = Field(
+        "base",
+        description="Where RL starts: 'base' = model.path or the tiny model (with the SFT warm start when sft.enabled); "
+        "'latest' = the newest version of registry.model_name in the MLflow Model Registry; 'champion' = the version "
+        "holding registry.champion_alias. A registered start takes its weights only (the reference model is that model "
+        "too): optimizer state and data position start fresh, and SFT is skipped.",
+    )
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Parameter dtype.")
+
+
+class SFTConfig(Section):
+    enabled: bool = Field(True, description="Warm-start the policy with SFT on the labeled subset first.")
+    lr: float = Field(2e-3, ge=0.0, description="SFT peak learning rate (AdamW, no weight decay).")
+    warmup_steps: int = Field(100, ge=0, description="Optimizer steps of linear learning-rate warm-up.")
+    batch_size: int = Field(64, ge=1, description="SFT batch size.")
+    max_epochs: int = Field(150, ge=0, description="Upper bound on SFT epochs.")
+    eval_every_epochs: int = Field(2, ge=1, description="Validate every this many epochs.")
+    patience: int = Field(6, ge=1, description="Stop after this many validations without a new best accuracy.")
+    cache_dir: str = Field("runs/cache", description="SFT results are cached here, keyed by everything they depend on.")
+
+
+class PartialRolloutConfig(Section):
+    token_budget: int | None = Field(
+        None,
+        ge=1,
+        description="Partial rollout: new tokens a response may get in one generation call; unfinished groups are "
+        "parked (in the generator) and continued by the next iteration's generation with newer weights. null = off.",
+    )
+    max_age: int = Field(
+        1, ge=0, description="Times a group may be parked; a group parked this often is finished without a budget."
+    )
+    over_provision: float = Field(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        description="Partial rollout: extra new prompts (a fraction of G, from the next iteration's) an iteration may "
+        "start while its window is short, before finishing its own parked groups without a budget; what they "
+        "park primes the next iteration (APRIL-style over-provisioning). 0 = none.",
+    )
+    on_stale: Literal["drop", "regenerate"] = Field(
+        "drop",
+        description="Partial rollout: a parked group whose oldest tokens would exceed the staleness bound "
+        "(train.max_staleness + max_age) when trained is dropped (its prompt is lost), or regenerated (its prompt "
+        "starts over with the current weights). Counted in flow/dropped_ or flow/regenerated_parked_groups_total.",
+    )
+
+
+class RolloutConfig(Section):
+    prompts_per_iter: int = Field(32, ge=1, description="G: prompts per iteration.")
+    group_size: int = Field(8, ge=1, description="N: responses per prompt.")
+    max_new_tokens: int = Field(8, ge=1, description="Longest response in tokens.")
+    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold.")
+    batch_size: int = Field(256, ge=1, description="Sequences generated per forward batch.")
+    partial: PartialRolloutConfig = Field(default_factory=PartialRolloutConfig)
+
+
+class TrainConfig(Section):
+    iterations: int = Field(500, ge=0, description="RL iterations.")
+    lr: float = Field(2e-4, gt=0.0, description="Policy learning rate (AdamW).")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    epochs: int = Field(1, ge=1, description="Update epochs over each iteration's batch.")
+    mini_batch_size: int = Field(256, ge=1, description="Samples per optimizer step.")
+    micro_batch_size: int = Field(256, ge=1, description="Samples per forward/backward (gradient accumulation).")
+    grad_clip: float = Field(1.0, gt=0.0, description="Max global gradient norm.")
+    infer_batch_size: int = Field(256, ge=1, description="Samples per forward in log-prob inference.")
+    stage_timeout_s: float = Field(1800.0, gt=0.0, description="Seconds one stage may take before the run fails.")
+    dp: int = Field(
+        1,
+        ge=1,
+        description="Data-parallel ranks of the actor's update: 1 = one worker (plain torch); W >= 2 = W actor "
+        "workers training with FSDP2 over torch.distributed (gloo on CPU), resharded to a full copy per rank for "
+        "generation by allgather-swap (docs/reshard.md). train.mini_batch_size must divide by it.",
+    )
+    reshard_bucket_mb: float = Field(
+        64.0, gt=0.0, description="dp >= 2: size of one allgather bucket when resharding for generation (MiB)."
+    )
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        description="Policy versions generation may run ahead of the update (the dock then holds 1 + max_staleness "
+        "iterations, each in its own window). 0 = on-policy. Generation of iteration i waits until the policy is at "
+        "version >= i - max_staleness; needs placement.mode: disaggregated (one colocated actor cannot run ahead).",
+    )
+    old_log_prob: Literal["recompute", "rollout"] = Field(
+        "recompute",
+        description="Where the behaviour policy's log-probs (the ratio's denominator) come from: 'recompute' = a "
+        "forward pass of the actor over every sample (the actor_infer stage); 'rollout' = the log-probs the "
+        "generation engine computed while sampling, stored as old_log_prob (no extra pass; exact when generation "
+        "and training run the same numerics, as the HF engine does).",
+    )
+    seqlen_balance: bool = Field(
+        True,
+        description="Balance the update by sequence length: with dp >= 2 the dock's controller splits each "
+        "mini-batch into equal-count shares with near-equal response tokens (Karmarkar-Karp on metadata, before "
+        "any data is read), and each mini-batch is sorted by length before it is cut into micro-batches, so a "
+        "micro-batch pads only to lengths like its own. false = shares and micro-batches in index order.",
+    )
+    tis_cap: float | None = Field(
+        None,
+        gt=0.0,
+        description="Truncated importance sampling: weight each token's policy loss by min(exp(old_log_prob - "
+        "rollout_log_prob), tis_cap), the generating engine's log-probs as behaviour policy. null = off.",
+    )
+
+
+class PlacementConfig(Section):
+    mode: Literal["colocated", "disaggregated"] = Field(
+        "colocated",
+        description="colocated: the actor worker generates and trains (one process, stages take turns); "
+        "disaggregated: generator workers hold their own copy of the policy and generate while the actor "
+        "trains, up to train.max_staleness policy versions ahead (the asynchronous scheduler).",
+    )
+    generators: int = Field(1, ge=1, description="Generator workers in disaggregated mode; each takes a share of the prompts.")
+    generator_cpus: float = Field(1.0, ge=0.0, description="CPUs each generator worker asks Ray for.")
+
+
+class CostModelConfig(Section):
+    prefill_s_per_token: float = Field(2e-5, ge=0.0, description="Seconds per prompt token per CPU (prefill).")
+    decode_s_per_step: float = Field(0.02, ge=0.0, description="Seconds per decoding step of a chunk (its longest response sets the steps).")
+    length_mu: float = Field(3.0, description="Mean of log(response length): lognormal response lengths.")
+    length_sigma: float = Field(0.8, ge=0.0, description="Std of log(response length); larger: a longer tail.")
+    infer_s_per_token: float = Field(2e-5, ge=0.0, description="Seconds per token per CPU of a log-prob forward.")
+    train_s_per_token: float = Field(6e-5, ge=0.0, description="Seconds per token per CPU of forward + backward.")
+
+
+class EngineConfig(Section):
+    backend: Literal["hf", "cost_model"] = Field(
+        "hf",
+        description="hf: transformers generation and torch training (the real model); cost_model: modelled "
+        "durations and random responses, to measure the scheduler itself (dockflow/engines/cost_model.py).",
+    )
+    cost_model: CostModelConfig = Field(default_factory=CostModelConfig)
+
+
+class DockConfig(Section):
+    backend: Literal["distributed", "centralized"] = Field("distributed", description="Transfer dock backend.")
+    num_warehouses: int | None = Field(None, ge=1, description="Warehouse actors; null = one per Ray node.")
+    get_timeout_s: float = Field(300.0, gt=0.0, description="Seconds a get waits for ready samples before failing.")
+
+
+class EvalConfig(Section):
+    every: int = Field(100, ge=0, description="Held-out accuracy every this many iterations (0 = only first and last).")
+    num_prompts: int = Field(500, ge=1, description="Held-out prompts per evaluation.")
+    batch_size: int = Field(500, ge=1, description="Prompts per greedy generation batch.")
+    pass_k: int = Field(1, ge=1, description="Samples per prompt for pass@k and avg@k (1 = greedy accuracy only).")
+    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature of the pass@k samples.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold of the pass@k samples.")
+
+
+class CheckpointConfig(Section):
+    """Checkpoint store (``dockflow.storage``): where, how many, and how to reach S3/MinIO.
+
+    S3 credentials are never config keys (configs are logged as MLflow params): they come from the environment
+    (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, or ``MINIO_ROOT_USER``/``MINIO_ROOT_PASSWORD``) or from a
+    mounted Kubernetes Secret directory named by ``DOCKFLOW_S3_SECRET_DIR`` (files ``access-key``, ``secret-key``).
+    """
+
+    every: int = Field(100, ge=0, description="Checkpoint every this many iterations (0 = only at the end).")
+    dir: str | None = Field(
+        None,
+        description="Checkpoint root: a directory, or s3://bucket/prefix for S3/MinIO; each run's checkpoints go to "
+        "<dir>/<run.name>. null = <run.output_dir>/<run.name>/checkpoints.",
+    )
+    keep: int = Field(2, ge=1, description="Keep the last K checkpoints.")
+    keep_best: bool = Field(
+        False, description="Also keep the best committed checkpoint by best_metric (besides the last K)."
+    )
+    best_metric: str | None = Field(
+        None,
+        description="Key of the commit meta that ranks checkpoints for keep_best (the trainer writes 'accuracy', "
+        "the last held-out accuracy); checkpoints whose value is missing or not a number are not candidates.",
+    )
+    best_mode: Literal["max", "min"] = Field("max", description="Whether a higher (max) or lower (min) best_metric is better.")
+    s3_endpoint: str | None = Field(
+        None,
+        description="S3 API endpoint for s3:// dirs: host:port or http(s)://host:port; null = env DOCKFLOW_S3_ENDPOINT, "
+        "then AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, else AWS (s3.amazonaws.com).",
+    )
+    s3_secure: bool | None = Field(
+        None, description="TLS to the S3 endpoint; null = from the endpoint's scheme (http:// off, https:// or none: on)."
+    )
+    s3_region: str | None = Field(
+        None, description="S3 region; null = env AWS_REGION or AWS_DEFAULT_REGION, else asked from the server."
+    )
+    s3_create_bucket: bool = Field(False, description="Create the bucket of an s3:// dir if it does not exist.")
+    s3_attempts: int = Field(
+        4, ge=1, description="Tries per S3 request on transient errors (connection, timeout, HTTP 5xx/429), with backoff."
+    )
+    s3_backoff_s: float = Field(0.5, ge=0, description="Wait before the 2nd try of an S3 request; doubled per try (max 30 s).")
+    s3_connect_timeout_s: float = Field(5.0, gt=0, description="Seconds to wait for a connection to the S3 endpoint.")
+    s3_read_timeout_s: float = Field(60.0, gt=0, description="Seconds an S3 socket read may wait for data.")
+
+    @model_validator(mode="after")
+    def _check_best(self) -> CheckpointConfig:
+        if self.keep_best and not self.best_metric:
+            raise ValueError(
+                "checkpoint.keep_best is true but checkpoint.best_metric is not set: "
+                "name a key of the commit meta (e.g. accuracy)"
+            )
+        return self
+
+
+class FaultToleranceConfig(Section):
+    restart: bool = Field(
+        False, description="When a worker dies, restart the workers from the last checkpoint instead of failing."
+    )
+    max_restarts: int = Field(
+        2, ge=0, description="Restarts allowed per run before the failure is final (pipeline task retries count too)."
+    )
+    attach_grace_s: float = Field(
+        300.0,
+        gt=0.0,
+        description="Pipeline runs: seconds the run's stage loops keep going on the Ray cluster while no pipeline task "
+        "is attached to them; then they stop and the run's actors are killed (a run that KFP terminated).",
+    )
+
+
+class RegistryConfig(Section):
+    """MLflow Model Registry: where each run registers its final model, and the champion alias recurring runs move."""
+
+    model_name: str | None = Field(
+        None, description="Registered model that a finished run adds its final model to as a new version; null = none."
+    )
+    champion_alias: str = Field("champion", description="Alias of the best version so far (model.continue_from: champion).")
+    champion_margin: float = Field(
+        0.0,
+        description="A new version takes the champion alias only when its held-out score beats the champion's by more "
+        "than this (in the score's units).",
+    )
+    score_metric: str = Field(
+        "eval/test_accuracy",
+        description="Held-out metric of the final evaluation that ranks versions (higher is better); the task's own "
+        "verifier scores it.",
+    )
+    lock_timeout_s: float = Field(
+        120.0, gt=0.0, description="Seconds to wait for another run's champion decision before failing."
+    )
+
+
+class TrackingConfig(Section):
+    uri: str | None = Field(
+        None,
+        description="MLflow tracking URI; null = the local store <run.output_dir>/mlflow.db, which every run under that "
+        "directory shares (one experiment, one Model Registry).",
+    )
+    experiment: str = Field("dockflow", description="MLflow experiment name.")
+    system_metrics: bool = Field(False, description="Log CPU, memory, disk, network (and GPU) usage as system/... metrics.")
+    system_metrics_interval_s: float = Field(10.0, gt=0.0, description="Seconds between system metric samples.")

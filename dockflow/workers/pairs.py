@@ -1,0 +1,56 @@
+"""The pair source (offline algorithms: DPO): puts each iteration's preference pairs into the dock.
+
+It holds no model, only the tokenizer and the pairs (``data/preferences.py``: a JSONL file, local or s3://, or
+pairs built from the task). Its "generation" writes a pair's chosen response at an even dock index and the
+rejected one at the next; the reference and actor workers read them from there like rollouts. It also hands
+the held-out pairs, encoded, to the actor's evaluation (the policy's preference margin). Light: no CPU.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from tensordict import TensorDict
+
+from dockflow.config import Config
+from dockflow.data import apply_template, load_task
+from dockflow.data.preferences import PreferencePair, preference_splits
+from dockflow.dock import TransferDock
+from dockflow.engines import encode_rollouts
+from dockflow.models import load_tokenizer
+from dockflow.storage.objects import fetch_model
+from dockflow.workers.columns import ROLLOUT_COLUMNS
+from dockflow.workers.rollout import rollout_metrics
+
+
+class PairSource:
+    """``put_pairs`` (the generate state of an offline algorithm) and ``eval_pairs``."""
+
+    def __init__(self, cfg: Config, model_dir: str, dock: TransferDock) -> None:
+        self.cfg, self.dock = cfg, dock
+        self.tokenizer = load_tokenizer(fetch_model(model_dir, cfg.checkpoint))
+        task = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint)
+        self.pairs, self.held_out = preference_splits(cfg.algorithm.dpo, task, cfg.run.seed, cfg.checkpoint)
+
+    def ready(self) -> bool:
+        return True
+
+    def encode(self, pairs: list[PreferencePair]) -> TensorDict:
+        """Rows chosen, rejected, chosen, ... in the rollout layout (prompt + response, masks, lengths)."""
+        prompts = [apply_template(self.cfg.data.prompt_template, p.prompt) for p in pairs for _ in range(2)]
+        responses = [r for p in pairs for r in (p.chosen, p.rejected)]
+        return encode_rollouts(self.tokenizer, prompts, responses, self.cfg.rollout.max_new_tokens)
+
+    def put_pairs(self, iteration: int, pair_ids: list[int]) -> dict[str, float]:
+        """The iteration's pairs into its dock window: pair k's chosen at 2k, rejected at 2k + 1."""
+        start = time.perf_counter()
+        out = self.encode([self.pairs[i] for i in pair_ids])
+        meta = {"prompt_id": torch.tensor(pair_ids).repeat_interleave(2), "response_length": out["response_length"]}
+        lo = self.cfg.dock_window(iteration)[0]
+        self.dock.put(list(range(lo, lo + len(out))), out.select(*ROLLOUT_COLUMNS), meta)
+        return rollout_metrics(int(out["prompt_length"].sum()), int(out["response_length"].sum()), len(out), start)
+
+    def eval_pairs(self) -> TensorDict:
+        """The held-out pairs, encoded, for the actor's preference margin."""
+        return self.encode(self.held_out)
