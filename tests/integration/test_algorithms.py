@@ -26,6 +26,7 @@ ALGORITHMS = {
     "reinforce_pp": ("train/pg_loss",),  # its -baseline variant differs only in the advantage (unit-tested)
     "dpo": ("train/dpo_margin", "train/dpo_reward_accuracy"),
     "dapo": ("dapo/kept_groups", "dapo/rounds"),  # dynamic sampling: generate and score rounds in one generate task
+    "gspo": ("train/seq_ratio_mean", "train/pg_loss"),  # the sequence-level ratio
 }
 
 

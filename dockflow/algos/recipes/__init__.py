@@ -16,12 +16,13 @@ from dockflow.algos.recipe import Algorithm
 from dockflow.algos.recipes.dapo import DAPO
 from dockflow.algos.recipes.dpo import DPO
 from dockflow.algos.recipes.grpo import GRPO
+from dockflow.algos.recipes.gspo import GSPO
 from dockflow.algos.recipes.pf_ppo import PFPPO
 from dockflow.algos.recipes.ppo import PPO
 from dockflow.algos.recipes.reinforce_pp import ReinforcePP, ReinforcePPBaseline
 
 RECIPES: dict[str, Algorithm] = {
-    r.name: r for r in (GRPO(), PPO(), DAPO(), PFPPO(), ReinforcePP(), ReinforcePPBaseline(), DPO())
+    r.name: r for r in (GRPO(), PPO(), DAPO(), PFPPO(), ReinforcePP(), ReinforcePPBaseline(), DPO(), GSPO())
 }
 
 # The config's ``algorithm:`` section: one model per algorithm, picked by ``name`` (pydantic's discriminated union).

@@ -67,6 +67,7 @@ def test_reinforce_pp_normalises_over_the_whole_batch():
         ("ppo", {"reward", "advantage", "actor_infer", "critic_infer", "actor_update", "critic_update"}),
         ("reinforce_pp", {"reward", "advantage", "actor_infer", "ref_infer", "actor_update"}),
         ("dpo", {"ref_infer", "actor_update"}),
+        ("gspo", {"reward", "advantage", "actor_infer", "actor_update"}),
     ],
 )
 def test_each_algorithm_runs_only_its_worker_states(name, reads):
@@ -83,7 +84,7 @@ def test_dynamic_sampling_scores_only_groups_that_got_advantages():
 
 
 def test_the_registry_knows_every_example_config_and_refuses_unknown_names():
-    assert set(RECIPES) == {"grpo", "ppo", "dapo", "pf_ppo", "reinforce_pp", "reinforce_pp_baseline", "dpo"}
+    assert set(RECIPES) == {"grpo", "ppo", "dapo", "pf_ppo", "reinforce_pp", "reinforce_pp_baseline", "dpo", "gspo"}
     for name, recipe in RECIPES.items():
         assert recipe.name == name and recipe.section.model_fields["name"].default in (name, "reinforce_pp")
     with pytest.raises(ValueError, match="unknown algorithm 'trpo'"):
