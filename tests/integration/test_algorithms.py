@@ -27,6 +27,7 @@ ALGORITHMS = {
     "dpo": ("train/dpo_margin", "train/dpo_reward_accuracy"),
     "dapo": ("dapo/kept_groups", "dapo/rounds"),  # dynamic sampling: generate and score rounds in one generate task
     "gspo": ("train/seq_ratio_mean", "train/pg_loss"),  # the sequence-level ratio
+    "rloo": ("train/pg_loss",),
 }
 
 

@@ -20,9 +20,10 @@ from dockflow.algos.recipes.gspo import GSPO
 from dockflow.algos.recipes.pf_ppo import PFPPO
 from dockflow.algos.recipes.ppo import PPO
 from dockflow.algos.recipes.reinforce_pp import ReinforcePP, ReinforcePPBaseline
+from dockflow.algos.recipes.rloo import RLOO
 
 RECIPES: dict[str, Algorithm] = {
-    r.name: r for r in (GRPO(), PPO(), DAPO(), PFPPO(), ReinforcePP(), ReinforcePPBaseline(), DPO(), GSPO())
+    r.name: r for r in (GRPO(), PPO(), DAPO(), PFPPO(), ReinforcePP(), ReinforcePPBaseline(), DPO(), GSPO(), RLOO())
 }
 
 # The config's ``algorithm:`` section: one model per algorithm, picked by ``name`` (pydantic's discriminated union).

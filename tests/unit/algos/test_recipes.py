@@ -68,6 +68,7 @@ def test_reinforce_pp_normalises_over_the_whole_batch():
         ("reinforce_pp", {"reward", "advantage", "actor_infer", "ref_infer", "actor_update"}),
         ("dpo", {"ref_infer", "actor_update"}),
         ("gspo", {"reward", "advantage", "actor_infer", "actor_update"}),
+        ("rloo", {"reward", "advantage", "actor_infer", "actor_update"}),
     ],
 )
 def test_each_algorithm_runs_only_its_worker_states(name, reads):
@@ -84,7 +85,7 @@ def test_dynamic_sampling_scores_only_groups_that_got_advantages():
 
 
 def test_the_registry_knows_every_example_config_and_refuses_unknown_names():
-    assert set(RECIPES) == {"grpo", "ppo", "dapo", "pf_ppo", "reinforce_pp", "reinforce_pp_baseline", "dpo", "gspo"}
+    assert set(RECIPES) == {"grpo", "ppo", "dapo", "pf_ppo", "reinforce_pp", "reinforce_pp_baseline", "dpo", "gspo", "rloo"}
     for name, recipe in RECIPES.items():
         assert recipe.name == name and recipe.section.model_fields["name"].default in (name, "reinforce_pp")
     with pytest.raises(ValueError, match="unknown algorithm 'trpo'"):
@@ -104,3 +105,29 @@ def test_a_section_holds_only_its_algorithms_keys():
     to_dpo = load_config("configs/grpo_arith.yaml", ["algorithm.name=dpo", "rollout.group_size=2", "train.mini_batch_size=64",
                                                      "train.micro_batch_size=64"])
     assert not hasattr(to_dpo.algorithm, "clip_eps")  # the file's GRPO keys DPO does not have are left behind
+
+
+def test_rloo_subtracts_the_mean_of_the_other_responses():
+    # groups (1, 0) and (1, 1): leave-one-out baselines 0, 1 and 1, 1 -> advantages 1, -1, 0, 0
+    cfg = cfg_for("rloo")
+    kept, out = compute_advantages(cfg, batch())
+    assert kept.tolist() == [0, 1, 2, 3]
+    assert torch.equal(out["advantages"], torch.tensor([1.0, -1.0, 0.0, 0.0]).unsqueeze(-1) * MASK)
+    cfg4 = load_config("configs/rloo_arith.yaml", ["rollout.group_size=4", "rollout.prompts_per_iter=1",
+                                                   "train.mini_batch_size=4", "train.micro_batch_size=4"])
+    # one group (1, 0, 1, 1): baselines 2/3, 1, 2/3, 2/3 -> advantages 1/3, -1, 1/3, 1/3 (they sum to 0)
+    _, out = compute_advantages(cfg4, batch())
+    assert torch.allclose(out["advantages"][:, 0] * MASK[:, 0], torch.tensor([1 / 3, -1.0, 1 / 3, 0.0]))
+
+
+def test_rloo_puts_the_summed_kl_into_the_reward():
+    # kl_coef 0.5, k1 KL = old - ref log-probs = 0.2 per real token: response 0 (2 tokens) loses 0.2,
+    # response 1 (1 token) 0.1 -> rewards 0.8, -0.1 -> advantages 0.9, -0.9
+    cfg = cfg_for("rloo", "algorithm.kl_coef=0.5", "algorithm.kl_estimator=k1")
+    assert cfg.algorithm.recipe.kl_in_reward(cfg) and "ref_log_prob" in consumers(cfg)["advantage"]
+    data = batch(old_log_prob=torch.full((4, 3), -1.0), ref_log_prob=torch.full((4, 3), -1.2))
+    _, out = compute_advantages(cfg, data)
+    assert torch.allclose(out["advantages"][:2, 0], torch.tensor([0.9, -0.9]))
+    with pytest.raises(ConfigError, match="rollout.group_size >= 2"):
+        load_config("configs/rloo_arith.yaml", ["rollout.group_size=1", "train.mini_batch_size=32",
+                                                "train.micro_batch_size=32"])
