@@ -26,8 +26,8 @@ import torch
 
 from dockflow.config import Config
 from dockflow.data import apply_template, load_task
+from dockflow.data.sampler import iteration_sampler
 from dockflow.eval import evaluate_policy
-from dockflow.flow.sampler import iteration_sampler
 from dockflow.models import load_model_and_tokenizer
 from dockflow.rewards import verify
 

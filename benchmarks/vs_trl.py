@@ -350,7 +350,11 @@ def main(argv: list[str] | None = None) -> None:
     out_path = Path(args.out)
     info = machine()
     # Records of setups not run now that are already in --out are kept (a setup can be re-run on its own).
-    kept = json.loads(out_path.read_text())["results"] if out_path.is_file() else []
+    try:
+        kept = json.loads(out_path.read_text())["results"] if out_path.is_file() else []
+    except (json.JSONDecodeError, KeyError, TypeError):
+        p.error(f"--out {out_path} exists but is not a results file of this benchmark (JSON with 'results'): "
+                "move it away or give another path")
     results = [r for r in kept if r["setup"] not in names]
     for name in names:
         results.extend(run_setup(SETUPS[name], iterations[name], args.runs_dir, args.overrides, args.modes.split(",")))

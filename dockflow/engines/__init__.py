@@ -1,4 +1,4 @@
-"""Engines: one interface for generation, one for training; backends are picked by device kind.
+"""Engines: one interface for generation, one for training; ``engine.backend`` picks the backend (hf, cost_model).
 
 ``create_engines`` is the only constructor the workers call. Today's backends: transformers
 generation; plain-torch training on one process (``train.dp: 1``) or FSDP2 over the actor's data-parallel

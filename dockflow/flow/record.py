@@ -20,7 +20,7 @@ HISTORY_KEYS = ("reward/mean", "perf/throughput_tps", "timing/iteration_s")
 def initial_state(init_metrics: dict[str, float] | None = None) -> dict[str, Any]:
     """The driver's own state: what a checkpoint needs besides the workers' parts. ``init_metrics``: how the
     initial model was made (SFT accuracy, registry version), for the summary."""
-    return {"iteration": 0, "history": [], "evals": [], "data_position": 0, "samples": 0, "restarts": 0,
+    return {"iteration": 0, "history": [], "evals": [], "samples": 0, "restarts": 0,
             "init_metrics": dict(init_metrics or {})}
 
 
@@ -52,10 +52,10 @@ def record_eval(state: dict[str, Any], step: int, scores: dict[str, float]) -> N
 
 
 def record_iteration(cfg: Config, state: dict[str, Any], step: int, metrics: dict[str, float]) -> None:
-    """Iteration ``step`` is done: history, position in the data, samples trained (adds ``train/samples``)."""
+    """Iteration ``step`` is done: history, samples trained (adds ``train/samples``). The position in the data is
+    the iteration itself: the prompt order is a function of it (``data/sampler.py``)."""
     state["history"].append({k: metrics[k] for k in HISTORY_KEYS if k in metrics})
     state["iteration"] = step
-    state["data_position"] = step * cfg.rollout.prompts_per_iter * cfg.rounds
     state["samples"] += cfg.train_batch
     metrics["train/samples"] = float(state["samples"])
 

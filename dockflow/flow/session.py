@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from dockflow.config import Config
+from dockflow.data.sampler import iteration_sampler
 from dockflow.flow import record
 from dockflow.flow.finish import finish
-from dockflow.flow.sampler import iteration_sampler
 from dockflow.flow.stage_tasks import ProgressFn, RunTasks
 from dockflow.flow.streaming import Plan, StageLoops
 from dockflow.flow.waiting import StageError, wait_stages

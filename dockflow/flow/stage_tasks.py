@@ -14,11 +14,11 @@ from collections.abc import Callable
 from typing import Any
 
 from dockflow.config import Config
+from dockflow.data.sampler import PromptSampler
 from dockflow.dock import TransferDock
 from dockflow.flow import record, stages
 from dockflow.flow.idle import IdleTracker
 from dockflow.flow.metrics import iteration_throughput, merge_results, pop_generated, rollout_summary
-from dockflow.flow.sampler import PromptSampler
 from dockflow.flow.streaming import AWAIT_ONLY, StageTask
 from dockflow.tracking import Tracker
 from dockflow.workers import Workers

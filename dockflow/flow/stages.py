@@ -104,7 +104,7 @@ def update(workers: Workers, iteration: int) -> Refs:
 def reshard(workers: Workers, iteration: int) -> Refs:
     """Colocated: move the updated weights from the update layout to the actor's generation layout (allgather-swap
     with train.dp >= 2). Disaggregated placement publishes them instead (``publish``)."""
-    return on_actor_ranks(workers, "reshard", "reshard", iteration)
+    return on_actor_ranks(workers, "reshard", "reshard")
 
 
 def publish(workers: Workers) -> tuple[Any, Any]:

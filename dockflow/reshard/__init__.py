@@ -7,13 +7,20 @@ shards into its generation shards over torch.distributed; ``MemoryLedger`` measu
 """
 
 from dockflow.reshard.allgather_swap import DEFAULT_BUCKET_BYTES, allgather_swap
-from dockflow.reshard.blocks import Block, ShardMap
+from dockflow.reshard.blocks import Block, BlockMap
 from dockflow.reshard.gather import ReshardResult
 from dockflow.reshard.groups import ReshardGroups
 from dockflow.reshard.layout import ParallelLayout, RankCoords
 from dockflow.reshard.ledger import CATEGORIES, UPDATE_STATE, MemoryLedger, Snapshot, storage_bytes
 from dockflow.reshard.naive import naive_reshard
-from dockflow.reshard.partition import (
+from dockflow.reshard.redundancy import (
+    Eq3Inputs,
+    eq3_inputs,
+    measured_redundant_bytes,
+    predicted_redundant_bytes,
+    predicted_redundant_bytes_per_rank,
+)
+from dockflow.reshard.rules import (
     DEFAULT_RULES,
     KINDS,
     ModelPartition,
@@ -23,20 +30,13 @@ from dockflow.reshard.partition import (
     param_meta,
     qkv_sections_from_config,
 )
-from dockflow.reshard.redundancy import (
-    Eq3Inputs,
-    eq3_inputs,
-    measured_redundant_bytes,
-    predicted_redundant_bytes,
-    predicted_redundant_bytes_per_rank,
-)
 from dockflow.reshard.state import UpdateState
 from dockflow.reshard.swap import HostSwap
 
 __all__ = [
     "CATEGORIES", "DEFAULT_BUCKET_BYTES", "DEFAULT_RULES", "KINDS", "UPDATE_STATE", "Block", "Eq3Inputs",
     "HostSwap", "MemoryLedger", "ModelPartition", "ParallelLayout", "ParamMeta", "PartitionRules", "RankCoords",
-    "ReshardGroups", "ReshardResult", "ShardMap", "Snapshot", "UnknownParameterError", "UpdateState",
+    "ReshardGroups", "ReshardResult", "BlockMap", "Snapshot", "UnknownParameterError", "UpdateState",
     "allgather_swap", "eq3_inputs", "measured_redundant_bytes", "naive_reshard", "param_meta",
     "predicted_redundant_bytes", "predicted_redundant_bytes_per_rank", "qkv_sections_from_config",
     "storage_bytes",

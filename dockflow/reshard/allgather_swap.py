@@ -16,7 +16,7 @@ from dockflow.reshard.gather import ReshardResult, run_reshard
 from dockflow.reshard.groups import ReshardGroups
 from dockflow.reshard.layout import ParallelLayout
 from dockflow.reshard.ledger import MemoryLedger
-from dockflow.reshard.partition import ModelPartition
+from dockflow.reshard.rules import ModelPartition
 from dockflow.reshard.state import UpdateState
 from dockflow.reshard.swap import HostSwap
 

@@ -1,6 +1,6 @@
 """Shard geometry: which boxes of a full tensor a shard holds, and where they sit in the shard.
 
-A shard is described by a ``ShardMap``: the local tensor's shape and a list of ``Block`` s, each a box of the
+A shard is described by a ``BlockMap``: the local tensor's shape and a list of ``Block`` s, each a box of the
 full tensor copied by pure translation to a box of the local tensor. Every partition the package knows
 (TP column/row splits, fused QKV / gate-up sections, expert slices, FSDP dim-0 chunks with padding) is a
 composition of three operations on a map: ``narrow`` (take a range of the local tensor along one dim),
@@ -37,14 +37,14 @@ class Block:
 
 
 @dataclass(frozen=True)
-class ShardMap:
+class BlockMap:
     """The local tensor of one shard: its shape and the blocks of the full tensor it holds."""
 
     local_shape: tuple[int, ...]
     blocks: tuple[Block, ...]
 
     @classmethod
-    def full(cls, shape: Sequence[int]) -> ShardMap:
+    def full(cls, shape: Sequence[int]) -> BlockMap:
         """The whole tensor, unsharded."""
         shape = tuple(shape)
         zeros = (0,) * len(shape)
@@ -59,7 +59,7 @@ class ShardMap:
         """True when some of the local tensor holds no data (FSDP padding)."""
         return sum(b.numel for b in self.blocks) != self.numel
 
-    def narrow(self, dim: int, start: int, length: int) -> ShardMap:
+    def narrow(self, dim: int, start: int, length: int) -> BlockMap:
         """The map of ``local[start:start+length]`` along ``dim``."""
         if start < 0 or length < 0 or start + length > self.local_shape[dim]:
             raise ValueError(f"narrow({dim}, {start}, {length}) is outside local shape {self.local_shape}")
@@ -72,16 +72,16 @@ class ShardMap:
             shift = lo - b.local_start[dim]
             blocks.append(Block(_put(b.full_start, dim, b.full_start[dim] + shift),
                                 _put(b.local_start, dim, lo - start), _put(b.extent, dim, hi - lo)))
-        return ShardMap(_put(self.local_shape, dim, length), tuple(blocks))
+        return BlockMap(_put(self.local_shape, dim, length), tuple(blocks))
 
-    def pad(self, dim: int, size: int) -> ShardMap:
+    def pad(self, dim: int, size: int) -> BlockMap:
         """The same blocks in a local tensor grown to ``size`` along ``dim``."""
         if size < self.local_shape[dim]:
             raise ValueError(f"pad to {size} is smaller than local size {self.local_shape[dim]} of dim {dim}")
-        return ShardMap(_put(self.local_shape, dim, size), self.blocks)
+        return BlockMap(_put(self.local_shape, dim, size), self.blocks)
 
 
-def concat(maps: Sequence[ShardMap], dim: int) -> ShardMap:
+def concat(maps: Sequence[BlockMap], dim: int) -> BlockMap:
     """The map of ``torch.cat`` of the maps' local tensors along ``dim``."""
     if not maps:
         raise ValueError("concat needs at least one map")
@@ -91,7 +91,7 @@ def concat(maps: Sequence[ShardMap], dim: int) -> ShardMap:
         for b in m.blocks:
             blocks.append(Block(b.full_start, _put(b.local_start, dim, b.local_start[dim] + offset), b.extent))
         offset += m.local_shape[dim]
-    return ShardMap(_put(maps[0].local_shape, dim, offset), tuple(blocks))
+    return BlockMap(_put(maps[0].local_shape, dim, offset), tuple(blocks))
 
 
 def intersect(a: Block, b: Block) -> tuple[tuple[slice, ...], tuple[slice, ...]] | None:
@@ -107,7 +107,7 @@ def intersect(a: Block, b: Block) -> tuple[tuple[slice, ...], tuple[slice, ...]]
     return tuple(a_slices), tuple(b_slices)
 
 
-def copy_overlap(dst: torch.Tensor, dst_map: ShardMap, src: torch.Tensor, src_map: ShardMap) -> int:
+def copy_overlap(dst: torch.Tensor, dst_map: BlockMap, src: torch.Tensor, src_map: BlockMap) -> int:
     """Copy every element ``src`` holds that ``dst`` needs; returns the number of elements copied."""
     copied = 0
     for db in dst_map.blocks:
@@ -119,7 +119,7 @@ def copy_overlap(dst: torch.Tensor, dst_map: ShardMap, src: torch.Tensor, src_ma
     return copied
 
 
-def extract(full: torch.Tensor, smap: ShardMap) -> torch.Tensor:
+def extract(full: torch.Tensor, smap: BlockMap) -> torch.Tensor:
     """The local tensor of ``smap`` cut from ``full`` (padding zero-filled), contiguous."""
     make = torch.zeros if smap.padded else torch.empty
     out = make(smap.local_shape, dtype=full.dtype, device=full.device)
@@ -128,7 +128,7 @@ def extract(full: torch.Tensor, smap: ShardMap) -> torch.Tensor:
     return out
 
 
-def assemble(shape: Sequence[int], pieces: Iterable[tuple[ShardMap, torch.Tensor]]) -> torch.Tensor:
+def assemble(shape: Sequence[int], pieces: Iterable[tuple[BlockMap, torch.Tensor]]) -> torch.Tensor:
     """The full tensor put together from shards; ValueError when the shards leave part of it uncovered."""
     pieces = list(pieces)
     if not pieces:

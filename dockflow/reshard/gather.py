@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from dockflow.reshard.blocks import ShardMap, copy_overlap
+from dockflow.reshard.blocks import BlockMap, copy_overlap
 from dockflow.reshard.groups import ReshardGroups
 from dockflow.reshard.layout import ParallelLayout
 from dockflow.reshard.ledger import MemoryLedger
-from dockflow.reshard.partition import ModelPartition
 from dockflow.reshard.plan import Bucket, Route, plan_buckets, plan_routes
+from dockflow.reshard.rules import ModelPartition
 from dockflow.reshard.swap import HostSwap
 
 # all_gather_single is the torch >= 2.13 name of all_gather_into_tensor
@@ -91,7 +91,7 @@ def allocate_generation(routes: list[Route], weights: Mapping[str, torch.Tensor]
     return out, aliased
 
 
-def _as_view(local: torch.Tensor, piece: ShardMap | None, gen: ShardMap) -> torch.Tensor | None:
+def _as_view(local: torch.Tensor, piece: BlockMap | None, gen: BlockMap) -> torch.Tensor | None:
     """``local`` or a dim-0 range of it when that is exactly the generation shard (e.g. the experts this
     rank keeps serving), else None."""
     if piece is None or gen.padded or not gen.blocks:

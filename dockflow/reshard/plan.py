@@ -17,9 +17,9 @@ from math import prod
 
 import torch
 
-from dockflow.reshard.blocks import ShardMap
+from dockflow.reshard.blocks import BlockMap
 from dockflow.reshard.layout import ParallelLayout
-from dockflow.reshard.partition import ModelPartition
+from dockflow.reshard.rules import ModelPartition
 
 ALIGN = 64  # byte alignment of every piece in a bucket, so each can be viewed as its dtype
 KIND_ORDER = ("tp", "dp", "tp_ep", "stage")
@@ -33,8 +33,8 @@ class Route:
     dtype: torch.dtype
     holders: str | None  # group kind of ``members``; None: this rank's own shard is the full copy
     members: tuple[int, ...]
-    pieces: tuple[ShardMap | None, ...]  # each member's update shard (None: holds none of it)
-    gen: ShardMap | None  # this rank's generation shard (None: needs none of it)
+    pieces: tuple[BlockMap | None, ...]  # each member's update shard (None: holds none of it)
+    gen: BlockMap | None  # this rank's generation shard (None: needs none of it)
     me: int  # this rank's index in ``members``
 
     @property

@@ -19,7 +19,7 @@ import torch
 
 from dockflow.reshard.layout import ParallelLayout
 from dockflow.reshard.ledger import storage_bytes
-from dockflow.reshard.partition import ModelPartition
+from dockflow.reshard.rules import ModelPartition
 
 
 def predicted_redundant_bytes(tw_bytes: float, ew_bytes: float, update_tp: int, gen_dp: int, gen_ep: int) -> float:

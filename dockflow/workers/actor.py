@@ -129,7 +129,7 @@ class ActorWorker(ModelWorker):
         published = {"version": self.policy_version, "weights": dict(self.train_engine.named_weights())}
         return {"policy_version": float(self.policy_version), "timing/publish_s": time.perf_counter() - start}, published
 
-    def reshard(self, iteration: int) -> dict[str, float]:
+    def reshard(self) -> dict[str, float]:
         """Hand the updated weights to the generation engine: dp = 1 the same tensors, nothing copied; dp >= 2
         allgather-swap into the plain generation copy, the update state swapped to host until the next update."""
         start = time.perf_counter()

@@ -18,8 +18,8 @@ from dockflow.engines import create_generation_engine
 from dockflow.models import load_model_and_tokenizer
 from dockflow.storage.objects import fetch_model
 from dockflow.workers.columns import SNAPSHOT_CONSUMER
-from dockflow.workers.partial_rollout import generate_partial_into_dock
-from dockflow.workers.rollout import call, generate_into_dock
+from dockflow.workers.partial_rollout import PromptTable, generate_partial_into_dock
+from dockflow.workers.rollout import generate_into_dock, queue_call
 from dockflow.workers.rollout_queue import RolloutQueue, rollout_queue
 from dockflow.workers.runtime import init_worker_process
 
@@ -38,6 +38,7 @@ class GeneratorWorker:
         self.tokenizer = tokenizer
         self.queue: RolloutQueue = rollout_queue(cfg)  # used alone (one generator); parked groups live here
         self.train_prompts = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint).train
+        self.prompt_table: PromptTable | None = None  # partial rollout: built at its first use
         self.policy_version = 0
 
     def ready(self) -> bool:
@@ -48,16 +49,19 @@ class GeneratorWorker:
         opened: Any = None, weights: dict[str, Any] | None = None,
     ) -> dict[str, float]:
         """Sample N responses for each prompt into ``iteration``'s dock window from ``first_index`` on, taking
-        chunks from ``queue`` (the generators' shared queue actor, ``opened`` for this iteration) or, alone, from
-        its own queue; with ``rollout.partial.token_budget`` unfinished groups are parked there. ``weights``: a
+        chunks from ``queue`` (the generators' shared queue actor) or, alone, from its own queue. ``opened`` is the
+        ref of the queue's ``open`` for this iteration: Ray resolves it before this call runs, so the queue is
+        open when the first chunk is taken (its value is not needed); with ``rollout.partial.token_budget`` unfinished groups are parked there. ``weights``: a
         policy the actor published (``ActorWorker.publish_weights``), taken first when newer than the one held."""
         loaded = self._take(weights)
         if queue is None:
             queue = self.queue
             queue.open(iteration, prompt_ids)
         if self.cfg.rollout.partial.token_budget is not None:
+            if self.prompt_table is None:
+                self.prompt_table = PromptTable(self.cfg, self.tokenizer, self.train_prompts)
             out = generate_partial_into_dock(
-                self.cfg, self.engine, self.tokenizer, self.dock, self.train_prompts, queue, iteration,
+                self.cfg, self.engine, self.tokenizer, self.dock, self.prompt_table, queue, iteration,
                 self.policy_version, rank,
             )
         else:
@@ -86,7 +90,7 @@ class GeneratorWorker:
             batch = self.dock.get(SNAPSHOT_CONSUMER, self.cfg.global_batch, window=self.cfg.dock_window(j),
                                   timeout_s=self.cfg.dock.get_timeout_s)
             windows[j] = {"indices": batch.indices, "data": batch.data, "meta": batch.meta}
-        state = call(queue, "state_dict", timeout_s=self.cfg.train.stage_timeout_s) if queue is not None \
+        state = queue_call(queue, "state_dict", timeout_s=self.cfg.train.stage_timeout_s) if queue is not None \
             else self.queue.state_dict()
         store.write_part(step, "inflight", {"windows": windows, "queue": state})
 
@@ -98,7 +102,7 @@ class GeneratorWorker:
             self.dock.reset(window=self.cfg.dock_window(j))
             self.dock.put(w["indices"], w["data"], w["meta"])
         if queue is not None:
-            call(queue, "load_state_dict", part["queue"], timeout_s=self.cfg.train.stage_timeout_s)
+            queue_call(queue, "load_state_dict", part["queue"], timeout_s=self.cfg.train.stage_timeout_s)
         else:
             self.queue.load_state_dict(part["queue"])
         return sorted(part["windows"])

@@ -13,7 +13,6 @@ restarted run loses them and starts those prompts over.
 from __future__ import annotations
 
 import time
-from functools import cache
 from typing import Any
 
 import torch
@@ -25,34 +24,36 @@ from dockflow.dock import TransferDock
 from dockflow.engines import SamplingParams
 from dockflow.engines.hf_generation import left_pad_prompts
 from dockflow.engines.partial import continue_rollouts, empty_rollouts, unfinished
-from dockflow.workers.rollout import call, dock_columns, generation_seed, rollout_metrics
+from dockflow.workers.rollout import dock_columns, generation_seed, queue_call, rollout_metrics
 from dockflow.workers.rollout_queue import ParkedGroup, Work
 
 COLUMNS = ("input_ids", "attention_mask", "responses", "response_mask", "prompt_length", "response_length",
            "rollout_log_prob")
 
 
-@cache
-def _run_prompt_width(tokenizer: Any, prompts: tuple[str, ...]) -> int:
-    return max(len(tokenizer(p)["input_ids"]) for p in prompts)
+class PromptTable:
+    """The train prompts, templated, and one prompt width for the run (parked groups join later iterations, so
+    every rollout is padded alike). Built once per generator worker."""
+
+    def __init__(self, cfg: Config, tokenizer: Any, train_prompts: list) -> None:
+        self.templated = [apply_template(cfg.data.prompt_template, p.prompt) for p in train_prompts]
+        self.width = max(len(tokenizer(p)["input_ids"]) for p in self.templated)
 
 
-def _start(work: Work, cfg: Config, tokenizer: Any, train_prompts: list) -> tuple[TensorDict, list[int], list[int]]:
+def _start(work: Work, cfg: Config, tokenizer: Any, table: PromptTable) -> tuple[TensorDict, list[int], list[int]]:
     """(rollouts, per-group oldest versions (-1: none yet), per-group ages) of a work item."""
     n = cfg.rollout.group_size
     if work.parked:
         data = torch.cat([p.data for p in work.parked])
         return data, [p.version for p in work.parked], [p.age for p in work.parked]
-    templated = tuple(apply_template(cfg.data.prompt_template, p.prompt) for p in train_prompts)
-    width = _run_prompt_width(tokenizer, templated)  # one width for the run: parked groups join later iterations
-    ids, mask = left_pad_prompts(tokenizer, [templated[i] for i in work.prompt_ids], width)
+    ids, mask = left_pad_prompts(tokenizer, [table.templated[i] for i in work.prompt_ids], table.width)
     data = empty_rollouts(ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0), cfg.rollout.max_new_tokens,
                           tokenizer.pad_token_id)
     return data, [-1] * len(work.prompt_ids), [0] * len(work.prompt_ids)
 
 
 def generate_partial_into_dock(
-    cfg: Config, engine: Any, tokenizer: Any, dock: TransferDock, train_prompts: list, queue: Any, iteration: int,
+    cfg: Config, engine: Any, tokenizer: Any, dock: TransferDock, table: PromptTable, queue: Any, iteration: int,
     policy_version: int, rank: int = 0,
 ) -> dict[str, float]:
     """Take work for ``iteration`` from ``queue`` until none is left; write finished groups, park the rest."""
@@ -64,8 +65,8 @@ def generate_partial_into_dock(
     counts = dict.fromkeys(
         ("chunks", "new", "parked", "resumed", "overflow", "samples", "prompt_tokens", "response_tokens"), 0
     )
-    while (work := call(queue, "take", iteration, rank, timeout_s=cfg.train.stage_timeout_s)) is not None:
-        data, versions, ages = _start(work, cfg, tokenizer, train_prompts)
+    while (work := queue_call(queue, "take", iteration, rank, timeout_s=cfg.train.stage_timeout_s)) is not None:
+        data, versions, ages = _start(work, cfg, tokenizer, table)
         counts["resumed"] += len(work.parked)
         counts["new"] += 0 if work.parked else len(work.prompt_ids)
         data = continue_rollouts(engine, data, params, seed + counts["chunks"], work.budget, pad, eos)
@@ -81,10 +82,10 @@ def generate_partial_into_dock(
         for p in parked:
             p.age += 1
         counts["parked"] += len(parked)
-        slot, granted = call(queue, "finish", iteration, len(groups), len(done), parked, work.budget is not None,
+        slot, granted = queue_call(queue, "finish", iteration, len(groups), len(done), parked, work.budget is not None,
                              not work.parked, timeout_s=cfg.train.stage_timeout_s)
         if granted < len(done):  # the window is full: the rest wait, finished, for the next one
-            call(queue, "park", [groups[g] for g in done[granted:]], timeout_s=cfg.train.stage_timeout_s)
+            queue_call(queue, "park", [groups[g] for g in done[granted:]], timeout_s=cfg.train.stage_timeout_s)
             counts["overflow"] += len(done) - granted
             done = done[:granted]
         if done:
@@ -105,7 +106,7 @@ def generate_partial_into_dock(
     metrics[f"flow/chunks_generator_{rank}"] = float(counts["chunks"])
     metrics["flow/parked_groups"] = float(counts["parked"])
     metrics["flow/resumed_groups"] = float(counts["resumed"])
-    stats = call(queue, "stats", iteration, timeout_s=cfg.train.stage_timeout_s)
+    stats = queue_call(queue, "stats", iteration, timeout_s=cfg.train.stage_timeout_s)
     metrics["flow/overflow_groups"] = float(counts["overflow"])
     metrics["flow/new_groups"] = float(counts["new"])
     metrics["flow/parked_groups_waiting_total"] = float(stats["parked"])

@@ -48,7 +48,7 @@ class RolloutQueueTimeout(RuntimeError):
     """The generators' shared rollout queue did not answer in time."""
 
 
-def call(queue: Any, method: str, *args: Any, timeout_s: float = 60.0) -> Any:
+def queue_call(queue: Any, method: str, *args: Any, timeout_s: float = 60.0) -> Any:
     """Call ``method`` on a local :class:`RolloutQueue` or on its Ray actor, waiting at most ``timeout_s``."""
     fn = getattr(queue, method)
     if not hasattr(fn, "remote"):
@@ -92,7 +92,7 @@ def generate_into_dock(
     params = SamplingParams(ro.max_new_tokens, ro.temperature, ro.top_p, greedy=False, n=ro.group_size)
     seed = generation_seed(cfg.run.seed, iteration) + first_index
     prompt_tokens = response_tokens = samples = chunks = 0
-    while (work := call(queue, "take", iteration, rank, timeout_s=cfg.train.stage_timeout_s)) is not None:
+    while (work := queue_call(queue, "take", iteration, rank, timeout_s=cfg.train.stage_timeout_s)) is not None:
         c, count = work.offset, len(work.prompt_ids)
         out = engine.generate(prompts[c : c + count], params, seed + c, prompt_width=width)
         first = cfg.dock_window(iteration)[0] + first_index + work.slot * ro.group_size

@@ -1,7 +1,8 @@
 """Work for the generators of one iteration, handed out on demand: a faster generator takes more chunks.
 
 Pure logic (no Ray, no torch): with one generator it lives in that generator's process; with several, in a
-small ``num_cpus=0`` Ray actor (``RemoteRolloutQueue``) that all of them draw from.
+small ``num_cpus=0`` Ray actor (``ray.remote(RolloutQueue)``, named ``<run>-rollout-queue``) that all of them
+draw from.
 
 Without partial rollout the iteration's G prompts are cut into chunks of ``chunk_groups`` prompts; chunk ``k``
 always holds prompts ``[k*c, (k+1)*c)`` and writes group slots ``[k*c, (k+1)*c)`` of the window, so the result
@@ -264,7 +265,7 @@ def rollout_queue(cfg: Config) -> RolloutQueue:
 
 def queue_args(cfg: Config) -> tuple[Any, ...]:
     """:class:`RolloutQueue`'s arguments for this config (the prompt sampler as look-ahead with partial rollout)."""
-    from dockflow.flow.sampler import iteration_sampler
+    from dockflow.data.sampler import iteration_sampler
 
     ro, partial = cfg.rollout, cfg.rollout.partial
     if partial.token_budget is None:

@@ -15,8 +15,8 @@ from fake_ray import FakeActor, World
 from tensordict import TensorDict
 
 from dockflow.config import Config, load_config
+from dockflow.data.sampler import PromptSampler
 from dockflow.flow import record
-from dockflow.flow.sampler import PromptSampler
 from dockflow.flow.stage_tasks import RunTasks
 from dockflow.flow.streaming import Plan, StageLoops
 from dockflow.workers.rollout_queue import RolloutQueue

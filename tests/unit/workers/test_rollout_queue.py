@@ -86,7 +86,7 @@ def test_over_provisioned_stream_finishes_last_iterations_groups_and_starts_g_ne
 def test_a_silent_queue_actor_is_reported_not_waited_on(monkeypatch):
     import ray
 
-    from dockflow.workers.rollout import RolloutQueueTimeout, call
+    from dockflow.workers.rollout import RolloutQueueTimeout, queue_call
 
     class Remote:
         def remote(self, *args):
@@ -103,7 +103,7 @@ def test_a_silent_queue_actor_is_reported_not_waited_on(monkeypatch):
 
     monkeypatch.setattr(ray, "get", get)
     with pytest.raises(RolloutQueueTimeout, match="'take' for iteration 3 within 5s"):
-        call(QueueHandle(), "take", 3, 0, timeout_s=5.0)
+        queue_call(QueueHandle(), "take", 3, 0, timeout_s=5.0)
     assert waited["timeout"] == 5.0
 
 

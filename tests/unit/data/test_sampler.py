@@ -1,6 +1,6 @@
 """The prompt sampler is a pure function of the iteration: epochs are permutations, resume is exact."""
 
-from dockflow.flow.sampler import PromptSampler
+from dockflow.data.sampler import PromptSampler
 
 
 def test_each_epoch_visits_every_prompt_once():
@@ -13,7 +13,6 @@ def test_deterministic_and_seed_dependent():
     a, b = PromptSampler(100, 8, seed=0), PromptSampler(100, 8, seed=1)
     assert a.indices(5) == PromptSampler(100, 8, seed=0).indices(5)
     assert a.indices(5) != b.indices(5)
-    assert a.position(3) == 24
 
 
 def test_batch_larger_than_dataset_wraps_epochs():
@@ -24,7 +23,7 @@ def test_batch_larger_than_dataset_wraps_epochs():
 
 def test_recurring_runs_draw_prompts_in_their_own_order_and_a_resumed_run_in_the_same():
     from dockflow.config import load_config
-    from dockflow.flow.sampler import shuffle_seed
+    from dockflow.data.sampler import shuffle_seed
 
     base = load_config("configs/grpo_arith.yaml")
     assert shuffle_seed(base) == base.run.seed

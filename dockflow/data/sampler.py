@@ -1,7 +1,7 @@
 """Which train prompts each iteration uses: a seeded permutation per epoch, a pure function of the step.
 
-Being stateless, a resumed run picks exactly the prompts an uninterrupted run would have picked; the
-data position (``iteration * G``) is still saved in checkpoints for the record.
+Being stateless, a resumed run picks exactly the prompts an uninterrupted run would have picked: the
+iteration is the position in the data.
 """
 
 from __future__ import annotations
@@ -35,10 +35,6 @@ class PromptSampler:
             out.extend(self._epoch_order(epoch)[offset : offset + take].tolist())
             pos += take
         return out
-
-    def position(self, iteration: int) -> int:
-        """Prompts consumed before ``iteration``."""
-        return iteration * self.per_iteration
 
 
 def iteration_sampler(cfg: Config) -> PromptSampler:

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from dockflow.reshard.blocks import ShardMap, assemble, concat, extract
+from dockflow.reshard.blocks import BlockMap, assemble, concat, extract
 from dockflow.reshard.layout import ParallelLayout
 
 
@@ -170,7 +170,7 @@ class ModelPartition:
             return "tp_ep"
         return "tp" if kind.tp_dim is not None else None
 
-    def shard_map(self, name: str, layout: ParallelLayout, rank: int) -> ShardMap | None:
+    def shard_map(self, name: str, layout: ParallelLayout, rank: int) -> BlockMap | None:
         """Which part of ``name`` rank ``rank`` holds in ``layout``; None when it holds none (another EP rank's expert)."""
         if layout.pp != 1:
             raise ValueError(f"layout {layout}: pipeline-parallel partitions (pp={layout.pp}) are not supported; "
@@ -178,7 +178,7 @@ class ModelPartition:
         shape, _ = self.meta[name]
         kind = self.kind(name)
         coords = layout.coords(rank)
-        smap = ShardMap.full(shape)
+        smap = BlockMap.full(shape)
         if kind.expert == "stacked":
             per = _split_size(name, "experts (dim 0)", shape[0], layout.ep, "ep")
             smap = smap.narrow(0, coords.ep * per, per)
@@ -196,7 +196,7 @@ class ModelPartition:
                 smap = _fsdp_chunk(smap, degree, index)
         return smap
 
-    def _tp_split(self, name: str, smap: ShardMap, kind: Kind, tp: int, tp_rank: int) -> ShardMap:
+    def _tp_split(self, name: str, smap: BlockMap, kind: Kind, tp: int, tp_rank: int) -> BlockMap:
         dim = kind.tp_dim
         assert dim is not None
         size = smap.local_shape[dim]
@@ -255,7 +255,7 @@ def _split_size(name: str, what: str, size: int, parts: int, field: str) -> int:
     return size // parts
 
 
-def _fsdp_chunk(smap: ShardMap, degree: int, index: int) -> ShardMap:
+def _fsdp_chunk(smap: BlockMap, degree: int, index: int) -> BlockMap:
     """FSDP2's dim-0 chunk: ceil(rows / degree) rows per rank, the last ranks' chunks padded (or all padding)."""
     rows = smap.local_shape[0]
     chunk = -(-rows // degree)
