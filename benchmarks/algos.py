@@ -27,7 +27,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 from dockflow.config import load_config  # noqa: E402
 from dockflow.flow.trainer import train  # noqa: E402
 
-ALGORITHMS = ["grpo", "ppo", "dapo", "pf_ppo", "reinforce_pp", "reinforce_pp_baseline", "dpo"]
+ALGORITHMS = ["grpo", "ppo", "dapo", "pf_ppo", "reinforce_pp", "reinforce_pp_baseline", "dpo", "gspo", "rloo"]
 
 
 def run_one(algorithm: str, iterations: int, out_dir: str, extra: list[str]) -> dict[str, Any]:
@@ -54,9 +54,9 @@ def run_one(algorithm: str, iterations: int, out_dir: str, extra: list[str]) -> 
         "wall_s": time.perf_counter() - start,
         "mlflow_run_id": summary["mlflow_run_id"],
     }
-    if algorithm == "dpo":
-        record["margin_before"] = summary["margin_before"]
-        record["margin_after"] = summary["margin_after"]
+    for key in ("margin_before", "margin_after"):  # what an offline algorithm's recipe adds (DPO)
+        if key in summary:
+            record[key] = summary[key]
     return record
 
 
