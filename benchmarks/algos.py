@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -40,6 +41,7 @@ def run_one(algorithm: str, iterations: int, out_dir: str, extra: list[str]) -> 
         *extra,
     ]
     cfg = load_config(f"configs/{algorithm}_arith.yaml", overrides)
+    shutil.rmtree(Path(out_dir) / cfg.run.name, ignore_errors=True)  # a previous run's checkpoints would be resumed
     start = time.perf_counter()
     summary = train(cfg)
     record = {
