@@ -8,6 +8,12 @@ everything. Stages stream: each starts at once and waits only for the samples it
 Reported per backend and size: wall seconds of the flow, bytes through the busiest dock process, p50/p99
 get latency as consumers see it, and the paper's analytical volumes, Eq. (2) (centralized) and Eq. (4)
 (per warehouse). Usage: ``python -m benchmarks.dock --out dock.json [--quick]``.
+
+``--nic-mbps 100`` turns on the paper's bandwidth model (``dockflow/dock/netmodel.py``): every simulated node
+gets one modelled link of 100 MiB/s, and each transfer into or out of a dock process that crosses nodes holds
+that process's node link for bytes / bandwidth, serialised, waiting without CPU. It is a model of the
+network applied alike to both DockFlow backends (the centralized buffer and the distributed dock);
+TransferQueue is not modelled, so it is left out of modelled runs.
 """
 
 from __future__ import annotations
@@ -49,7 +55,11 @@ DTYPES = {
     "ref_log_prob": torch.float32, "rewards": torch.float32, "advantages": torch.float32,
 }
 FULL_SIZES = [(256, 256), (1024, 1024), (4096, 2048)]  # (samples G x N, response tokens SL); PL = SL / 2
+# Under the bandwidth model: fewer, longer samples (a run takes minutes here, the links carry most of the time).
+MODEL_SIZES = [(1024, 8192), (1024, 32768), (1024, 65536)]
 QUICK_SIZES = [(64, 64)]
+MODELLED_BACKENDS = ("centralized", "dock")
+MODEL_STORE_BYTES = 2**30  # object store per simulated node under the bandwidth model
 
 
 def shapes(seq: int) -> dict[str, tuple[int, ...]]:
@@ -76,10 +86,10 @@ def tcv_eq4(samples: int, seq: int, consumers: int, warehouses: int) -> int:
 class NodeWorker:
     """The workers of one node: one thread per stage role, all through the same backend client."""
 
-    def setup(self, backend: str, dock: Any, samples: int, seq: int, num_nodes: int) -> None:
+    def setup(self, backend: str, dock: Any, samples: int, seq: int, num_nodes: int, micro: int) -> None:
         self.backend, self.dock, self.samples, self.seq = backend, dock, samples, seq
         self.num_nodes = num_nodes
-        self.mb = micro_batch(samples)
+        self.mb = micro
         self.rows = {c: torch.ones((self.mb, *s), dtype=DTYPES[c]) for c, s in shapes(seq).items()}
         self.unit_bytes: dict[int, int] = defaultdict(int)  # TransferQueue: bytes per storage unit
         if backend == "transferqueue":
@@ -162,53 +172,76 @@ class NodeWorker:
         self.dock = None
 
 
-def start_cluster(num_nodes: int) -> tuple[Cluster, list[str]]:
-    head = {"num_cpus": 4, "resources": {"bench_node_0": 1}, "include_dashboard": False}
+def start_cluster(num_nodes: int, store_bytes: int | None = None) -> tuple[Cluster, list[str]]:
+    """A simulated cluster of ``num_nodes`` nodes; ``store_bytes``: each node's object store (None: Ray's default)."""
+    store = {"object_store_memory": store_bytes} if store_bytes else {}
+    head = {"num_cpus": 4, "resources": {"bench_node_0": 1}, "include_dashboard": False, **store}
     cluster = Cluster(initialize_head=True, head_node_args=head)
     for i in range(1, num_nodes):
-        cluster.add_node(num_cpus=4, resources={f"bench_node_{i}": 1})  # logical CPUs for TransferQueue's actors
+        cluster.add_node(num_cpus=4, resources={f"bench_node_{i}": 1}, **store)  # logical CPUs for TransferQueue
     ray.init(address=cluster.address, namespace="dock-benchmark", log_to_driver=False)
     by_resource = {r: n["NodeID"] for n in ray.nodes() if n["Alive"] for r in n["Resources"] if r.startswith("bench_node_")}
     return cluster, [by_resource[f"bench_node_{i}"] for i in range(num_nodes)]
 
 
 def ray_cpu_seconds() -> dict[int, float]:
-    """CPU seconds so far of every process of the simulated cluster (raylets, GCS, actors) and this driver.
+    """CPU seconds so far of every process of the simulated cluster (raylets, GCS, actors: this driver's process
+    tree) and the driver itself; other users' processes (another Ray cluster on the machine) are not counted.
 
     All simulated nodes share this machine's cores, so when the flow is CPU-bound its wall time is about
     this total divided by the core count, whatever the design spreads over nodes."""
+    me = psutil.Process()
     out = {}
-    for proc in psutil.process_iter(["cmdline"]):
+    for proc in [me, *me.children(recursive=True)]:
         try:
-            cmdline = " ".join(proc.info["cmdline"] or [])
-            if proc.pid == os.getpid() or cmdline.startswith("ray::") or "raylet" in cmdline or "gcs_server" in cmdline:
-                times = proc.cpu_times()
-                out[proc.pid] = times.user + times.system
+            times = proc.cpu_times()
+            out[proc.pid] = times.user + times.system
         except psutil.Error:
             pass
     return out
 
 
-def run_flow(backend: str, samples: int, seq: int, nodes: list[str], workers: list[Any]) -> dict[str, Any]:
+def busy_cpu_seconds() -> float:
+    """CPU seconds the whole machine has been busy (every process, ours and others')."""
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+
+def busiest_link_s(stats: dict[str, Any]) -> float:
+    """Seconds of modelled link time on the busiest node (its dock processes share one link); 0 when unmodelled."""
+    processes = stats.get("warehouses", []) + list(stats["controllers"].values()) + [stats.get("buffer", {})]
+    per_node: dict[str, float] = defaultdict(float)
+    for p in processes:
+        if "link_busy_s" in p:
+            per_node[p["node_id"]] += p["link_busy_s"]
+    return max(per_node.values(), default=0.0)
+
+
+def run_flow(backend: str, samples: int, seq: int, nodes: list[str], workers: list[Any],
+             nic_mbps: float | None = None, micro: int | None = None) -> dict[str, Any]:
+    """One GRPO iteration's flow through ``backend``; ``micro``: samples per get and put (default: by size)."""
     from dockflow.dock import DockSpec, create_dock
 
     dock = None
-    if backend in ("centralized", "dock"):
+    if backend in MODELLED_BACKENDS:
         spec = DockSpec(columns=DTYPES, capacity=samples, group_size=GROUP, warehouse_nodes=nodes,
                         backend="centralized" if backend == "centralized" else "distributed",
                         name=f"bench-{backend}-{samples}-{seq}", get_timeout_s=600,
-                        shard_block=samples // len(nodes))  # warehouse k holds the share node k generates
+                        shard_block=samples // len(nodes),  # warehouse k holds the share node k generates
+                        nic_mib_per_s=nic_mbps)
         dock = create_dock(spec)
         for k, (consumer, reads, _, _) in enumerate(STAGES):
             dock.register_consumer(consumer, reads, node_id=nodes[k % len(nodes)])  # next to one of its ranks
-    ray.get([w.setup.remote(backend, dock, samples, seq, len(nodes)) for w in workers])
-    cpu_before = ray_cpu_seconds()
+    mb = micro or micro_batch(samples)
+    ray.get([w.setup.remote(backend, dock, samples, seq, len(nodes), mb) for w in workers])
+    cpu_before, busy_before = ray_cpu_seconds(), busy_cpu_seconds()
     started = time.perf_counter()
     calls = [w.generate.remote(rank) for rank, w in enumerate(workers)]
     calls += [w.consume.remote(stage) for w in workers for stage in range(len(STAGES))]
     results = ray.get(calls, timeout=900)
     wall = time.perf_counter() - started
     cpu = sum(c - cpu_before.get(pid, 0.0) for pid, c in ray_cpu_seconds().items())
+    foreign = max(0.0, busy_cpu_seconds() - busy_before - cpu) / wall  # other processes' busy cores meanwhile
     gets = np.array([t for r in results for t in r["gets"]])
     if backend == "transferqueue":
         per_unit: dict[int, int] = defaultdict(int)
@@ -216,8 +249,10 @@ def run_flow(backend: str, samples: int, seq: int, nodes: list[str], workers: li
             for unit, n in unit_bytes.items():
                 per_unit[unit] += n
         busiest = max(per_unit.values())
+        link_s = 0.0
     else:
-        busiest = dock.stats()["busiest_bytes"]
+        stats = dock.stats()
+        busiest, link_s = stats["busiest_bytes"], busiest_link_s(stats)
     ray.get([w.teardown.remote() for w in workers])
     if dock is not None:
         dock.shutdown()
@@ -226,7 +261,7 @@ def run_flow(backend: str, samples: int, seq: int, nodes: list[str], workers: li
         "samples": samples,
         "seq_tokens": seq,
         "prompt_tokens": seq // 2,
-        "micro_batch": micro_batch(samples),
+        "micro_batch": mb,
         "wall_s": round(wall, 4),
         "cpu_s": round(cpu, 3),
         "busiest_bytes": int(busiest),
@@ -235,33 +270,31 @@ def run_flow(backend: str, samples: int, seq: int, nodes: list[str], workers: li
         "gets": len(gets),
         "tcv_bytes_eq2": tcv_eq2(samples, seq),
         "tcv_bytes_eq4": tcv_eq4(samples, seq, len(STAGES), len(nodes)),
+        "nic_mbps": nic_mbps,
+        "nodes": len(nodes),
+        "busiest_link_s": round(link_s, 4),
+        "foreign_cores": round(foreign, 2),
     }
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
-    header = f"{'backend':<14}{'samples':>8}{'SL':>6}{'wall s':>9}{'CPU s':>8}{'busiest MB':>12}{'p50 get ms':>12}" \
-             f"{'p99 get ms':>12}{'Eq2 MB':>9}{'Eq4 MB':>9}"
+    header = f"{'backend':<14}{'S':>3}{'samples':>8}{'SL':>6}{'wall s':>9}{'CPU s':>8}{'other':>7}{'link s':>8}" \
+             f"{'busiest MB':>12}{'p50 get ms':>12}{'p99 get ms':>12}{'Eq2 MB':>9}{'Eq4 MB':>9}"
     print(header)
     print("-" * len(header))
     for r in results:
-        print(f"{r['backend']:<14}{r['samples']:>8}{r['seq_tokens']:>6}{r['wall_s']:>9.2f}{r['cpu_s']:>8.2f}"
-              f"{r['busiest_bytes'] / 2**20:>12.1f}{r['p50_get_s'] * 1e3:>12.1f}{r['p99_get_s'] * 1e3:>12.1f}"
+        print(f"{r['backend']:<14}{r['nodes']:>3}{r['samples']:>8}{r['seq_tokens']:>6}{r['wall_s']:>9.2f}"
+              f"{r['cpu_s']:>8.2f}{r['foreign_cores']:>7.2f}{r['busiest_link_s']:>8.2f}{r['busiest_bytes'] / 2**20:>12.1f}"
+              f"{r['p50_get_s'] * 1e3:>12.1f}{r['p99_get_s'] * 1e3:>12.1f}"
               f"{r['tcv_bytes_eq2'] / 2**20:>9.1f}{r['tcv_bytes_eq4'] / 2**20:>9.1f}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="JSON file for the results")
-    parser.add_argument("--quick", action="store_true", help="one small size: a smoke run")
-    parser.add_argument("--backends", default="centralized,dock,transferqueue")
-    parser.add_argument("--nodes", type=int, default=NODES, help="simulated Ray nodes (one warehouse each)")
-    parser.add_argument("--sizes", default=None, help="SAMPLESxSL,... instead of the default sizes, e.g. 4096x2048")
-    args = parser.parse_args(argv)
-    backends = args.backends.split(",")
-    sizes = QUICK_SIZES if args.quick else FULL_SIZES
-    if args.sizes:
-        sizes = [tuple(int(v) for v in size.split("x")) for size in args.sizes.split(",")]
-    cluster, nodes = start_cluster(args.nodes)
+def run_cluster(num_nodes: int, sizes: list[tuple[int, int]], backends: list[str],
+                nic_mbps: float | None = None, micro: int | None = None) -> list[dict[str, Any]]:
+    """Start a simulated ``num_nodes``-node cluster, run every size through every backend, stop the cluster.
+    Under the bandwidth model a message holds MBs, so each node gets a 1 GiB object store (Ray's test default,
+    150 MB, would spill the centralized buffer's answers to disk); unmodelled runs keep the default."""
+    cluster, nodes = start_cluster(num_nodes, MODEL_STORE_BYTES if nic_mbps is not None else None)
     results: list[dict[str, Any]] = []
     try:
         if "transferqueue" in backends:
@@ -269,14 +302,14 @@ def main(argv: list[str] | None = None) -> int:
             from omegaconf import OmegaConf
 
             tq.init(OmegaConf.create({"controller": {"polling_mode": True},
-                                      "backend": {"SimpleStorage": {"num_data_storage_units": args.nodes}}}))
+                                      "backend": {"SimpleStorage": {"num_data_storage_units": num_nodes}}}))
         workers = [NodeWorker.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
                    for n in nodes]
         for samples, seq in sizes:
             for backend in backends:
-                record = run_flow(backend, samples, seq, nodes, workers)
+                record = run_flow(backend, samples, seq, nodes, workers, nic_mbps, micro)
                 results.append(record)
-                print(f"{backend} {samples}x{seq}: {record['wall_s']:.2f}s", file=sys.stderr, flush=True)
+                print(f"{backend} S={num_nodes} {samples}x{seq}: {record['wall_s']:.2f}s", file=sys.stderr, flush=True)
     finally:
         if "transferqueue" in backends:
             import transfer_queue as tq
@@ -284,7 +317,30 @@ def main(argv: list[str] | None = None) -> int:
             tq.close()
         ray.shutdown()
         cluster.shutdown()
-    write_results(args.out, results, ray=ray.__version__, nodes=args.nodes, quick=args.quick)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="JSON file for the results")
+    parser.add_argument("--quick", action="store_true", help="one small size: a smoke run")
+    parser.add_argument("--backends", default=None,
+                        help="default: centralized,dock,transferqueue (centralized,dock under --nic-mbps)")
+    parser.add_argument("--nodes", type=int, default=NODES, help="simulated Ray nodes (one warehouse each)")
+    parser.add_argument("--sizes", default=None, help="SAMPLESxSL,... instead of the default sizes, e.g. 4096x2048")
+    parser.add_argument("--nic-mbps", type=float, default=None,
+                        help="the paper's bandwidth model: one link of this many MiB/s per node (default: off)")
+    args = parser.parse_args(argv)
+    modelled = args.nic_mbps is not None
+    backends = (args.backends or ",".join(MODELLED_BACKENDS if modelled else (*MODELLED_BACKENDS, "transferqueue"))).split(",")
+    if modelled and not set(backends) <= set(MODELLED_BACKENDS):
+        parser.error("--nic-mbps models the network of DockFlow's backends (centralized, dock); "
+                     "TransferQueue's transfers are not modelled, so compare it without --nic-mbps")
+    sizes = QUICK_SIZES if args.quick else MODEL_SIZES if modelled else FULL_SIZES
+    if args.sizes:
+        sizes = [tuple(int(v) for v in size.split("x")) for size in args.sizes.split(",")]
+    results = run_cluster(args.nodes, sizes, backends, args.nic_mbps)
+    write_results(args.out, results, ray=ray.__version__, nodes=args.nodes, quick=args.quick, nic_mbps=args.nic_mbps)
     print_table(results)
     return 0
 

@@ -1,5 +1,5 @@
-"""The dock's thin Ray actors: a controller per consumer and a warehouse per shard (distributed backend),
-and the one central buffer of the centralized baseline.
+"""The dock's thin Ray actors of the distributed backend: a controller per consumer and a warehouse per shard
+(the centralized baseline's one buffer is in ``central_actor.py``).
 
 They wrap ``ControllerState`` and ``WarehouseStore``; data moves as numpy arrays (see ``wire.py``), and the
 only things a warehouse tells controllers are indices, column names and metadata scalars. Nothing here
@@ -17,9 +17,12 @@ from typing import Any
 import numpy as np
 import ray
 
+from dockflow.dock import protocol
 from dockflow.dock.controller import ControllerState
 from dockflow.dock.errors import DockInvalid, DockUnavailable
 from dockflow.dock.longpoll import take_when_ready
+from dockflow.dock.netmodel import LinkSpec, NodeLink
+from dockflow.dock.protocol import payload_bytes
 from dockflow.dock.sharding import ShardMap
 from dockflow.dock.warehouse import WarehouseStore
 from dockflow.dock.window import Window
@@ -29,18 +32,23 @@ def nbytes(arrays: Mapping[str, np.ndarray]) -> int:
     return sum(a.nbytes for a in arrays.values())
 
 
-def _where() -> dict[str, Any]:
+def location() -> dict[str, Any]:
     return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
 
-def _cancelled_message(consumer: str) -> str:
+def node_link(spec: LinkSpec | None) -> NodeLink | None:
+    """This process's node link under the network model (``netmodel.py``); None when the model is off."""
+    return NodeLink(spec, ray.get_runtime_context().get_node_id()) if spec is not None else None
+
+
+def cancelled_message(consumer: str) -> str:
     return (
         f"get by {consumer!r} was cancelled: the dock was reset (a new iteration started) while it waited; "
         "the samples it waited for belong to an iteration that is over"
     )
 
 
-async def _take_unless_reset(
+async def take_unless_reset(
     cond: asyncio.Condition,
     state: ControllerState,
     batch_size: int,
@@ -74,8 +82,14 @@ class ControllerActor:
     """Ready/consumed metadata of one consumer; gets long-poll here until enough samples are ready."""
 
     def __init__(
-        self, consumer: str, all_columns: Sequence[str], shard_map: ShardMap, columns: Sequence[str]
+        self,
+        consumer: str,
+        all_columns: Sequence[str],
+        shard_map: ShardMap,
+        columns: Sequence[str],
+        link: LinkSpec | None = None,
     ) -> None:
+        self.link = node_link(link)
         owners = shard_map.owner(np.arange(shard_map.capacity))
         self.state = ControllerState(consumer, all_columns, shard_map.capacity, shard_map.group_size, columns, owners)
         self.cond = asyncio.Condition()
@@ -84,14 +98,20 @@ class ControllerActor:
         self.meta_bytes_out = 0
 
     async def ready(self) -> dict[str, Any]:
-        return _where()
+        return location()
 
     async def columns(self) -> tuple[str, ...]:
         return self.state.columns
 
     async def mark_ready(
-        self, indices: np.ndarray, columns: Sequence[str], meta: Mapping[str, np.ndarray] | None
+        self,
+        indices: np.ndarray,
+        columns: Sequence[str],
+        meta: Mapping[str, np.ndarray] | None,
+        src_node: str | None = None,
     ) -> None:
+        if self.link is not None:  # network model: the notification comes in over this node's link
+            await self.link.transfer(payload_bytes(indices, meta), src_node)
         async with self.cond:
             self.state.mark_ready(indices, columns, meta)
             self.cond.notify_all()
@@ -106,6 +126,7 @@ class ControllerActor:
         window: Window | None = None,
         prefer: Sequence[int] | None = None,
         dp_share: tuple[int, int] | None = None,
+        node: str | None = None,
     ) -> tuple[str, Any, Any]:
         """("ok", indices, meta), ("timeout", readiness message, None), or ("reset", message, None) when a reset
         ended the iteration this get waited in (its requester may be gone: it must not take the next one's).
@@ -117,18 +138,20 @@ class ControllerActor:
         started = loop.time()
         self.waiting += 1
         try:
-            status, chosen = await _take_unless_reset(
+            status, chosen = await take_unless_reset(
                 self.cond, state, batch_size, columns, whole_groups, window, timeout_s, prefer, dp_share
             )
         finally:
             self.waiting -= 1
         if status == "reset":
-            return "reset", _cancelled_message(self.state.consumer), None
+            return "reset", cancelled_message(self.state.consumer), None
         if status == "timeout":
             readiness = state.readiness(state.samples_needed(batch_size, window, dp_share), columns, whole_groups, window)
             return "timeout", readiness.message(loop.time() - started), None
         meta = self.state.meta.take(chosen)
         self.meta_bytes_out += chosen.nbytes + nbytes(meta)
+        if self.link is not None:  # network model: the answer goes out over this node's link to ``node``
+            await self.link.transfer(payload_bytes(chosen, meta), node)
         return "ok", chosen, meta
 
     async def reset(self, keep: np.ndarray, window: Window | None = None) -> None:
@@ -138,7 +161,7 @@ class ControllerActor:
 
     async def stats(self) -> dict[str, Any]:
         return {
-            **_where(),
+            **location(),
             **self.state.stats(),
             "waiting_gets": self.waiting,
             "columns": list(self.state.columns),
@@ -146,6 +169,7 @@ class ControllerActor:
             "meta_bytes_out": self.meta_bytes_out,
             "bytes_in": 0,  # a controller never sees sample data
             "bytes_out": 0,
+            **(self.link.stats() if self.link is not None else {}),
         }
 
 
@@ -159,7 +183,11 @@ class WarehouseActor:
         shard_map: ShardMap,
         shard: int,
         shape_keeper: Any | None,
+        link: LinkSpec | None = None,
     ) -> None:
+        self.link = node_link(link)
+        self.node = self.link.node_id if self.link is not None else None
+        self.controller_nodes: dict[str, str | None] = {}
         self.store = WarehouseStore(columns, shard_map, shard)
         self.shape_keeper = shape_keeper  # warehouse 0 decides per-sample shapes for all; None on itself
         self.claimed: dict[str, tuple[int, ...]] = {}
@@ -169,7 +197,7 @@ class WarehouseActor:
         self.meta_bytes_out = 0
 
     async def ready(self) -> dict[str, Any]:
-        return _where()
+        return location()
 
     async def ping(self) -> bool:
         return True
@@ -180,22 +208,42 @@ class WarehouseActor:
             self.claimed.setdefault(column, tuple(shape))
         return {c: self.claimed[c] for c in shapes}
 
-    async def add_controller(self, consumer: str, controller: Any, columns: Sequence[str]) -> None:
-        """Send the new controller what is already ready, then include it in every later notification."""
+    async def add_controller(
+        self, consumer: str, controller: Any, columns: Sequence[str], node: str | None = None
+    ) -> None:
+        """Send the new controller what is already ready, then include it in every later notification.
+        ``node``: the controller's node (used only by the network model)."""
         if consumer in self.controllers:
             return
         ready, meta = self.store.snapshot()
-        refs = [controller.mark_ready.remote(self.store.owned, [], meta)]
-        refs += [controller.mark_ready.remote(idx, [c], None) for c, idx in ready.items() if len(idx)]
         self.controllers[consumer] = controller  # same event-loop step: no put can slip in between
         self.interests[consumer] = set(columns)
-        await self._notified(refs, [consumer] * len(refs))
+        self.controller_nodes[consumer] = node
+        notes = [(self.store.owned, [], meta)] + [(idx, [c], None) for c, idx in ready.items() if len(idx)]
+        calls = [self._notify(consumer, idx, cols, m) for idx, cols, m in notes]
+        await self._notified(calls, [consumer] * len(calls))
 
     async def consumers(self) -> dict[str, Any]:
         return dict(self.controllers)
 
-    async def _notified(self, refs: list[ray.ObjectRef], consumers: list[str]) -> None:
-        results = await asyncio.gather(*refs, return_exceptions=True)
+    def _notify(
+        self, consumer: str, indices: np.ndarray, columns: Sequence[str], meta: Mapping[str, np.ndarray] | None
+    ) -> Any:
+        """One notification (an awaitable): a plain actor call, or under the network model a coroutine that
+        first holds this node's link for the message."""
+        if self.link is None:
+            return self.controllers[consumer].mark_ready.remote(indices, columns, meta)
+        return self._notify_over_link(consumer, indices, columns, meta)
+
+    async def _notify_over_link(
+        self, consumer: str, indices: np.ndarray, columns: Sequence[str], meta: Mapping[str, np.ndarray] | None
+    ) -> None:
+        assert self.link is not None
+        await self.link.transfer(payload_bytes(indices, meta), self.controller_nodes.get(consumer))
+        await self.controllers[consumer].mark_ready.remote(indices, columns, meta, self.node)
+
+    async def _notified(self, calls: list[Any], consumers: list[str]) -> None:
+        results = await asyncio.gather(*calls, return_exceptions=True)
         for consumer, result in zip(consumers, results, strict=True):
             if isinstance(result, Exception):
                 raise DockUnavailable(
@@ -204,8 +252,15 @@ class WarehouseActor:
                 )
 
     async def put(
-        self, indices: np.ndarray, arrays: Mapping[str, np.ndarray], meta: Mapping[str, np.ndarray], peer: str
+        self,
+        indices: np.ndarray,
+        arrays: Mapping[str, np.ndarray],
+        meta: Mapping[str, np.ndarray],
+        peer: str,
+        node: str | None = None,
     ) -> None:
+        if self.link is not None:  # network model: the rows come in over this node's link from ``node``
+            await self.link.transfer(payload_bytes(indices, arrays, meta), node)
         unknown = sorted(set(arrays) - set(self.store.dtypes))
         if unknown:
             raise DockInvalid(f"unknown columns {unknown}; the dock has {list(self.store.dtypes)}")
@@ -219,14 +274,18 @@ class WarehouseActor:
         self.bytes_by_peer[peer] += nbytes(arrays)
         columns = list(arrays)
         # Metadata goes to every controller; readiness only to those whose consumer reads these columns.
-        consumers = [c for c in self.controllers if meta or self.interests[c].intersection(columns)]
-        refs = [self.controllers[c].mark_ready.remote(indices, columns, meta) for c in consumers]
-        self.meta_bytes_out += len(refs) * (indices.nbytes + nbytes(meta))
-        await self._notified(refs, consumers)
+        consumers = protocol.notify_targets(self.interests, columns, bool(meta))
+        calls = [self._notify(c, indices, columns, meta) for c in consumers]
+        self.meta_bytes_out += len(calls) * (indices.nbytes + nbytes(meta))
+        await self._notified(calls, consumers)
 
-    async def read(self, indices: np.ndarray, columns: Sequence[str], peer: str) -> dict[str, np.ndarray]:
+    async def read(
+        self, indices: np.ndarray, columns: Sequence[str], peer: str, node: str | None = None
+    ) -> dict[str, np.ndarray]:
         arrays = self.store.read(indices, columns)
         self.bytes_by_peer[peer] += nbytes(arrays)
+        if self.link is not None:  # network model: indices in, rows out, over this node's link
+            await self.link.transfer(payload_bytes(indices, arrays), node)
         return arrays
 
     async def reset(self, keep: np.ndarray, window: Window | None = None) -> None:
@@ -237,7 +296,7 @@ class WarehouseActor:
     async def stats(self) -> dict[str, Any]:
         store = self.store
         return {
-            **_where(),
+            **location(),
             "shard": store.shard,
             "owned": len(store.owned),
             "writes": store.writes,
@@ -249,105 +308,5 @@ class WarehouseActor:
             "stored_bytes": store.nbytes(),
             "ready": {c: int(b[store.owned].sum()) for c, b in store.ready.items()},
             "controllers": sorted(self.controllers),
-        }
-
-
-@ray.remote
-class CentralBufferActor:
-    """All samples, all consumers, one process."""
-
-    def __init__(self, columns: Mapping[str, str], capacity: int, group_size: int) -> None:
-        self.store = WarehouseStore(columns, ShardMap(capacity, group_size, 1), 0)
-        self.consumers: dict[str, ControllerState] = {}
-        self.cond = asyncio.Condition()
-        self.waiting: dict[str, int] = defaultdict(int)  # gets in progress per consumer
-        self.bytes_by_peer: dict[str, int] = defaultdict(int)
-
-    async def ready(self) -> dict[str, Any]:
-        return _where()
-
-    async def register(self, consumer: str, columns: Sequence[str]) -> None:
-        if consumer in self.consumers:
-            if self.consumers[consumer].columns != tuple(columns):
-                raise DockInvalid(
-                    f"consumer {consumer!r} is already registered with columns {list(self.consumers[consumer].columns)}"
-                )
-            return
-        store = self.store
-        state = ControllerState(consumer, list(store.dtypes), store.shard_map.capacity, store.shard_map.group_size, columns)
-        ready, meta = store.snapshot()
-        state.mark_ready(store.owned, [], meta)
-        for column, indices in ready.items():
-            state.mark_ready(indices, [column])
-        self.consumers[consumer] = state
-
-    async def columns(self, consumer: str) -> tuple[str, ...]:
-        return self._state(consumer).columns
-
-    def _state(self, consumer: str) -> ControllerState:
-        if consumer not in self.consumers:
-            raise DockInvalid(f"consumer {consumer!r} is not registered")
-        return self.consumers[consumer]
-
-    async def put(
-        self, indices: np.ndarray, arrays: Mapping[str, np.ndarray], meta: Mapping[str, np.ndarray], peer: str
-    ) -> None:
-        async with self.cond:
-            self.store.write(indices, arrays, meta)
-            for state in self.consumers.values():
-                state.mark_ready(indices, list(arrays), meta)
-            self.cond.notify_all()
-        self.bytes_by_peer[peer] += nbytes(arrays)
-
-    async def get(
-        self,
-        consumer: str,
-        batch_size: int,
-        columns: Sequence[str],
-        whole_groups: bool,
-        timeout_s: float,
-        peer: str,
-        window: Window | None = None,
-        dp_share: tuple[int, int] | None = None,
-    ) -> tuple[str, Any, Any, Any]:
-        """("ok", indices, arrays, meta), ("timeout", message, None, None) or ("reset", message, None, None)."""
-        state = self._state(consumer)
-        state.validate(batch_size, columns, whole_groups, window, dp_share)
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        self.waiting[consumer] += 1
-        try:
-            status, chosen = await _take_unless_reset(
-                self.cond, state, batch_size, columns, whole_groups, window, timeout_s, None, dp_share
-            )
-        finally:
-            self.waiting[consumer] -= 1
-        if status == "reset":
-            return "reset", _cancelled_message(consumer), None, None
-        if status == "timeout":
-            needed = state.samples_needed(batch_size, window, dp_share)
-            message = state.readiness(needed, columns, whole_groups, window).message(loop.time() - started)
-            return "timeout", message, None, None
-        arrays = self.store.read(chosen, columns)
-        self.bytes_by_peer[peer] += nbytes(arrays)
-        return "ok", chosen, arrays, state.meta.take(chosen)
-
-    async def reset(self, keep: np.ndarray, window: Window | None = None) -> None:
-        async with self.cond:
-            self.store.reset(keep, window)
-            for state in self.consumers.values():
-                state.reset(keep, window)
-            self.cond.notify_all()
-
-    async def stats(self) -> dict[str, Any]:
-        store = self.store
-        return {
-            **_where(),
-            "writes": store.writes,
-            "reads": store.reads,
-            "bytes_in": store.bytes_in,
-            "bytes_out": store.bytes_out,
-            "bytes_by_peer": dict(self.bytes_by_peer),
-            "stored_bytes": store.nbytes(),
-            "controllers": {c: {**s.stats(), "waiting_gets": self.waiting[c]} for c, s in self.consumers.items()},
+            **(self.link.stats() if self.link is not None else {}),
         }

@@ -65,6 +65,9 @@ class DockSpec:
     start_timeout_s: float = 180.0  # bound on actor start-up (a new Python process per actor)
     shard_block: int | None = None  # samples per block dealt round-robin to warehouses; None: group_size
     detached: bool = False  # actors outlive their creator (the KFP setup task); shutdown() must be called
+    # Benchmarks only: the paper's bandwidth model, one modelled link of this many MiB/s per node shared by the
+    # node's dock processes (``netmodel.py``); None (the default) = off, the dock as it runs for real.
+    nic_mib_per_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.capacity <= 0 or self.group_size <= 0 or self.capacity % self.group_size:
@@ -84,6 +87,8 @@ class DockSpec:
             raise DockInvalid(f"shard_block ({self.shard_block}) must be a positive multiple of group_size")
         if self.warehouse_nodes is not None and self.num_warehouses not in (None, len(self.warehouse_nodes)):
             raise DockInvalid("num_warehouses and len(warehouse_nodes) disagree")
+        if self.nic_mib_per_s is not None and not self.nic_mib_per_s > 0:
+            raise DockInvalid(f"nic_mib_per_s must be positive (or None: no network model), not {self.nic_mib_per_s}")
 
     @property
     def num_groups(self) -> int:

@@ -1,5 +1,5 @@
 """Client of the centralized baseline (the paper's conventional replay buffer, its "MSRLB" ablation): one
-actor (``CentralBufferActor`` in ``actors.py``) holds all data and every consumer's bookkeeping, reusing
+actor (``CentralBufferActor`` in ``central_actor.py``) holds all data and every consumer's bookkeeping, reusing
 ``WarehouseStore`` (one shard = the whole batch) and ``ControllerState`` (one per consumer); every byte of
 every put and get passes through it.
 """
@@ -14,9 +14,10 @@ import torch
 from tensordict import TensorDict
 
 from dockflow.dock import placement, validation
-from dockflow.dock.actors import CentralBufferActor
 from dockflow.dock.api import DockBatch, DockSpec, DockUnavailable, TransferDock
+from dockflow.dock.central_actor import CentralBufferActor
 from dockflow.dock.errors import get_failure
+from dockflow.dock.netmodel import LinkSpec, remove_links
 from dockflow.dock.rpc import call, peer_id
 from dockflow.dock.wire import from_wire, tensors_to_wire, wire_dtypes
 
@@ -26,8 +27,9 @@ _GRACE_S = 10.0  # slack on top of the buffer's own get timeout before the clien
 class CentralizedDock(TransferDock):
     """Client of the centralized buffer: the same API, one actor behind it."""
 
-    def __init__(self, spec: DockSpec, buffer: Any, node_id: str) -> None:
+    def __init__(self, spec: DockSpec, buffer: Any, node_id: str, link: LinkSpec | None = None) -> None:
         self.spec = spec
+        self.link = link  # the network model (benchmarks); None: off
         self.buffer = buffer
         self.node_id = node_id
         self._columns: dict[str, tuple[str, ...]] = {}  # consumer -> registered columns (never change)
@@ -38,15 +40,17 @@ class CentralizedDock(TransferDock):
         placement.require_alive([node], f"the buffer of dock {spec.name!r}")
         name = f"{spec.name}/buffer"
         placement.refuse_existing(name, spec.namespace)
+        link = LinkSpec(spec.nic_mib_per_s) if spec.nic_mib_per_s is not None else None
+        extra = (link,) if link is not None else ()
         buffer = CentralBufferActor.options(**placement.pinned(node, name, spec.namespace, spec.detached)).remote(
-            wire_dtypes(spec.columns), spec.capacity, spec.group_size
+            wire_dtypes(spec.columns), spec.capacity, spec.group_size, *extra
         )
         try:
             placement.wait_ready({name: buffer.ready.remote()}, spec.start_timeout_s)
         except DockUnavailable:
             ray.kill(buffer)
             raise
-        return cls(spec, buffer, node)
+        return cls(spec, buffer, node, link)
 
     def register_consumer(self, consumer: str, columns: Sequence[str], node_id: str | None = None) -> None:
         columns = validation.check_columns(self.spec, consumer, columns)
@@ -63,7 +67,7 @@ class CentralizedDock(TransferDock):
         index, tensors, meta_arrays = validation.check_put(self.spec, indices, data, meta)
         if len(index) == 0:
             return
-        ref = self.buffer.put.remote(index, tensors_to_wire(tensors), meta_arrays, peer_id())
+        ref = self.buffer.put.remote(index, tensors_to_wire(tensors), meta_arrays, peer_id(), *self._here())
         call([ref], self.spec.rpc_timeout_s, f"put of {len(index)} samples")
 
     def get(
@@ -88,7 +92,7 @@ class CentralizedDock(TransferDock):
         win = validation.check_window(self.spec, window, f"get by {consumer!r}")
         timeout = self.spec.get_timeout_s if timeout_s is None else timeout_s
         ref = self.buffer.get.remote(
-            consumer, batch_size, columns, whole_groups, timeout, peer_id(), win, dp_share
+            consumer, batch_size, columns, whole_groups, timeout, peer_id(), win, dp_share, *self._here()
         )
         status, indices, arrays, meta = call([ref], timeout + _GRACE_S, what)[0]
         if status != "ok":
@@ -99,6 +103,11 @@ class CentralizedDock(TransferDock):
             data=TensorDict(data, batch_size=[len(indices)]),
             meta={k: torch.from_numpy(v) for k, v in meta.items()},
         )
+
+    def _here(self) -> tuple[str, ...]:
+        """Under the network model, this process's node (the buffer charges its link when the caller is elsewhere);
+        otherwise nothing, and the calls are exactly the unmodelled ones."""
+        return (placement.current_node(),) if self.link is not None else ()
 
     def reset(self, keep: Sequence[int] = (), window: tuple[int, int] | None = None) -> None:
         kept, win = validation.check_reset(self.spec, keep, window)
@@ -120,3 +129,5 @@ class CentralizedDock(TransferDock):
 
     def shutdown(self) -> None:
         ray.kill(self.buffer, no_restart=True)
+        if self.link is not None:
+            remove_links(self.link.key)

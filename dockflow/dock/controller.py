@@ -226,6 +226,10 @@ class ControllerState:
             self._preferred[key] = np.isin(self.owners, key)
         return self._preferred[key]
 
+    def available(self, columns: Sequence[str], whole_groups: bool, window: Window | None = None) -> int:
+        """How many samples a take of ``columns`` could choose from now (ready, unconsumed, in ``window``)."""
+        return int(self._available(columns, whole_groups, window).sum())
+
     def readiness(
         self, batch_size: int, columns: Sequence[str], whole_groups: bool, window: Window | None = None
     ) -> Readiness:

@@ -17,10 +17,11 @@ import ray
 import torch
 from tensordict import TensorDict
 
-from dockflow.dock import placement, validation
+from dockflow.dock import placement, protocol, validation
 from dockflow.dock.actors import ControllerActor, WarehouseActor
 from dockflow.dock.api import DockBatch, DockInvalid, DockSpec, DockUnavailable, TransferDock
 from dockflow.dock.errors import get_failure
+from dockflow.dock.netmodel import LinkSpec, remove_links
 from dockflow.dock.rpc import call, peer_id, unwrap
 from dockflow.dock.sharding import ShardMap
 from dockflow.dock.wire import from_wire, to_wire, wire_dtypes
@@ -34,8 +35,11 @@ _CONTROLLER_GRACE_S = 10.0
 class DistributedDock(TransferDock):
     """Client of a distributed dock. Picklable (actor handles + spec); every copy talks to the same actors."""
 
-    def __init__(self, spec: DockSpec, warehouses: list[Any], warehouse_nodes: list[str]) -> None:
+    def __init__(
+        self, spec: DockSpec, warehouses: list[Any], warehouse_nodes: list[str], link: LinkSpec | None = None
+    ) -> None:
         self.spec = spec
+        self.link = link  # the network model (benchmarks); None: off
         self.shard_map = ShardMap(spec.capacity, spec.group_size, len(warehouses), spec.shard_block or 0)
         self.warehouses = warehouses
         self.warehouse_nodes = warehouse_nodes
@@ -55,11 +59,13 @@ class DistributedDock(TransferDock):
         placement.refuse_existing(names[0], spec.namespace)
         shard_map = ShardMap(spec.capacity, spec.group_size, count, spec.shard_block or 0)
         dtypes = wire_dtypes(spec.columns)
+        link = LinkSpec(spec.nic_mib_per_s) if spec.nic_mib_per_s is not None else None
+        extra = (link,) if link is not None else ()
         warehouses: list[Any] = []
         for i, (name, node) in enumerate(zip(names, nodes, strict=True)):
             keeper = warehouses[0] if warehouses else None
             options = placement.pinned(node, name, spec.namespace, spec.detached)
-            warehouses.append(WarehouseActor.options(**options).remote(dtypes, shard_map, i, keeper))
+            warehouses.append(WarehouseActor.options(**options).remote(dtypes, shard_map, i, keeper, *extra))
         try:
             placement.wait_ready({n: w.ready.remote() for n, w in zip(names, warehouses, strict=True)},
                                  spec.start_timeout_s)
@@ -67,7 +73,7 @@ class DistributedDock(TransferDock):
             for w in warehouses:
                 ray.kill(w)
             raise
-        return cls(spec, warehouses, nodes)
+        return cls(spec, warehouses, nodes, link)
 
     @staticmethod
     def _warehouse_name(spec: DockSpec, i: int) -> str:
@@ -88,14 +94,16 @@ class DistributedDock(TransferDock):
         node = node_id or placement.current_node()
         placement.require_alive([node], f"the controller of consumer {consumer!r}")
         name = self._controller_name(consumer)
+        extra = (self.link,) if self.link is not None else ()
         try:
             controller = ControllerActor.options(**placement.pinned(node, name, self.spec.namespace, self.spec.detached)).remote(
-                consumer, list(self.spec.columns), self.shard_map, list(columns)
+                consumer, list(self.spec.columns), self.shard_map, list(columns), *extra
             )
         except ValueError:  # lost a race with another process registering the same consumer
             return self.register_consumer(consumer, columns, node_id)
         placement.wait_ready({name: controller.ready.remote()}, self.spec.start_timeout_s)
-        call([w.add_controller.remote(consumer, controller, list(columns)) for w in self.warehouses],
+        where = (node,) if self.link is not None else ()
+        call([w.add_controller.remote(consumer, controller, list(columns), *where) for w in self.warehouses],
              self.spec.rpc_timeout_s, f"registering consumer {consumer!r}")
         self._controllers[consumer] = controller
         self._columns[consumer] = columns
@@ -138,6 +146,7 @@ class DistributedDock(TransferDock):
         if len(index) == 0:
             return
         peer = peer_id()
+        here = self._here()
         refs = []
         for shard, positions in self.shard_map.split(index).items():
             if len(positions) == len(index):
@@ -149,7 +158,7 @@ class DistributedDock(TransferDock):
                 shard_meta = {k: v[positions] for k, v in meta_arrays.items()}
                 shard_index = index[positions]
             arrays = {c: to_wire(t) for c, t in rows.items()}
-            refs.append(self.warehouses[shard].put.remote(shard_index, arrays, shard_meta, peer))
+            refs.append(self.warehouses[shard].put.remote(shard_index, arrays, shard_meta, peer, *here))
         call(refs, self.spec.rpc_timeout_s, f"put of {len(index)} samples")
 
     def get(
@@ -169,7 +178,7 @@ class DistributedDock(TransferDock):
         win = validation.check_window(self.spec, window, f"get by {consumer!r}")
         timeout = self.spec.get_timeout_s if timeout_s is None else timeout_s
         ref = controller.take.remote(
-            batch_size, columns, whole_groups, timeout, win, self._local_shards(), dp_share
+            batch_size, columns, whole_groups, timeout, win, self._local_shards(), dp_share, *self._here()
         )
         status, indices, meta = self._await_controller(ref, consumer, timeout)
         if status != "ok":
@@ -185,9 +194,13 @@ class DistributedDock(TransferDock):
         """Warehouses on this process's node (a get prefers their samples); None when that is all or none."""
         node = placement.current_node()
         if self._shards_node != node:  # a pickled copy may run on another node
-            local = [i for i, n in enumerate(self.warehouse_nodes) if n == node]
-            self._shards_node, self._shards = node, local if 0 < len(local) < len(self.warehouse_nodes) else None
+            self._shards_node, self._shards = node, protocol.local_shards(self.warehouse_nodes, node)
         return self._shards
+
+    def _here(self) -> tuple[str, ...]:
+        """Under the network model, this process's node (sent along so dock processes know what crosses nodes);
+        otherwise nothing, and the calls are exactly the unmodelled ones."""
+        return (placement.current_node(),) if self.link is not None else ()
 
     def _await_controller(self, ref: ray.ObjectRef, consumer: str, timeout: float) -> tuple[str, Any, Any]:
         """Wait for the controller's answer; meanwhile report dead warehouses instead of waiting on them."""
@@ -214,8 +227,9 @@ class DistributedDock(TransferDock):
 
     def _read(self, indices: np.ndarray, columns: list[str], consumer: str) -> dict[str, torch.Tensor]:
         peer = peer_id()
+        here = self._here()
         parts = self.shard_map.split(indices)
-        refs = [self.warehouses[s].read.remote(indices[pos], columns, peer) for s, pos in parts.items()]
+        refs = [self.warehouses[s].read.remote(indices[pos], columns, peer, *here) for s, pos in parts.items()]
         results = call(refs, self.spec.rpc_timeout_s, f"read of {len(indices)} samples for {consumer!r}")
         out = {}
         for column in columns:
@@ -263,6 +277,8 @@ class DistributedDock(TransferDock):
         for actor in [*controllers, *self.warehouses]:
             ray.kill(actor, no_restart=True)
         self._controllers.clear()
+        if self.link is not None:
+            remove_links(self.link.key)
 
 
 def process_bytes(stats: Mapping[str, Any]) -> int:

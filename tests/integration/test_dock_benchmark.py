@@ -1,7 +1,8 @@
-"""Smoke run of the dock benchmark (``benchmarks/dock.py --quick --nodes 2 --backends centralized,dock``): both
-DockFlow backends on a simulated 2-node cluster (the real runs use 4) write one well-formed record each.
-Timings are not asserted. TransferQueue is left to the full benchmark: its start-up alone takes about a
-minute on this 2-core machine, which the test suite's budget cannot spare."""
+"""Smoke runs of the dock benchmarks (``benchmarks/dock.py --quick --nodes 2 --backends centralized,dock``, the same
+under the bandwidth model, and ``benchmarks/dock_sweep.py`` at S = 1, 2): both DockFlow backends on simulated
+clusters (the real runs use 4 nodes, and 1-8 for the sweep) write well-formed records. Timings are not
+asserted. TransferQueue is left to the full benchmark: its start-up alone takes about a minute on this
+2-core machine, which the test suite's budget cannot spare."""
 
 from __future__ import annotations
 
@@ -16,18 +17,21 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 NODES = 2
 FIELDS = {"backend", "samples", "seq_tokens", "wall_s", "cpu_s", "busiest_bytes", "p50_get_s", "p99_get_s",
-          "tcv_bytes_eq2", "tcv_bytes_eq4"}
+          "tcv_bytes_eq2", "tcv_bytes_eq4", "nic_mbps", "nodes", "busiest_link_s"}
+ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def run(module: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=ENV, capture_output=True, text=True,
+                          timeout=580)
 
 
 @pytest.mark.slow
 @pytest.mark.bench  # about a minute: outside the CI budget; run with `pytest -m bench`
 def test_quick_benchmark_writes_one_record_per_backend(tmp_path):
     out = tmp_path / "dock.json"
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-    run = subprocess.run([sys.executable, "-m", "benchmarks.dock", "--quick", "--nodes", str(NODES),
-                          "--backends", "centralized,dock", "--out", str(out)],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=580)
-    assert run.returncode == 0, run.stderr[-3000:]
+    done = run("benchmarks.dock", "--quick", "--nodes", str(NODES), "--backends", "centralized,dock", "--out", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(out.read_text())["results"]
     assert sorted(r["backend"] for r in results) == ["centralized", "dock"]
     for record in results:
@@ -38,4 +42,31 @@ def test_quick_benchmark_writes_one_record_per_backend(tmp_path):
     by_backend = {r["backend"]: r for r in results}
     # The distributed dock's busiest process moves 1/S of the centralized buffer's bytes plus metadata (S = 2).
     assert by_backend["dock"]["busiest_bytes"] < by_backend["centralized"]["busiest_bytes"] * (1 / NODES + 0.1)
-    assert "busiest MB" in run.stdout
+    assert "busiest MB" in done.stdout
+    assert all(r["nic_mbps"] is None and r["nodes"] == NODES and r["busiest_link_s"] == 0 for r in results)
+
+
+@pytest.mark.slow
+@pytest.mark.bench  # about a minute and a half
+def test_modelled_benchmark_and_node_sweep_write_their_records(tmp_path):
+    out = tmp_path / "modelled.json"
+    done = run("benchmarks.dock", "--quick", "--nodes", str(NODES), "--nic-mbps", "100", "--out", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out.read_text())["results"]
+    assert sorted(r["backend"] for r in results) == ["centralized", "dock"]  # TransferQueue is not modelled
+    for record in results:
+        assert FIELDS <= set(record) and record["nic_mbps"] == 100 and record["nodes"] == NODES
+    central = next(r for r in results if r["backend"] == "centralized")
+    assert central["busiest_link_s"] > 0  # the other node's worker crossed the buffer's link
+    refused = run("benchmarks.dock", "--quick", "--nic-mbps", "100", "--backends", "transferqueue", "--out", str(out))
+    assert refused.returncode != 0 and "not modelled" in refused.stderr
+
+    sweep = tmp_path / "sweep.json"
+    done = run("benchmarks.dock_sweep", "--nodes", "1,2", "--per-node", "32", "--seq", "256", "--micro", "16",
+               "--out", str(sweep))
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = json.loads(sweep.read_text())["results"]
+    assert sorted((r["backend"], r["nodes"], r["samples"]) for r in records) == [
+        ("centralized", 1, 32), ("centralized", 2, 64), ("dock", 1, 32), ("dock", 2, 64)]
+    assert all(r["linearity"] == 1.0 for r in records if r["nodes"] == 1)
+    assert "linearity" in done.stdout

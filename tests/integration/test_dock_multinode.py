@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import pytest
 import ray
@@ -13,6 +14,7 @@ from ray.cluster_utils import Cluster
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from tensordict import TensorDict
 
+from benchmarks.dock_sim_engine import GENERATED, FlowSim, Shape, grpo_flow
 from dockflow.dock import DockSpec, create_dock
 from dockflow.dock.rpc import peer_id
 
@@ -60,6 +62,19 @@ class Worker:
 
     def take_indices(self, dock, consumer, batch_size):
         return dock.get(consumer, batch_size, timeout_s=60).indices
+
+    def put_rows(self, dock, indices, widths, meta):
+        """Rows of the given per-sample widths ({column: (width, dtype name)}); ``meta``: {key: list}."""
+        data = {c: torch.ones((len(indices), w), dtype=getattr(torch, d)) for c, (w, d) in widths.items()}
+        dock.put(indices, TensorDict(data, batch_size=[len(indices)]), meta=meta)
+
+    def take(self, dock, consumer, batch_size, whole_groups, dp_share):
+        return dock.get(consumer, batch_size, whole_groups=whole_groups, dp_share=dp_share, timeout_s=60).indices
+
+    def timed_produce(self, dock, indices, column):
+        started = time.perf_counter()
+        self.produce(dock, indices, column)
+        return time.perf_counter() - started
 
     def consume(self, dock, consumer, batch_size, rounds):
         checks = []
@@ -150,3 +165,65 @@ def test_get_prefers_the_warehouse_on_its_node_then_takes_from_the_others(nodes,
         assert rest == list(range(block))  # its own shard is used up: it takes from the others, lowest first
     finally:
         dock.shutdown()
+
+
+def test_protocol_simulator_matches_the_ray_dock(nodes, workers):
+    """Replay the simulator's puts and takes on a real dock: every take returns the samples the simulator chose,
+    and each warehouse and controller counts the messages and data bytes the simulator counted."""
+    shape = Shape(6, GROUP, 4, 4, 8, 3)  # 24 samples, 8 per node
+    sim = FlowSim(shape, "distributed", NODES, 100.0, gets_per_rank=2, shard_block=8, barrier=True).run()
+    kinds, stages = grpo_flow(shape.items)
+    widths = {c: (shape.prompt_len if k == "PL" else shape.seq_len, "int32" if c in GENERATED else "float32")
+              for c, k in kinds.items()}
+    dock = create_dock(DockSpec(columns={c: getattr(torch, d) for c, (_, d) in widths.items()}, capacity=24,
+                                group_size=GROUP, warehouse_nodes=nodes, name="sim-replay", shard_block=8,
+                                get_timeout_s=60))
+    try:
+        for k, stage in enumerate(stages):
+            dock.register_consumer(stage.name, list(stage.reads), node_id=nodes[k % NODES])
+        whole = {s.name: s.whole_groups for s in stages}
+        for op in sim.trace:
+            if op[0] == "put":
+                _, rank, idx, columns, meta = op
+                meta = {k: v.tolist() for k, v in meta.items()} if meta else None
+                ray.get(workers[rank].put_rows.remote(dock, idx.tolist(), {c: widths[c] for c in columns}, meta))
+            else:
+                _, consumer, rank, size, dp, chosen = op
+                assert ray.get(workers[rank].take.remote(dock, consumer, size, whole[consumer], dp)) == chosen.tolist()
+        stats = dock.stats()
+        for real, simulated in zip(stats["warehouses"], sim.warehouses, strict=True):
+            assert (real["bytes_in"], real["bytes_out"]) == (simulated.data_in, simulated.data_out)
+            assert real["writes"] + real["reads"] == simulated.msgs_in
+        for stage in stages:
+            real, keeper = stats["controllers"][stage.name], sim.keepers[stage.name]
+            assert real["notifications"] == keeper.proc.msgs_in + NODES  # + one snapshot per warehouse at registration
+            assert real["gets"] == keeper.state.gets and real["consumed"] == shape.samples
+    finally:
+        dock.shutdown()
+
+
+def test_bandwidth_model_holds_the_link_only_across_nodes(nodes, workers):
+    block = CAPACITY // NODES  # warehouse i owns [i*block, (i+1)*block)
+    mib_per_s = 0.01  # a put of 16 rows x 16 int64 (2 KiB) holds a link 0.2 s
+    dock = create_dock(DockSpec(columns=COLUMNS, capacity=CAPACITY, group_size=GROUP, warehouse_nodes=nodes,
+                                name="modelled", shard_block=block, nic_mib_per_s=mib_per_s, get_timeout_s=60))
+    try:
+        dock.register_consumer("reward", ["responses"], node_id=nodes[1])
+        writer = workers[1]
+        local = ray.get(writer.timed_produce.remote(dock, list(range(block, 2 * block)), "responses"))
+        remote = ray.get(writer.timed_produce.remote(dock, list(range(block)), "responses"))
+        rows = block * SL * 8
+        assert remote >= rows / (mib_per_s * 2**20) * 0.95 > local
+        stats = dock.stats()
+        assert stats["warehouses"][1]["link_bytes"] == 0  # its writer and its controller are on its node
+        assert stats["warehouses"][0]["link_bytes"] >= rows  # rows in, the notification out
+        assert stats["controllers"]["reward"]["link_bytes"] > 0  # warehouse 0's notification came in
+        assert ray.get(workers[2].take_indices.remote(dock, "reward", 2 * block)) == list(range(2 * block))
+    finally:
+        dock.shutdown()
+    plain = create_dock(DockSpec(columns=COLUMNS, capacity=CAPACITY, group_size=GROUP, warehouse_nodes=nodes,
+                                 name="unmodelled"))
+    try:
+        assert not any(k.startswith("link_") for w in plain.stats()["warehouses"] for k in w)  # the model is off
+    finally:
+        plain.shutdown()
