@@ -36,6 +36,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
 from benchmarks.results_file import write_results  # noqa: E402
+from dockflow.dock.request import DockRequest  # noqa: E402
 
 NODES = 4  # the simulated cluster; --nodes changes it (the smoke test uses 2)
 GROUP = 16  # N responses per prompt
@@ -133,7 +134,7 @@ class NodeWorker:
             self._account_tq(list(meta.global_indexes), columns)
             handle = meta
         else:
-            handle = self.dock.get(consumer, self.mb, columns, whole_groups=whole, timeout_s=600).indices
+            handle = self.dock.get(DockRequest(consumer, self.mb, tuple(columns), whole_groups=whole, timeout_s=600)).indices
         return handle, time.perf_counter() - started
 
     def put_derived(self, handle: Any, columns: list[str]) -> None:

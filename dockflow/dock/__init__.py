@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         TransferDock,
     )
     from dockflow.dock.partition import balanced_partitions
+    from dockflow.dock.request import DockRequest
     from dockflow.dock.samplers import concat_batches, split_balanced, split_groups
 
 _EXPORTS = {
@@ -35,6 +36,7 @@ _EXPORTS = {
     "DockTimeout": "dockflow.dock.errors",
     "DockUnavailable": "dockflow.dock.errors",
     "DockBatch": "dockflow.dock.api",
+    "DockRequest": "dockflow.dock.request",
     "DockSpec": "dockflow.dock.api",
     "TransferDock": "dockflow.dock.api",
     "balanced_partitions": "dockflow.dock.partition",
@@ -67,6 +69,7 @@ __all__ = [
     "DockCancelled",
     "DockError",
     "DockInvalid",
+    "DockRequest",
     "DockSpec",
     "DockTimeout",
     "DockUnavailable",

@@ -23,6 +23,7 @@ from dockflow.dock.errors import DockInvalid, DockUnavailable
 from dockflow.dock.longpoll import take_when_ready
 from dockflow.dock.netmodel import LinkSpec, NodeLink
 from dockflow.dock.protocol import payload_bytes
+from dockflow.dock.request import DockRequest
 from dockflow.dock.sharding import ShardMap
 from dockflow.dock.warehouse import WarehouseStore
 from dockflow.dock.window import Window
@@ -49,26 +50,20 @@ def cancelled_message(consumer: str) -> str:
 
 
 async def take_unless_reset(
-    cond: asyncio.Condition,
-    state: ControllerState,
-    batch_size: int,
-    columns: Sequence[str],
-    whole_groups: bool,
-    window: Window | None,
-    timeout_s: float,
-    prefer: Sequence[int] | None = None,
-    dp_share: tuple[int, int] | None = None,
+    cond: asyncio.Condition, state: ControllerState, request: DockRequest, prefer: Sequence[int] | None = None
 ) -> tuple[str, np.ndarray | None]:
-    """Long-poll a take: ("ok", indices), ("timeout", None), or ("reset", None) when a reset touched ``window``
-    meanwhile (the iteration this get waited in is over). Statuses are strings, not a sentinel object: Ray may
-    pickle this module's functions by value, and a copied sentinel is no longer identical to itself."""
+    """Long-poll a take of ``request`` (resolved by the client: columns, window, timeout filled in): ("ok",
+    indices), ("timeout", None), or ("reset", None) when a reset touched its window meanwhile (the iteration this
+    get waited in is over). Statuses are strings, not a sentinel object: Ray may pickle this module's functions
+    by value, and a copied sentinel is no longer identical to itself."""
+    window = request.window
     resets = state.reset_count(window)
     chosen = await take_when_ready(
         cond,
         lambda: "reset" if state.reset_count(window) != resets else state.take(
-            batch_size, columns, whole_groups, window, prefer, dp_share
+            request.batch_size, request.columns, request.whole_groups, window, prefer, request.dp_share
         ),
-        timeout_s,
+        request.timeout_s,
     )
     if chosen is None:
         return "timeout", None
@@ -117,36 +112,25 @@ class ControllerActor:
             self.cond.notify_all()
         self.meta_bytes_in += indices.nbytes + nbytes(meta or {})
 
-    async def take(
-        self,
-        batch_size: int,
-        columns: Sequence[str],
-        whole_groups: bool,
-        timeout_s: float,
-        window: Window | None = None,
-        prefer: Sequence[int] | None = None,
-        dp_share: tuple[int, int] | None = None,
-        node: str | None = None,
-    ) -> tuple[str, Any, Any]:
+    async def take(self, request: DockRequest, prefer: Sequence[int] | None = None, node: str | None = None
+                   ) -> tuple[str, Any, Any]:
         """("ok", indices, meta), ("timeout", readiness message, None), or ("reset", message, None) when a reset
         ended the iteration this get waited in (its requester may be gone: it must not take the next one's).
-        ``prefer``: shards (warehouses) whose samples go first, those on the requester's node. ``dp_share``:
-        see ``ControllerState.take``."""
-        state = self.state
-        state.validate(batch_size, columns, whole_groups, window, dp_share)
+        ``prefer``: shards (warehouses) whose samples go first, those on the requester's node."""
+        state, r = self.state, request
+        state.validate(r.batch_size, r.columns, r.whole_groups, r.window, r.dp_share)
         loop = asyncio.get_running_loop()
         started = loop.time()
         self.waiting += 1
         try:
-            status, chosen = await take_unless_reset(
-                self.cond, state, batch_size, columns, whole_groups, window, timeout_s, prefer, dp_share
-            )
+            status, chosen = await take_unless_reset(self.cond, state, request, prefer)
         finally:
             self.waiting -= 1
         if status == "reset":
             return "reset", cancelled_message(self.state.consumer), None
         if status == "timeout":
-            readiness = state.readiness(state.samples_needed(batch_size, window, dp_share), columns, whole_groups, window)
+            needed = state.samples_needed(r.batch_size, r.window, r.dp_share)
+            readiness = state.readiness(needed, r.columns, r.whole_groups, r.window)
             return "timeout", readiness.message(loop.time() - started), None
         meta = self.state.meta.take(chosen)
         self.meta_bytes_out += chosen.nbytes + nbytes(meta)

@@ -10,7 +10,7 @@ Producers ``put`` column data for some indices; consumers (worker states such as
                                 capacity=256, group_size=8))
     dock.register_consumer("reward", ["responses"])
     dock.put([0, 1], TensorDict({"responses": r}, batch_size=[2]), meta={"prompt_id": [0, 0]})
-    batch = dock.get("reward", batch_size=2)          # DockBatch(indices=[0, 1], data=..., meta=...)
+    batch = dock.get(DockRequest("reward", batch_size=2))   # DockBatch(indices=[0, 1], data=..., meta=...)
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from dockflow.dock.errors import (
     DockTimeout,
     DockUnavailable,
 )
+from dockflow.dock.request import DockRequest
 
 if TYPE_CHECKING:  # the actors import this module; keep tensordict (slow to import) out of them
     from tensordict import TensorDict
@@ -40,6 +41,7 @@ __all__ = [
     "DockCancelled",
     "DockError",
     "DockInvalid",
+    "DockRequest",
     "DockSpec",
     "DockTimeout",
     "DockUnavailable",
@@ -130,26 +132,15 @@ class TransferDock(ABC):
         """Write columns for ``indices``; ``data.batch_size[0] == len(indices)``; meta keys from META_KEYS."""
 
     @abstractmethod
-    def get(
-        self,
-        consumer: str,
-        batch_size: int,
-        columns: Sequence[str] | None = None,
-        *,
-        whole_groups: bool = False,
-        timeout_s: float | None = None,
-        window: tuple[int, int] | None = None,
-        dp_share: tuple[int, int] | None = None,
-    ) -> DockBatch:
-        """Block until ``batch_size`` unconsumed samples have ``columns`` ready, mark them consumed, return them.
+    def get(self, request: DockRequest) -> DockBatch:
+        """Block until ``request.batch_size`` unconsumed samples have its columns ready, mark them consumed,
+        return them (``DockRequest`` says what each field asks for).
 
         Returns the lowest ready indices, ascending, so a producer that writes in index order gives every
-        consumer the same batches run after run. ``whole_groups`` returns only complete GRPO groups.
-        ``window=(lo, hi)`` takes only indices in ``[lo, hi)``: the iteration that owns that slice of the dock.
-        ``dp_share=(rank, ranks)``: the caller is DP rank ``rank`` of ``ranks`` asking for its ``batch_size``
-        share of a mini-batch; the controller splits each mini-batch of ``ranks * batch_size`` samples into
-        equal-count shares balanced by response length (from metadata, before any data is read), and each
-        rank's k-th get returns its share of the k-th mini-batch. All ranks must ask for the same sizes.
+        consumer the same batches run after run. With ``dp_share=(rank, ranks)`` the controller splits each
+        mini-batch of ``ranks * batch_size`` samples into equal-count shares balanced by response length (from
+        metadata, before any data is read), and each rank's k-th get returns its share of the k-th mini-batch.
+        All ranks must ask for the same sizes. The request is checked once, here in the client.
         """
 
     @abstractmethod

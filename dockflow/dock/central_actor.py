@@ -16,6 +16,7 @@ from dockflow.dock.controller import ControllerState
 from dockflow.dock.errors import DockInvalid
 from dockflow.dock.netmodel import LinkSpec
 from dockflow.dock.protocol import payload_bytes
+from dockflow.dock.request import DockRequest
 from dockflow.dock.sharding import ShardMap
 from dockflow.dock.warehouse import WarehouseStore
 from dockflow.dock.window import Window
@@ -78,37 +79,25 @@ class CentralBufferActor:
             self.cond.notify_all()
         self.bytes_by_peer[peer] += nbytes(arrays)
 
-    async def get(
-        self,
-        consumer: str,
-        batch_size: int,
-        columns: Sequence[str],
-        whole_groups: bool,
-        timeout_s: float,
-        peer: str,
-        window: Window | None = None,
-        dp_share: tuple[int, int] | None = None,
-        node: str | None = None,
-    ) -> tuple[str, Any, Any, Any]:
+    async def get(self, request: DockRequest, peer: str, node: str | None = None) -> tuple[str, Any, Any, Any]:
         """("ok", indices, arrays, meta), ("timeout", message, None, None) or ("reset", message, None, None)."""
-        state = self._state(consumer)
-        state.validate(batch_size, columns, whole_groups, window, dp_share)
+        r = request
+        state = self._state(r.consumer)
+        state.validate(r.batch_size, r.columns, r.whole_groups, r.window, r.dp_share)
         loop = asyncio.get_running_loop()
         started = loop.time()
-        self.waiting[consumer] += 1
+        self.waiting[r.consumer] += 1
         try:
-            status, chosen = await take_unless_reset(
-                self.cond, state, batch_size, columns, whole_groups, window, timeout_s, None, dp_share
-            )
+            status, chosen = await take_unless_reset(self.cond, state, request)
         finally:
-            self.waiting[consumer] -= 1
+            self.waiting[r.consumer] -= 1
         if status == "reset":
-            return "reset", cancelled_message(consumer), None, None
+            return "reset", cancelled_message(r.consumer), None, None
         if status == "timeout":
-            needed = state.samples_needed(batch_size, window, dp_share)
-            message = state.readiness(needed, columns, whole_groups, window).message(loop.time() - started)
+            needed = state.samples_needed(r.batch_size, r.window, r.dp_share)
+            message = state.readiness(needed, r.columns, r.whole_groups, r.window).message(loop.time() - started)
             return "timeout", message, None, None
-        arrays = self.store.read(chosen, columns)
+        arrays = self.store.read(chosen, list(r.columns))
         self.bytes_by_peer[peer] += nbytes(arrays)
         meta = state.meta.take(chosen)
         if self.link is not None:  # network model: indices, rows and metadata go out over this node's link

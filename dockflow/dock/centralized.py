@@ -18,6 +18,7 @@ from dockflow.dock.api import DockBatch, DockSpec, DockUnavailable, TransferDock
 from dockflow.dock.central_actor import CentralBufferActor
 from dockflow.dock.errors import get_failure
 from dockflow.dock.netmodel import LinkSpec, remove_links
+from dockflow.dock.request import DockRequest
 from dockflow.dock.rpc import call, peer_id
 from dockflow.dock.wire import from_wire, tensors_to_wire, wire_dtypes
 
@@ -70,34 +71,24 @@ class CentralizedDock(TransferDock):
         ref = self.buffer.put.remote(index, tensors_to_wire(tensors), meta_arrays, peer_id(), *self._here())
         call([ref], self.spec.rpc_timeout_s, f"put of {len(index)} samples")
 
-    def get(
-        self,
-        consumer: str,
-        batch_size: int,
-        columns: Sequence[str] | None = None,
-        *,
-        whole_groups: bool = False,
-        timeout_s: float | None = None,
-        window: tuple[int, int] | None = None,
-        dp_share: tuple[int, int] | None = None,
-    ) -> DockBatch:
+    def get(self, request: DockRequest) -> DockBatch:
+        consumer = request.consumer
         what = f"get by consumer {consumer!r}"
+        columns = request.columns
         if columns is None:
             if consumer not in self._columns:
                 ref = self.buffer.columns.remote(consumer)
                 self._columns[consumer] = tuple(call([ref], self.spec.rpc_timeout_s, what)[0])
             columns = self._columns[consumer]
-        columns = list(columns)
-        validation.check_get(self.spec, consumer, batch_size, columns, whole_groups, dp_share)
-        win = validation.check_window(self.spec, window, f"get by {consumer!r}")
-        timeout = self.spec.get_timeout_s if timeout_s is None else timeout_s
-        ref = self.buffer.get.remote(
-            consumer, batch_size, columns, whole_groups, timeout, peer_id(), win, dp_share, *self._here()
-        )
+        win = validation.check_window(self.spec, request.window, f"get by {consumer!r}")
+        timeout = self.spec.get_timeout_s if request.timeout_s is None else request.timeout_s
+        request = request.resolved(columns, win, timeout)
+        validation.check_get(self.spec, request)
+        ref = self.buffer.get.remote(request, peer_id(), *self._here())
         status, indices, arrays, meta = call([ref], timeout + _GRACE_S, what)[0]
         if status != "ok":
             raise get_failure(status, indices)
-        data = {c: from_wire(arrays[c], self.spec.columns[c]).clone() for c in columns}
+        data = {c: from_wire(arrays[c], self.spec.columns[c]).clone() for c in request.columns}
         return DockBatch(
             indices=indices.tolist(),
             data=TensorDict(data, batch_size=[len(indices)]),

@@ -22,6 +22,7 @@ from dockflow.dock.actors import ControllerActor, WarehouseActor
 from dockflow.dock.api import DockBatch, DockInvalid, DockSpec, DockUnavailable, TransferDock
 from dockflow.dock.errors import get_failure
 from dockflow.dock.netmodel import LinkSpec, remove_links
+from dockflow.dock.request import DockRequest
 from dockflow.dock.rpc import call, peer_id, unwrap
 from dockflow.dock.sharding import ShardMap
 from dockflow.dock.wire import from_wire, to_wire, wire_dtypes
@@ -161,29 +162,19 @@ class DistributedDock(TransferDock):
             refs.append(self.warehouses[shard].put.remote(shard_index, arrays, shard_meta, peer, *here))
         call(refs, self.spec.rpc_timeout_s, f"put of {len(index)} samples")
 
-    def get(
-        self,
-        consumer: str,
-        batch_size: int,
-        columns: Sequence[str] | None = None,
-        *,
-        whole_groups: bool = False,
-        timeout_s: float | None = None,
-        window: tuple[int, int] | None = None,
-        dp_share: tuple[int, int] | None = None,
-    ) -> DockBatch:
+    def get(self, request: DockRequest) -> DockBatch:
+        consumer = request.consumer
         controller = self._controller(consumer)
-        columns = list(self._registered_columns(consumer) if columns is None else columns)
-        validation.check_get(self.spec, consumer, batch_size, columns, whole_groups, dp_share)
-        win = validation.check_window(self.spec, window, f"get by {consumer!r}")
-        timeout = self.spec.get_timeout_s if timeout_s is None else timeout_s
-        ref = controller.take.remote(
-            batch_size, columns, whole_groups, timeout, win, self._local_shards(), dp_share, *self._here()
-        )
+        columns = self._registered_columns(consumer) if request.columns is None else request.columns
+        win = validation.check_window(self.spec, request.window, f"get by {consumer!r}")
+        timeout = self.spec.get_timeout_s if request.timeout_s is None else request.timeout_s
+        request = request.resolved(columns, win, timeout)
+        validation.check_get(self.spec, request)
+        ref = controller.take.remote(request, self._local_shards(), *self._here())
         status, indices, meta = self._await_controller(ref, consumer, timeout)
         if status != "ok":
             raise get_failure(status, indices)
-        data = self._read(indices, columns, consumer)
+        data = self._read(indices, list(request.columns), consumer)
         return DockBatch(
             indices=indices.tolist(),
             data=TensorDict(data, batch_size=[len(indices)]),

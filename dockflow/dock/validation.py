@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 import torch
 from tensordict import TensorDictBase
 
 from dockflow.dock.api import META_KEYS, DockInvalid, DockSpec
+from dockflow.dock.request import DockRequest
 from dockflow.dock.window import Window
 
 
@@ -97,19 +99,14 @@ def check_reset(spec: DockSpec, keep: Sequence[int], window: Sequence[int] | Non
     return kept, win
 
 
-def check_get(
-    spec: DockSpec,
-    consumer: str,
-    batch_size: int,
-    columns: Sequence[str],
-    whole_groups: bool,
-    dp_share: tuple[int, int] | None = None,
-) -> None:
-    """What can be refused without asking the controller."""
-    if dp_share is not None:
-        if len(dp_share) != 2 or not 0 <= dp_share[0] < dp_share[1]:
-            raise DockInvalid(f"get by {consumer!r}: dp_share must be (rank, ranks) with 0 <= rank < ranks, not {dp_share!r}")
-        check_get(spec, consumer, batch_size * dp_share[1], columns, whole_groups)
+def check_get(spec: DockSpec, request: DockRequest) -> None:
+    """What can be refused without asking the controller (``request.columns`` filled in)."""
+    consumer, batch_size, columns = request.consumer, request.batch_size, request.columns or ()
+    if request.dp_share is not None:
+        if len(request.dp_share) != 2 or not 0 <= request.dp_share[0] < request.dp_share[1]:
+            raise DockInvalid(f"get by {consumer!r}: dp_share must be (rank, ranks) with 0 <= rank < ranks, not "
+                              f"{request.dp_share!r}")
+        check_get(spec, replace(request, batch_size=batch_size * request.dp_share[1], dp_share=None))
     unknown = [c for c in columns if c not in spec.columns]
     if unknown:
         raise DockInvalid(f"get by {consumer!r}: unknown columns {unknown}; the dock has {list(spec.columns)}")
@@ -117,7 +114,7 @@ def check_get(
         raise DockInvalid(f"get by {consumer!r}: no columns requested")
     if batch_size <= 0 or batch_size > spec.capacity:
         raise DockInvalid(f"get by {consumer!r}: batch_size {batch_size} not in [1, capacity={spec.capacity}]")
-    if whole_groups and batch_size % spec.group_size:
+    if request.whole_groups and batch_size % spec.group_size:
         raise DockInvalid(
             f"get by {consumer!r}: whole_groups needs batch_size ({batch_size}) to be a multiple of "
             f"group_size ({spec.group_size})"

@@ -22,7 +22,7 @@ from dockflow.algos import sequence_log_probs
 from dockflow.algos.recipes.dpo import MARGIN
 from dockflow.config import Config
 from dockflow.data import load_task
-from dockflow.dock import TransferDock
+from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import create_engines
 from dockflow.eval import evaluate_policy
 from dockflow.models import load_model_and_tokenizer
@@ -80,10 +80,8 @@ class ActorWorker(ModelWorker):
         start = time.perf_counter()
         cols = self.columns["actor_infer"]
         waited = WaitClock()
-        for batch in consume(
-            self.dock, "actor_infer", cols, self.cfg.global_batch // self.dp, self.cfg.train.infer_batch_size,
-            window=self.cfg.dock_window(iteration), clock=waited,
-        ):
+        request = DockRequest("actor_infer", self.cfg.train.infer_batch_size, cols, window=self.cfg.dock_window(iteration))
+        for batch in consume(self.dock, request, self.cfg.global_batch // self.dp, clock=waited):
             logp = self.train_engine.infer(batch.data)
             self.dock.put(batch.indices, TensorDict({"old_log_prob": logp}, batch_size=[len(batch)]))
         return {"timing/old_log_prob_s": time.perf_counter() - start, "timing/old_log_prob_wait_s": waited.seconds}
@@ -97,14 +95,12 @@ class ActorWorker(ModelWorker):
         paired = self.recipe.paired_rows  # (chosen, rejected) rows: keep them together and in order
         waited = WaitClock()
         balance = tc.seqlen_balance and not paired
-        batches = consume(
-            # each DP rank takes an equal share of every mini-batch (FSDP's collectives need equal step counts),
-            # balanced by response length across the ranks when seqlen_balance is on
-            self.dock, "actor_update", self.columns["actor_update"], self.cfg.train_batch // self.dp,
-            tc.mini_batch_size // self.dp,
-            whole_groups=paired, window=self.cfg.dock_window(iteration), clock=waited,
-            dp_share=(self.rank, self.dp) if balance and self.dp > 1 else None,
-        )
+        # each DP rank takes an equal share of every mini-batch (FSDP's collectives need equal step counts),
+        # balanced by response length across the ranks when seqlen_balance is on
+        request = DockRequest("actor_update", tc.mini_batch_size // self.dp, tuple(self.columns["actor_update"]),
+                              whole_groups=paired, window=self.cfg.dock_window(iteration),
+                              dp_share=(self.rank, self.dp) if balance and self.dp > 1 else None)
+        batches = consume(self.dock, request, self.cfg.train_batch // self.dp, clock=waited)
         staleness = StalenessCounter(self.policy_version, staleness_bound(self.cfg))
         mini_batches = (staleness.admit(b.data, b.meta["policy_version"]) for b in batches)
         if balance:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from dockflow.dock import DockBatch, TransferDock
+from dockflow.dock import DockBatch, DockRequest, TransferDock
 
 
 @dataclass
@@ -16,26 +16,13 @@ class WaitClock:
     seconds: float = 0.0
 
 
-def consume(
-    dock: TransferDock,
-    consumer: str,
-    columns: Sequence[str],
-    total: int,
-    batch_size: int,
-    *,
-    whole_groups: bool = False,
-    window: tuple[int, int] | None = None,
-    clock: WaitClock | None = None,
-    dp_share: tuple[int, int] | None = None,
-) -> Iterator[DockBatch]:
-    """Yield batches of ``batch_size`` (the last may be smaller) until ``total`` samples are consumed, from the
-    iteration's ``window`` of the dock; ``clock`` adds up the time spent waiting for them. ``dp_share=(rank,
-    ranks)``: each batch is this rank's length-balanced share of a mini-batch (``TransferDock.get``)."""
+def consume(dock: TransferDock, request: DockRequest, total: int, clock: WaitClock | None = None) -> Iterator[DockBatch]:
+    """Yield batches of ``request.batch_size`` (the last may be smaller) until ``total`` samples are consumed;
+    ``clock`` adds up the time spent waiting for them."""
     taken = 0
     while taken < total:
-        size = min(batch_size, total - taken)
         start = time.perf_counter()
-        batch = dock.get(consumer, size, columns, whole_groups=whole_groups, window=window, dp_share=dp_share)
+        batch = dock.get(request.sized(min(request.batch_size, total - taken)))
         if clock is not None:
             clock.seconds += time.perf_counter() - start
         taken += len(batch)

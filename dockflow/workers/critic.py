@@ -13,7 +13,7 @@ from tensordict import TensorDict
 
 from dockflow.algos import clipped_value_loss
 from dockflow.config import Config
-from dockflow.dock import TransferDock
+from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import create_critic_engine
 from dockflow.models import load_critic
 from dockflow.storage.objects import fetch_model
@@ -39,9 +39,8 @@ class CriticWorker(ModelWorker):
     def compute_values(self, iteration: int) -> dict[str, float]:
         start = time.perf_counter()
         bs = self.cfg.train.infer_batch_size
-        for batch in consume(
-            self.dock, "critic_infer", self.columns["critic_infer"], self.cfg.global_batch, bs, window=self.cfg.dock_window(iteration)
-        ):
+        request = DockRequest("critic_infer", bs, tuple(self.columns["critic_infer"]), window=self.cfg.dock_window(iteration))
+        for batch in consume(self.dock, request, self.cfg.global_batch):
             values = self.engine.infer(batch.data)
             self.dock.put(batch.indices, TensorDict({"values": values}, batch_size=[len(batch)]))
         return {"timing/values_s": time.perf_counter() - start}
@@ -67,10 +66,9 @@ class CriticWorker(ModelWorker):
     def update(self, iteration: int) -> dict[str, float]:
         start = time.perf_counter()
         tc = self.cfg.train
-        batches = consume(
-            self.dock, "critic_update", self.columns["critic_update"], self.cfg.train_batch, tc.mini_batch_size,
-            window=self.cfg.dock_window(iteration),
-        )
+        request = DockRequest("critic_update", tc.mini_batch_size, tuple(self.columns["critic_update"]),
+                              window=self.cfg.dock_window(iteration))
+        batches = consume(self.dock, request, self.cfg.train_batch)
         mini_batches = (length_sorted(b.data, tc.micro_batch_size) if tc.seqlen_balance else b.data for b in batches)
         metrics = train_epochs(self.engine, mini_batches, self._loss, tc.epochs, tc.micro_batch_size)
         metrics.pop("train/dp_load_imbalance", None)  # the critic trains on one process

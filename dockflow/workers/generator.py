@@ -13,7 +13,7 @@ from typing import Any
 
 from dockflow.config import Config
 from dockflow.data import load_task
-from dockflow.dock import TransferDock
+from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import create_generation_engine
 from dockflow.models import load_model_and_tokenizer
 from dockflow.storage.objects import fetch_model
@@ -87,8 +87,7 @@ class GeneratorWorker:
         from their dock windows, and the rollout queue's state (parked groups, the prompt stream)."""
         windows = {}
         for j in iterations:
-            batch = self.dock.get(SNAPSHOT_CONSUMER, self.cfg.global_batch, window=self.cfg.dock_window(j),
-                                  timeout_s=self.cfg.dock.get_timeout_s)
+            batch = self.dock.get(DockRequest(SNAPSHOT_CONSUMER, self.cfg.global_batch, window=self.cfg.dock_window(j)))
             windows[j] = {"indices": batch.indices, "data": batch.data, "meta": batch.meta}
         state = queue_call(queue, "state_dict", timeout_s=self.cfg.train.stage_timeout_s) if queue is not None \
             else self.queue.state_dict()

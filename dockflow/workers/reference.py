@@ -7,7 +7,7 @@ import time
 from tensordict import TensorDict
 
 from dockflow.config import Config
-from dockflow.dock import TransferDock
+from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import batched_log_probs
 from dockflow.models import load_model_and_tokenizer
 from dockflow.storage.objects import fetch_model
@@ -33,7 +33,8 @@ class ReferenceWorker:
         start = time.perf_counter()
         cols = consumers(self.cfg)["ref_infer"]
         bs = self.cfg.train.infer_batch_size
-        for batch in consume(self.dock, "ref_infer", cols, self.cfg.global_batch, bs, window=self.cfg.dock_window(iteration)):
+        request = DockRequest("ref_infer", bs, tuple(cols), window=self.cfg.dock_window(iteration))
+        for batch in consume(self.dock, request, self.cfg.global_batch):
             logp = batched_log_probs(self.model, batch.data, bs, self.cfg.rollout.temperature)
             self.dock.put(batch.indices, TensorDict({"ref_log_prob": logp}, batch_size=[len(batch)]))
         return {"timing/ref_log_prob_s": time.perf_counter() - start}

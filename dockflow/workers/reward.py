@@ -16,7 +16,7 @@ from tensordict import TensorDict
 from dockflow.algos import informative_groups
 from dockflow.config import Config
 from dockflow.data import load_task
-from dockflow.dock import TransferDock
+from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import decode_responses
 from dockflow.models import load_tokenizer
 from dockflow.rewards import verify
@@ -51,9 +51,8 @@ class RewardWorker:
         values: list[float] = []
         correct = 0.0
         bs = self.cfg.train.infer_batch_size
-        for batch in consume(
-            self.dock, "reward", ["responses", "response_mask"], self.cfg.global_batch, bs, window=self.cfg.dock_window(iteration)
-        ):
+        request = DockRequest("reward", bs, ("responses", "response_mask"), window=self.cfg.dock_window(iteration))
+        for batch in consume(self.dock, request, self.cfg.global_batch):
             texts = decode_responses(self.tokenizer, batch.data["responses"], batch.data["response_mask"])
             score = torch.tensor(
                 [verify(t, self.answers[int(p)]) for t, p in zip(texts, batch.meta["prompt_id"], strict=True)],
@@ -82,10 +81,9 @@ class RewardWorker:
         dynamic = self.cfg.rounds > 1
         generator = torch.Generator().manual_seed(filtration_seed(self.cfg.run.seed, iteration))
         zero_groups = groups = filled = 0
-        batches = consume(
-            self.dock, "advantage", self.advantage_columns, self.cfg.global_batch, self.recipe.advantage_batch_size(self.cfg),
-            whole_groups=True, window=self.cfg.dock_window(iteration),
-        )
+        request = DockRequest("advantage", self.recipe.advantage_batch_size(self.cfg), tuple(self.advantage_columns),
+                              whole_groups=True, window=self.cfg.dock_window(iteration))
+        batches = consume(self.dock, request, self.cfg.global_batch)
         for batch in batches:
             data = batch.data
             informative = informative_groups(data["rewards"], n)

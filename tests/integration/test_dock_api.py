@@ -17,6 +17,7 @@ from tensordict import TensorDict
 from dockflow.dock import (
     DockCancelled,
     DockInvalid,
+    DockRequest,
     DockSpec,
     DockTimeout,
     DockUnavailable,
@@ -91,7 +92,7 @@ class Worker:
         put(dock, indices, columns)
 
     def get(self, dock, consumer, batch_size, **kwargs):
-        batch = dock.get(consumer, batch_size, **kwargs)
+        batch = dock.get(DockRequest(consumer, batch_size, **kwargs))
         return batch.indices, {c: t.clone() for c, t in batch.data.items()}
 
 
@@ -102,23 +103,23 @@ def worker(ray_local):
 
 def test_get_returns_lowest_ready_ascending_bit_exact(fresh):
     put(fresh, [9, 2, 7, 0, 30], ["responses"], meta={"response_length": [5, 4, 3, 2, 1], "policy_version": [3] * 5})
-    batch = fresh.get("reward", 3)
+    batch = fresh.get(DockRequest("reward", 3))
     assert batch.indices == [0, 2, 7]
     assert_rows(batch, ["responses"])
     assert batch.meta["response_length"].tolist() == [2, 4, 3]
     assert batch.meta["policy_version"].tolist() == [3, 3, 3]
     assert batch.meta["prompt_id"].tolist() == [0, 0, 1]
-    assert fresh.get("reward", 2).indices == [9, 30]
+    assert fresh.get(DockRequest("reward", 2)).indices == [9, 30]
 
 
 def test_consumers_are_independent_and_need_all_their_columns(fresh):
     put(fresh, range(8), ["prompts", "responses", "logp"])
-    assert fresh.get("reward", 8).indices == list(range(8))
+    assert fresh.get(DockRequest("reward", 8)).indices == list(range(8))
     put(fresh, [5, 1, 3, 2], ["rewards"])
-    batch = fresh.get("update", 4)
+    batch = fresh.get(DockRequest("update", 4))
     assert batch.indices == [1, 2, 3, 5]
     assert_rows(batch, CONSUMERS["update"])
-    narrow = fresh.get("update", 2, columns=["prompts"])  # other columns, same consumed set
+    narrow = fresh.get(DockRequest("update", 2, columns=["prompts"]))  # other columns, same consumed set
     assert narrow.indices == [0, 4] and list(narrow.data.keys()) == ["prompts"]
 
 
@@ -146,7 +147,7 @@ def test_reset_cancels_a_waiting_get_so_it_cannot_take_the_next_iteration(fresh,
     with pytest.raises(DockCancelled, match="'reward' was cancelled: the dock was reset"):
         ray.get(waiting, timeout=30)
     put(fresh, range(4), ["responses"])
-    assert fresh.get("reward", 4).indices == [0, 1, 2, 3]
+    assert fresh.get(DockRequest("reward", 4)).indices == [0, 1, 2, 3]
 
 
 def test_windows_isolate_iterations_that_share_the_dock(fresh, worker):
@@ -165,11 +166,11 @@ def test_windows_isolate_iterations_that_share_the_dock(fresh, worker):
     indices, _ = ray.get(waiting, timeout=30)
     assert indices == list(range(half, half + 4))
     with pytest.raises(DockTimeout):
-        fresh.get("reward", 4, window=(0, half), timeout_s=0.3)  # dropped by the windowed reset
+        fresh.get(DockRequest("reward", 4, window=(0, half), timeout_s=0.3))  # dropped by the windowed reset
     with pytest.raises(DockInvalid, match="kept indices must lie in the window"):
         fresh.reset(keep=[half], window=(0, half))
     with pytest.raises(DockInvalid, match="multiples of group_size"):
-        fresh.get("reward", 1, window=(1, half))
+        fresh.get(DockRequest("reward", 1, window=(1, half)))
 
 
 def test_dp_ranks_get_length_balanced_shares_from_metadata(fresh, worker):
@@ -177,7 +178,7 @@ def test_dp_ranks_get_length_balanced_shares_from_metadata(fresh, worker):
     lengths = [40, 1, 35, 2, 30, 3, 25, 4]
     waiting = worker.get.remote(fresh, "reward", 4, dp_share=(1, 2))
     put(fresh, range(8), ["responses"], meta={"response_length": lengths})
-    share0 = fresh.get("reward", 4, dp_share=(0, 2))
+    share0 = fresh.get(DockRequest("reward", 4, dp_share=(0, 2)))
     indices1, data1 = ray.get(waiting, timeout=60)
     assert sorted(share0.indices + indices1) == list(range(8))
     assert share0.meta["response_length"].tolist() == [lengths[i] for i in share0.indices]
@@ -185,16 +186,16 @@ def test_dp_ranks_get_length_balanced_shares_from_metadata(fresh, worker):
     totals = sorted(sum(lengths[i] for i in share) for share in (share0.indices, indices1))
     assert totals[1] - totals[0] <= 5  # index order: 106 vs 34
     with pytest.raises(DockInvalid, match="dp_share"):
-        fresh.get("reward", 4, dp_share=(2, 2))
+        fresh.get(DockRequest("reward", 4, dp_share=(2, 2)))
 
 
 def test_whole_groups(fresh):
     put(fresh, [0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11], ["responses"])
-    assert fresh.get("reward", 8, whole_groups=True).indices == list(range(4, 12))
+    assert fresh.get(DockRequest("reward", 8, whole_groups=True)).indices == list(range(4, 12))
     with pytest.raises(DockInvalid, match="multiple of group_size"):
-        fresh.get("reward", 6, whole_groups=True)
+        fresh.get(DockRequest("reward", 6, whole_groups=True))
     with pytest.raises(DockTimeout):
-        fresh.get("reward", 4, whole_groups=True, timeout_s=0.3)
+        fresh.get(DockRequest("reward", 4, whole_groups=True, timeout_s=0.3))
 
 
 def test_timeout_names_consumer_columns_and_readiness(fresh):
@@ -202,7 +203,7 @@ def test_timeout_names_consumer_columns_and_readiness(fresh):
     put(fresh, range(2), ["rewards"])
     t0 = time.monotonic()
     with pytest.raises(DockTimeout) as err:
-        fresh.get("update", 4, timeout_s=0.5)
+        fresh.get(DockRequest("update", 4, timeout_s=0.5))
     assert time.monotonic() - t0 < 10
     message = str(err.value)
     assert "'update'" in message and "only 2 samples" in message and "rewards (missing for 30)" in message
@@ -210,11 +211,11 @@ def test_timeout_names_consumer_columns_and_readiness(fresh):
 
 def test_impossible_get_fails_instead_of_hanging(fresh):
     put(fresh, range(CAPACITY), ["responses"])
-    fresh.get("reward", 30)
+    fresh.get(DockRequest("reward", 30))
     with pytest.raises(DockInvalid, match="never arrive"):
-        fresh.get("reward", 3)
+        fresh.get(DockRequest("reward", 3))
     with pytest.raises(DockInvalid, match="not registered"):
-        fresh.get("nobody", 1)
+        fresh.get(DockRequest("nobody", 1))
 
 
 def test_bad_puts_are_rejected(fresh):
@@ -229,25 +230,25 @@ def test_bad_puts_are_rejected(fresh):
         put(fresh, [CAPACITY], ["rewards"])
     with pytest.raises(DockInvalid, match="unknown column"):
         fresh.put([1], TensorDict({"values": torch.zeros(1)}, batch_size=[1]))
-    assert fresh.get("reward", 1).indices == [0]
+    assert fresh.get(DockRequest("reward", 1)).indices == [0]
 
 
 def test_reset_keeps_only_what_is_asked(fresh):
     put(fresh, range(8), ["responses"], meta={"response_length": list(range(8))})
-    fresh.get("reward", 8)
+    fresh.get(DockRequest("reward", 8))
     fresh.reset(keep=[5, 6])
-    batch = fresh.get("reward", 2, timeout_s=5)
+    batch = fresh.get(DockRequest("reward", 2, timeout_s=5))
     assert batch.indices == [5, 6]
     assert_rows(batch, ["responses"])
     assert batch.meta["age"].tolist() == [1, 1] and batch.meta["response_length"].tolist() == [5, 6]
     with pytest.raises(DockTimeout):
-        fresh.get("reward", 1, timeout_s=0.3)
+        fresh.get(DockRequest("reward", 1, timeout_s=0.3))
 
 
 def test_stats_count_puts_gets_and_bytes(fresh):
     before = fresh.stats()
     put(fresh, range(8), ["responses"])
-    fresh.get("reward", 8)
+    fresh.get(DockRequest("reward", 8))
     after = fresh.stats()
     assert after["gets"] == before["gets"] + 1
     assert after["controllers"]["reward"]["consumed"] == 8
@@ -283,7 +284,7 @@ def test_random_interleavings_never_lose_duplicate_or_mix_up(dock, ops):
         ready = set.intersection(*(written[c] for c in CONSUMERS[consumer])) - set(seen[consumer])
         if len(ready) < size:
             continue  # would block: covered by the timeout tests
-        batch = dock.get(consumer, size, timeout_s=10)
+        batch = dock.get(DockRequest(consumer, size, timeout_s=10))
         assert batch.indices == sorted(ready)[:size]
         assert_rows(batch, CONSUMERS[consumer])
         seen[consumer].extend(batch.indices)
@@ -302,11 +303,11 @@ def test_dead_warehouse_is_reported_not_waited_on(ray_local):
             dock.put([1], TensorDict({"x": torch.ones(1)}, batch_size=[1]))  # owned by warehouse 1
         t0 = time.monotonic()
         with pytest.raises(DockUnavailable, match="warehouse 1"):
-            dock.get("c", 2)  # waits for a sample that cannot come: the health check says why
+            dock.get(DockRequest("c", 2))  # waits for a sample that cannot come: the health check says why
         assert time.monotonic() - t0 < 30
         ray.kill(dock._controller("c"))
         with pytest.raises(DockUnavailable):
-            dock.get("c", 1)
+            dock.get(DockRequest("c", 1))
     finally:
         dock.shutdown()
 

@@ -15,7 +15,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from tensordict import TensorDict
 
 from benchmarks.dock_sim_engine import GENERATED, FlowSim, Shape, grpo_flow
-from dockflow.dock import DockSpec, create_dock
+from dockflow.dock import DockRequest, DockSpec, create_dock
 from dockflow.dock.rpc import peer_id
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -61,7 +61,7 @@ class Worker:
         dock.put(indices, TensorDict({column: value}, batch_size=[n]))
 
     def take_indices(self, dock, consumer, batch_size):
-        return dock.get(consumer, batch_size, timeout_s=60).indices
+        return dock.get(DockRequest(consumer, batch_size, timeout_s=60)).indices
 
     def put_rows(self, dock, indices, widths, meta):
         """Rows of the given per-sample widths ({column: (width, dtype name)}); ``meta``: {key: list}."""
@@ -69,7 +69,7 @@ class Worker:
         dock.put(indices, TensorDict(data, batch_size=[len(indices)]), meta=meta)
 
     def take(self, dock, consumer, batch_size, whole_groups, dp_share):
-        return dock.get(consumer, batch_size, whole_groups=whole_groups, dp_share=dp_share, timeout_s=60).indices
+        return dock.get(DockRequest(consumer, batch_size, whole_groups=whole_groups, dp_share=dp_share, timeout_s=60)).indices
 
     def timed_produce(self, dock, indices, column):
         started = time.perf_counter()
@@ -79,7 +79,7 @@ class Worker:
     def consume(self, dock, consumer, batch_size, rounds):
         checks = []
         for _ in range(rounds):
-            batch = dock.get(consumer, batch_size, timeout_s=60)
+            batch = dock.get(DockRequest(consumer, batch_size, timeout_s=60))
             expected = torch.arange(SL) + torch.tensor(batch.indices).unsqueeze(1) * 1000
             if "responses" in batch.data.keys():
                 checks.append(bool(torch.equal(batch.data["responses"], expected)))

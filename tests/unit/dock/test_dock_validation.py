@@ -5,6 +5,7 @@ import torch
 from tensordict import TensorDict
 
 from dockflow.dock import DockInvalid, DockSpec
+from dockflow.dock.request import DockRequest
 from dockflow.dock.validation import check_get, check_indices, check_put
 
 SPEC = DockSpec(columns={"ids": torch.long, "r": torch.float32}, capacity=8, group_size=2)
@@ -41,11 +42,11 @@ def test_bad_puts_are_refused(indices, data, meta, match):
 
 def test_bad_gets_and_specs_are_refused():
     with pytest.raises(DockInvalid, match="multiple of group_size"):
-        check_get(SPEC, "c", 3, ["r"], whole_groups=True)
+        check_get(SPEC, DockRequest("c", 3, ("r",), whole_groups=True))
     with pytest.raises(DockInvalid, match="capacity"):
-        check_get(SPEC, "c", 9, ["r"], whole_groups=False)
+        check_get(SPEC, DockRequest("c", 9, ("r",)))
     with pytest.raises(DockInvalid, match="unknown columns"):
-        check_get(SPEC, "c", 2, ["x"], whole_groups=False)
+        check_get(SPEC, DockRequest("c", 2, ("x",)))
     with pytest.raises(DockInvalid, match="multiple of group_size"):
         DockSpec(columns={"r": torch.float32}, capacity=10, group_size=4)
     with pytest.raises(DockInvalid, match="torch.dtype"):
