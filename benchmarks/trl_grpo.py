@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from dockflow.config import Config
-from dockflow.data import apply_template, load_task
+from dockflow.data import PromptFormat, load_task
 from dockflow.data.sampler import iteration_sampler
 from dockflow.eval import evaluate_policy
 from dockflow.models import load_model_and_tokenizer
@@ -130,7 +130,7 @@ def prompt_rows(cfg: Config, tokenizer: Any) -> list[dict[str, Any]]:
     rows = []
     for it in range(cfg.train.iterations):
         for i in sampler.indices(it):
-            prompt = apply_template(cfg.data.prompt_template, task.train[i].prompt)
+            prompt = PromptFormat.of(cfg.data).render(task.train[i].prompt, tokenizer)
             rows.append({"prompt": prompt, "answer": task.train[i].answer, "prompt_length": len(tokenizer(prompt)["input_ids"])})
     return rows
 

@@ -24,13 +24,13 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from dockflow.algos.recipes import AlgorithmConfig
 from dockflow.algos.recipes.grpo import GRPOSection
 from dockflow.config_base import Section
+from dockflow.config_engine import CostModelConfig, EngineConfig, VLLMConfig
+from dockflow.config_reward import RewardConfig, RewardFunctionConfig, RewardModelConfig
 from dockflow.config_sections import (
     ArithmeticConfig,
     CheckpointConfig,
-    CostModelConfig,
     DataConfig,
     DockConfig,
-    EngineConfig,
     EvalConfig,
     FaultToleranceConfig,
     ModelConfig,
@@ -49,8 +49,9 @@ from dockflow.config_sections import (
 __all__ = [
     "AlgorithmConfig", "ArithmeticConfig", "CheckpointConfig", "Config", "ConfigError", "CostModelConfig", "DataConfig",
     "DockConfig", "EngineConfig", "EvalConfig", "FaultToleranceConfig", "ModelConfig", "PartialRolloutConfig",
-    "PlacementConfig", "RayConfig", "RegistryConfig", "RolloutConfig", "RunConfig", "SFTConfig", "TinyModelConfig",
-    "TrackingConfig", "TrainConfig", "config_from_dict", "flatten_dict", "load_config", "parse_overrides",
+    "PlacementConfig", "RayConfig", "RegistryConfig", "RewardConfig", "RewardFunctionConfig", "RewardModelConfig",
+    "RolloutConfig", "RunConfig", "SFTConfig", "TinyModelConfig",
+    "TrackingConfig", "TrainConfig", "VLLMConfig", "config_from_dict", "flatten_dict", "load_config", "parse_overrides",
 ]
 
 
@@ -66,6 +67,7 @@ class Config(Section):
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = Field(default_factory=GRPOSection)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
@@ -94,11 +96,15 @@ class Config(Section):
                 f"train.max_staleness={tc.max_staleness} with placement.mode=colocated: one actor worker cannot "
                 "generate ahead of its own update; set placement.mode: disaggregated (generator workers), or 0"
             )
+        if self.algorithm.recipe.offline and self.reward.models:
+            raise ValueError(f"algorithm.name={self.algorithm.name} trains on offline pairs and scores nothing: "
+                             "set reward.models: []")
         if self.model.continue_from != "base" and not self.registry.model_name:
             raise ValueError(f"model.continue_from={self.model.continue_from} starts from the MLflow Model Registry: "
                              "set registry.model_name to the registered model")
         self._check_generation()
         self._check_dp()
+        self._check_engine()
         if self.data.source == "file" and not self.data.train_path:
             raise ValueError("data.source is 'file' but data.train_path is not set: give a JSONL or Parquet path")
         return self
@@ -140,6 +146,23 @@ class Config(Section):
                              "takes an equal share of each mini-batch")
         if self.rollout.prompts_per_iter < dp:
             raise ValueError(f"train.dp={dp} ranks each generate for some prompts: rollout.prompts_per_iter must be >= it")
+
+    def _check_engine(self) -> None:
+        """engine.backend against engine.device, and what vLLM's log-probs can stand for."""
+        eng, tc = self.engine, self.train
+        if eng.backend == "vllm" and eng.device == "cpu":
+            raise ValueError("engine.backend=vllm needs engine.device=cuda or npu: vLLM does not run on cpu here "
+                             "(use engine.backend=hf on cpu)")
+        if eng.backend == "cost_model" and eng.device != "cpu":
+            raise ValueError(f"engine.backend=cost_model models CPU time and computes nothing: set engine.device=cpu "
+                             f"(got {eng.device})")
+        uses_rollout_log_prob = tc.old_log_prob == "rollout" or tc.tis_cap is not None
+        if eng.backend == "vllm" and self.rollout.top_p < 1.0 and uses_rollout_log_prob:
+            raise ValueError(
+                f"engine.backend=vllm with rollout.top_p={self.rollout.top_p}: vLLM's log-probs are of the top-p "
+                "renormalised distribution, not DockFlow's (logits / temperature), and train.old_log_prob=rollout or "
+                "train.tis_cap would use them; set rollout.top_p: 1.0, or old_log_prob: recompute and tis_cap: null"
+            )
 
     @property
     def global_batch(self) -> int:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -36,9 +36,37 @@ class ArithmeticConfig(Section):
     num_test: int = Field(500, ge=1, description="Held-out test prompts for accuracy.")
 
 
+def _countdown_options() -> dict[str, Any]:
+    return {"min_numbers": 3, "max_numbers": 3, "min_value": 1, "max_value": 50, "min_target": 1, "max_target": 100,
+            "operators": ["+", "-"], "shuffle": False}
+
+
+class ReasoningGymConfig(Section):
+    name: str = Field("countdown", description="reasoning-gym task (reasoning_gym.create_dataset name, e.g. countdown).")
+    options: dict[str, Any] = Field(
+        default_factory=_countdown_options,
+        description="The generator's own config, passed through to create_dataset (countdown: min/max_numbers, "
+        "min/max_value, min/max_target, operators).",
+    )
+    short_prompt: bool = Field(
+        True,
+        description="DockFlow's compact prompt for tasks that have one (countdown: 'Make 24 from 2 3 4.'), for a "
+        "tiny model's short context; false: reasoning-gym's own question text.",
+    )
+    num_train: int = Field(10000, ge=1, description="Prompts in the train split (RL prompts come from here).")
+    num_labeled: int = Field(500, ge=0, description="Train prompts whose reference solutions SFT may use.")
+    num_val: int = Field(200, ge=0, description="Labeled validation prompts for SFT early stopping (never the test set).")
+    num_test: int = Field(500, ge=1, description="Held-out test prompts for accuracy.")
+
+
 class DataConfig(Section):
-    source: Literal["arithmetic", "file"] = Field("arithmetic", description="Synthetic arithmetic task, or user files.")
+    source: Literal["arithmetic", "file", "reasoning_gym"] = Field(
+        "arithmetic", description="Synthetic arithmetic task, user files, or a reasoning-gym task (data.reasoning_gym)."
+    )
     arithmetic: ArithmeticConfig = Field(default_factory=ArithmeticConfig)
+    reasoning_gym: ReasoningGymConfig = Field(
+        default_factory=ReasoningGymConfig, description="The reasoning-gym task (source: reasoning_gym)."
+    )
     train_path: str | None = Field(
         None, description="JSONL/Parquet with 'prompt' and 'answer' (source: file): a local path, or s3://bucket/key."
     )
@@ -50,6 +78,16 @@ class DataConfig(Section):
         "itself (splits, held-out set) always follows run.seed, so every run is scored on the same test set.",
     )
     prompt_template: str = Field("{prompt}\nAnswer: ", description="Template applied to each prompt; '{prompt}' is replaced.")
+    prompt_key: str | None = Field(
+        None, description="Dataset column holding the prompt (source: file); null = 'prompt', else 'problem'."
+    )
+    answer_key: str = Field("answer", description="Dataset column holding the reference answer (source: file).")
+    chat_template: bool = Field(
+        False,
+        description="Format each templated prompt as a user turn with the tokenizer's own chat template "
+        "(apply_chat_template, generation prompt added), for instruct models.",
+    )
+    system_prompt: str | None = Field(None, description="System turn before the prompt (with chat_template only).")
 
 
 class TinyModelConfig(Section):
@@ -192,24 +230,6 @@ class PlacementConfig(Section):
     )
     generators: int = Field(1, ge=1, description="Generator workers in disaggregated mode; each takes a share of the prompts.")
     generator_cpus: float = Field(1.0, ge=0.0, description="CPUs each generator worker asks Ray for.")
-
-
-class CostModelConfig(Section):
-    prefill_s_per_token: float = Field(2e-5, ge=0.0, description="Seconds per prompt token per CPU (prefill).")
-    decode_s_per_step: float = Field(0.02, ge=0.0, description="Seconds per decoding step of a chunk (its longest response sets the steps).")
-    length_mu: float = Field(3.0, description="Mean of log(response length): lognormal response lengths.")
-    length_sigma: float = Field(0.8, ge=0.0, description="Std of log(response length); larger: a longer tail.")
-    infer_s_per_token: float = Field(2e-5, ge=0.0, description="Seconds per token per CPU of a log-prob forward.")
-    train_s_per_token: float = Field(6e-5, ge=0.0, description="Seconds per token per CPU of forward + backward.")
-
-
-class EngineConfig(Section):
-    backend: Literal["hf", "cost_model"] = Field(
-        "hf",
-        description="hf: transformers generation and torch training (the real model); cost_model: modelled "
-        "durations and random responses, to measure the scheduler itself (dockflow/engines/cost_model.py).",
-    )
-    cost_model: CostModelConfig = Field(default_factory=CostModelConfig)
 
 
 class DockConfig(Section):

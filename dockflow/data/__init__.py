@@ -1,4 +1,5 @@
-"""Datasets for RL post-training: the synthetic arithmetic task, user JSONL/Parquet files, templates.
+"""Datasets for RL post-training: the synthetic arithmetic task, reasoning-gym tasks, user JSONL/Parquet
+files, templates.
 
 One entry point builds every split a run needs::
 
@@ -15,12 +16,14 @@ from __future__ import annotations
 from dockflow.config import CheckpointConfig, DataConfig
 from dockflow.data.arithmetic import generate_arithmetic
 from dockflow.data.example import Example, TaskData
-from dockflow.data.loaders import DatasetError, load_examples
-from dockflow.data.templates import TemplateError, apply_template, check_template
+from dockflow.data.loaders import Columns, DatasetError, load_examples
+from dockflow.data.templates import PromptFormat, TemplateError, apply_template, check_template
 
 __all__ = [
+    "Columns",
     "DatasetError",
     "Example",
+    "PromptFormat",
     "TaskData",
     "TemplateError",
     "apply_template",
@@ -35,7 +38,8 @@ def _file_task(cfg: DataConfig, storage: CheckpointConfig | None) -> TaskData:
         raise DatasetError("data.source is 'file' but data.train_path is not set: give a JSONL or Parquet path")
     if not cfg.test_path:
         raise DatasetError("data.source is 'file' but data.test_path is not set: give a held-out JSONL or Parquet path")
-    rows = load_examples(cfg.train_path, storage)
+    cols = Columns(cfg.prompt_key, cfg.answer_key)
+    rows = load_examples(cfg.train_path, storage, cols)
     n_val, n_lab = cfg.arithmetic.num_val, cfg.arithmetic.num_labeled
     if n_val >= len(rows):
         raise DatasetError(
@@ -43,13 +47,17 @@ def _file_task(cfg: DataConfig, storage: CheckpointConfig | None) -> TaskData:
             "lower num_val so that train rows remain"
         )
     val, train = rows[:n_val], rows[n_val:]
-    return TaskData(train=train, labeled=train[:n_lab], val=val, test=load_examples(cfg.test_path, storage))
+    return TaskData(train=train, labeled=train[:n_lab], val=val, test=load_examples(cfg.test_path, storage, cols))
 
 
 def load_task(cfg: DataConfig, seed: int, storage: CheckpointConfig | None = None) -> TaskData:
-    """All splits for ``cfg`` (synthetic arithmetic or user files, local or ``s3://``, fetched with the S3
-    settings of ``storage``); deterministic given ``seed``."""
+    """All splits for ``cfg`` (synthetic arithmetic, a reasoning-gym task or user files, local or ``s3://``,
+    fetched with the S3 settings of ``storage``); deterministic given ``seed``."""
     check_template(cfg.prompt_template)
     if cfg.source == "arithmetic":
         return generate_arithmetic(cfg.arithmetic, seed)
+    if cfg.source == "reasoning_gym":
+        from dockflow.data.reasoning_gym import generate_reasoning_gym  # imports reasoning-gym only when used
+
+        return generate_reasoning_gym(cfg.reasoning_gym, seed)
     return _file_task(cfg, storage)

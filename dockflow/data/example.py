@@ -1,19 +1,23 @@
-"""The unit every dataset yields: one prompt and its reference answer, both as text.
+"""The unit every dataset yields: one prompt, its reference answer, and the row's other columns.
 
     ex = Example(prompt="What is 47 - 85?", answer="-38")
+    ex = Example("Write f.", "", fields={"tests": "assert f(2) == 4"})   # columns reward functions get as kwargs
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
 class Example:
-    """A prompt (before templating) and the reference answer the verifier compares against."""
+    """A prompt (before templating), the reference answer the verifier compares against, and the row's other
+    columns (passed to reward functions by name, as TRL passes dataset columns)."""
 
     prompt: str
     answer: str
+    fields: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

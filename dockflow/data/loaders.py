@@ -1,10 +1,12 @@
-"""Load user datasets from JSONL or Parquet files whose rows have a 'prompt' (or 'problem') and an 'answer'.
+"""Load user datasets from JSONL or Parquet files whose rows have a prompt and an answer column.
 
-``prompt`` must be a non-empty string; MATH500/AIME-style sets name it ``problem`` instead (a row with both
-uses ``prompt``). ``answer`` is a non-empty string or a number (kept as its text, so ``42`` and ``"42"``
-load alike); an answer written wholly as ``\\boxed{...}`` keeps only the box content. Extra fields
-(``solution``, ``level``, ...) are ignored. Any bad row fails the whole load with a ``DatasetError`` naming
-the file, the line (JSONL, 1-based) or row (Parquet, 1-based) and the problem.
+The prompt column is ``data.prompt_key`` (default: ``prompt``, else ``problem`` as MATH500/AIME-style sets
+name it; a row with both uses ``prompt``); it must be a non-empty string. The answer column is
+``data.answer_key`` (default ``answer``): a non-empty string or a number (kept as its text, so ``42`` and
+``"42"`` load alike); an answer written wholly as ``\\boxed{...}`` keeps only the box content. The other
+columns (``solution``, ``tests``, ``metadata``, ...) are kept in ``Example.fields``: reward functions get them
+by name. Any bad row fails the whole load with a ``DatasetError`` naming the file, the line (JSONL, 1-based)
+or row (Parquet, 1-based) and the problem.
 
     examples = load_examples("data/train.jsonl")   # or .parquet
     load_examples("data/examples/math_mini.jsonl")  # {"problem": ..., "answer": "\\boxed{7}"} rows
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,12 +38,26 @@ class DatasetError(ValueError):
     """A dataset file is missing or malformed; the message names the file and the row."""
 
 
-PROMPT_KEYS = ("prompt", "problem")  # the first one a row has is its prompt
+PROMPT_KEYS = ("prompt", "problem")  # without data.prompt_key: the first one a row has is its prompt
 _BOXED = re.compile(r"\\boxed\{(.*)\}", re.DOTALL)
 
 
-def _prompt_key(row: dict[str, Any]) -> str:
-    return next((k for k in PROMPT_KEYS if row.get(k) is not None), PROMPT_KEYS[0])
+@dataclass(frozen=True)
+class Columns:
+    """Which columns hold the prompt (None: 'prompt', else 'problem') and the answer."""
+
+    prompt: str | None = None
+    answer: str = "answer"
+
+    def prompt_of(self, row: dict[str, Any]) -> str:
+        if self.prompt is not None:
+            return self.prompt
+        return next((k for k in PROMPT_KEYS if row.get(k) is not None), PROMPT_KEYS[0])
+
+    @property
+    def need(self) -> str:
+        prompt = f"'{self.prompt}'" if self.prompt else "'prompt' (or 'problem')"
+        return f"every row needs {prompt} and '{self.answer}'"
 
 
 def _unbox(text: str) -> str:
@@ -56,25 +73,25 @@ def _unbox(text: str) -> str:
     return m.group(1).strip() if depth == 0 else text
 
 
-def _example(row: Any, where: str) -> Example:
+def _example(row: Any, where: str, cols: Columns) -> Example:
     if not isinstance(row, dict):
-        raise DatasetError(f"{where}: expected an object with 'prompt' and 'answer', got {type(row).__name__}")
-    key = _prompt_key(row)
-    if row.get(key) is None:
-        raise DatasetError(f"{where}: missing field 'prompt' (every row needs 'prompt' or 'problem', and 'answer')")
-    if row.get("answer") is None:
-        raise DatasetError(f"{where}: missing field 'answer' (every row needs 'prompt' or 'problem', and 'answer')")
-    prompt, answer = row[key], row["answer"]
+        raise DatasetError(f"{where}: expected an object ({cols.need}), got {type(row).__name__}")
+    key, akey = cols.prompt_of(row), cols.answer
+    for k in (key, akey):
+        if row.get(k) is None:
+            raise DatasetError(f"{where}: missing field '{k}' ({cols.need}; set data.prompt_key / data.answer_key "
+                               "to name other columns)")
+    prompt, answer = row[key], row[akey]
     if not isinstance(prompt, str):
         raise DatasetError(f"{where}: field '{key}' must be a string, got {type(prompt).__name__}")
     if not prompt.strip():
         raise DatasetError(f"{where}: field '{key}' is empty")
     if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
-        raise DatasetError(f"{where}: field 'answer' must be a string or a number, got {type(answer).__name__}")
+        raise DatasetError(f"{where}: field '{akey}' must be a string or a number, got {type(answer).__name__}")
     text = _unbox(answer.strip()) if isinstance(answer, str) else str(answer)
     if not text:
-        raise DatasetError(f"{where}: field 'answer' is empty")
-    return Example(prompt=prompt, answer=text)
+        raise DatasetError(f"{where}: field '{akey}' is empty")
+    return Example(prompt=prompt, answer=text, fields={k: v for k, v in row.items() if k not in (key, akey)})
 
 
 def local_copy(path: str | Path, storage: CheckpointConfig | None = None) -> Path:
@@ -91,7 +108,7 @@ def local_copy(path: str | Path, storage: CheckpointConfig | None = None) -> Pat
         raise DatasetError(str(exc)) from None
 
 
-def load_jsonl(path: Path, name: str | None = None) -> list[Example]:
+def load_jsonl(path: Path, name: str | None = None, cols: Columns = Columns()) -> list[Example]:
     """One JSON object per line; blank lines are skipped. ``name`` stands for the file in messages."""
     out = []
     with path.open(encoding="utf-8") as f:
@@ -103,12 +120,12 @@ def load_jsonl(path: Path, name: str | None = None) -> list[Example]:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DatasetError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
-            out.append(_example(row, where))
+            out.append(_example(row, where, cols))
     return out
 
 
-def load_parquet(path: Path, name: str | None = None) -> list[Example]:
-    """A Parquet table with 'prompt' (or 'problem') and 'answer' columns. ``name`` stands for the file in messages."""
+def load_parquet(path: Path, name: str | None = None, cols: Columns = Columns()) -> list[Example]:
+    """A Parquet table with the prompt and answer columns (and any others). ``name`` stands for the file in messages."""
     import pyarrow.parquet as pq
 
     label = name or str(path)
@@ -116,18 +133,15 @@ def load_parquet(path: Path, name: str | None = None) -> list[Example]:
         table = pq.read_table(path)
     except Exception as exc:  # pyarrow raises several types for unreadable files
         raise DatasetError(f"{label}: not a readable Parquet file ({exc})") from None
-    prompt_cols = [c for c in PROMPT_KEYS if c in table.column_names]
-    missing = ([] if prompt_cols else ["prompt"]) + ([] if "answer" in table.column_names else ["answer"])
+    names = table.column_names
+    has_prompt = cols.prompt in names if cols.prompt else any(c in names for c in PROMPT_KEYS)
+    missing = ([] if has_prompt else [cols.prompt or "prompt"]) + ([] if cols.answer in names else [cols.answer])
     if missing:
-        raise DatasetError(
-            f"{label}: missing column(s) {missing}; the table has {table.column_names}, "
-            "needs 'prompt' (or 'problem') and 'answer'"
-        )
-    rows = table.select([*prompt_cols, "answer"]).to_pylist()
-    return [_example(row, f"{label}: row {i}") for i, row in enumerate(rows, start=1)]
+        raise DatasetError(f"{label}: missing column(s) {missing}; the table has {names}, {cols.need}")
+    return [_example(row, f"{label}: row {i}", cols) for i, row in enumerate(table.to_pylist(), start=1)]
 
 
-def load_examples(path: str | Path, storage: CheckpointConfig | None = None) -> list[Example]:
+def load_examples(path: str | Path, storage: CheckpointConfig | None = None, cols: Columns = Columns()) -> list[Example]:
     """Load a JSONL or Parquet dataset (chosen by suffix), a local path or ``s3://bucket/key`` (fetched with the
     S3 settings of ``storage``, see the module docstring); fails loudly on a missing file or bad row."""
     name = str(path) if str(path).startswith("s3://") else str(Path(path))
@@ -139,7 +153,7 @@ def load_examples(path: str | Path, storage: CheckpointConfig | None = None) -> 
     p = local_copy(path, storage)
     if not p.is_file():
         raise DatasetError(f"dataset file '{p}' not found: check data.train_path / data.test_path")
-    examples = load_jsonl(p, name) if suffix in JSONL_SUFFIXES else load_parquet(p, name)
+    examples = load_jsonl(p, name, cols) if suffix in JSONL_SUFFIXES else load_parquet(p, name, cols)
     if not examples:
         raise DatasetError(f"dataset file '{name}' has no rows")
     return examples

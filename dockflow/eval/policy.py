@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from dockflow.config import Config
-from dockflow.data import Example
+from dockflow.data import Example, PromptFormat
 from dockflow.eval.sampling import sampled_scores
 from dockflow.models.evaluation import greedy_accuracy
+from dockflow.rewards.verifier import task_verifier
 
 
 def score_examples(
@@ -25,16 +26,17 @@ def score_examples(
 ) -> dict[str, float]:
     """``{"accuracy"}`` (greedy), plus ``{"pass@<k>", "avg@<k>"}`` when ``cfg.eval.pass_k > 1``.
 
-    Uses ``eval.batch_size``, ``rollout.max_new_tokens``, ``data.prompt_template``, ``eval.temperature``,
-    ``eval.top_p`` and ``run.seed`` (the samples are the same at every evaluation of the same weights).
+    Uses ``eval.batch_size``, ``rollout.max_new_tokens``, the prompt format of ``data``, ``eval.temperature``,
+    ``eval.top_p`` and ``run.seed`` (the samples are the same at every evaluation of the same weights); the
+    task's own verifier scores them (``dockflow.rewards.verifier``), whatever ``reward.functions`` are.
     """
     ev = cfg.eval
-    max_new, template = cfg.rollout.max_new_tokens, cfg.data.prompt_template
-    scores = {"accuracy": greedy_accuracy(model, tokenizer, examples, ev.batch_size, max_new, template)}
+    max_new, fmt, verifier = cfg.rollout.max_new_tokens, PromptFormat.of(cfg.data), task_verifier(cfg.data)
+    scores = {"accuracy": greedy_accuracy(model, tokenizer, examples, ev.batch_size, max_new, fmt, verifier)}
     if ev.pass_k > 1:
         k, seed = ev.pass_k, cfg.run.seed
         scores |= sampled_scores(
-            model, tokenizer, examples, k, ev.temperature, ev.top_p, max_new, template, ev.batch_size, seed
+            model, tokenizer, examples, k, ev.temperature, ev.top_p, max_new, fmt, ev.batch_size, seed, verifier
         )
     return scores
 

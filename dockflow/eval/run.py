@@ -15,7 +15,7 @@ from typing import Any
 
 from dockflow.config import Config
 from dockflow.data import load_task
-from dockflow.data.loaders import load_examples
+from dockflow.data.loaders import Columns, load_examples
 from dockflow.eval.policy import metric_key, score_examples
 from dockflow.models import load_model_and_tokenizer
 from dockflow.storage import run_store
@@ -61,7 +61,7 @@ def run_eval(
     tracker = Tracker.attach(cfg.tracking, cfg.run.output_dir, mlflow_run) if mlflow_run else None
     model_dir = _model_dir(cfg, config_path, model)
     examples = (
-        load_examples(data, cfg.checkpoint)
+        load_examples(data, cfg.checkpoint, Columns(cfg.data.prompt_key, cfg.data.answer_key))
         if data
         else getattr(load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint), split)
     )

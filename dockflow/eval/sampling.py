@@ -1,10 +1,10 @@
-"""pass@k and avg@k of a causal LM: k sampled responses per prompt, each scored by the math verifier.
+"""pass@k and avg@k of a causal LM: k sampled responses per prompt, each scored by the task's verifier.
 
 Generation goes through the same path as greedy accuracy (``dockflow.models.evaluation``), so prompts are
 templated, padded and stopped exactly as in RL rollouts.
 
     sampled_scores(model, tok, task.test[:100], k=8, temperature=1.0, top_p=1.0, max_new_tokens=8,
-                   template=cfg.data.prompt_template, batch_size=64, seed=0)   # {"pass@8": .., "avg@8": ..}
+                   fmt=PromptFormat.of(cfg.data), batch_size=64, seed=0)   # {"pass@8": .., "avg@8": ..}
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from dockflow.data import Example, apply_template, check_template
+from dockflow.data import Example, PromptFormat
 from dockflow.engines import SamplingParams
 from dockflow.eval.metrics import sample_scores
 from dockflow.models.evaluation import generate_responses
-from dockflow.rewards import verify
+from dockflow.rewards.verifier import Verifier, verify_answer
 
 
 def sampled_scores(
@@ -28,9 +28,10 @@ def sampled_scores(
     temperature: float,
     top_p: float,
     max_new_tokens: int,
-    template: str,
+    fmt: PromptFormat,
     batch_size: int,
     seed: int,
+    verifier: Verifier = verify_answer,
 ) -> dict[str, float]:
     """``{"pass@<k>", "avg@<k>"}`` over ``examples`` with ``k`` samples each; deterministic given ``seed``.
 
@@ -40,9 +41,8 @@ def sampled_scores(
         raise ValueError(f"k={k} must be >= 1 (samples per prompt)")
     if not examples:
         return sample_scores([], k)
-    check_template(template)
-    prompts = [apply_template(template, ex.prompt) for ex in examples]
+    prompts = [fmt.render(ex.prompt, tokenizer) for ex in examples]
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, n=k)
     responses = generate_responses(model, tokenizer, prompts, params, batch_size, seed)
-    correct = [[verify(r, ex.answer) for r in responses[i * k : (i + 1) * k]] for i, ex in enumerate(examples)]
+    correct = [[verifier(r, ex) for r in responses[i * k : (i + 1) * k]] for i, ex in enumerate(examples)]
     return sample_scores(correct, k)

@@ -32,6 +32,7 @@ def devices(cfg: Config) -> float:
         ray.actor_cpus * cfg.train.dp
         + (ray.reference_cpus if cfg.algorithm.recipe.uses_reference(cfg) else 0.0)
         + (ray.critic_cpus if cfg.algorithm.recipe.critic else 0.0)
+        + (cfg.reward.model_cpus if cfg.reward.models and not cfg.algorithm.recipe.offline else 0.0)
         + generators
     )
 

@@ -74,13 +74,17 @@ def shares(n: int, parts: int) -> list[tuple[int, int]]:
 
 
 def score(workers: Workers, iteration: int, round_index: int = 0, last_round: bool = True) -> Refs:
-    """Rewards and advantages of one generation round, streamed off the dock (none for DPO)."""
+    """Rewards and advantages of one generation round, streamed off the dock (none for DPO); with reward models,
+    their scores too, beside the rewards (the reward state waits in the dock for them)."""
     if workers.reward is None:
         return {}
-    return {
+    refs = {
         "reward": workers.reward.compute_rewards.remote(iteration),
         "advantage": workers.reward.compute_advantages.remote(iteration, round_index, last_round),
     }
+    if workers.reward_model is not None:
+        refs["reward_model"] = workers.reward_model.score.remote(iteration)
+    return refs
 
 
 def infer(workers: Workers, iteration: int, offline: bool = False) -> Refs:

@@ -102,6 +102,7 @@ class _Running:
     refs: Refs
     deadline: float
     started: float
+    checked: set[str] = field(default_factory=set)  # refs already done and fetched without error
 
 
 class StageLoops:
@@ -270,8 +271,14 @@ class StageLoops:
         for task in list(self.running):
             if all(r in self.ready for r in task.refs.values()):
                 self.ready.difference_update(task.refs.values())
+                task.checked.clear()
                 self._step(task, {name: self._get(task, name, ref) for name, ref in task.refs.items()})
-            elif time.monotonic() > task.deadline:
+                continue
+            for name, ref in task.refs.items():  # a failed part fails the task now, not when its siblings end
+                if ref in self.ready and name not in task.checked:
+                    self._get(task, name, ref)
+                    task.checked.add(name)
+            if time.monotonic() > task.deadline:
                 waiting = sorted(n for n, r in task.refs.items() if r not in self.ready)
                 raise StageError(f"iteration {task.index}: stage '{task.kind}' ({', '.join(waiting)}) did not finish "
                                  f"within {self.timeout_s:.0f}s (train.stage_timeout_s)")

@@ -170,7 +170,7 @@ def setup(config: str, overrides: list[str], params: RunParams, address: str | N
     from dockflow.flow.trainer import run_dir_of
     from dockflow.storage import run_store
     from dockflow.tracking import Tracker, run_tags
-    from dockflow.workers.cluster import check_reachable_inputs, run_namespace
+    from dockflow.workers.cluster import check_reachable_inputs, run_namespace, run_runtime_env
 
     cfg = load_run_config(config, overrides, params)
     namespace = run_namespace(cfg)
@@ -190,7 +190,7 @@ def setup(config: str, overrides: list[str], params: RunParams, address: str | N
             run_dir = str(run_dir_of(cfg).resolve())
             sup = ray.remote(RunSupervisor).options(
                 name=supervisor_name(cfg.run.name), namespace=namespace, lifetime="detached", num_cpus=0,
-                max_concurrency=32, max_restarts=cfg.fault_tolerance.max_restarts,
+                max_concurrency=32, max_restarts=cfg.fault_tolerance.max_restarts, runtime_env=run_runtime_env(cfg) or None,
             ).remote(cfg.model_dump(), model_uri, init_metrics, tracker.run_id, run_dir)
             status = _wait_started(sup, cfg)
         except BaseException:

@@ -24,7 +24,7 @@ from dockflow.flow.session import RunSession
 from dockflow.flow.stage_tasks import ProgressFn
 from dockflow.storage import run_store
 from dockflow.tracking import Tracker, run_tags
-from dockflow.workers.cluster import connect, disconnect, run_namespace
+from dockflow.workers.cluster import connect, disconnect, run_namespace, run_runtime_env
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,15 @@ def start_state(store: Any, resume: bool, run_name: str) -> dict[str, Any] | Non
     return store.read_part(step, "driver", weights_only=False)
 
 
+def check_devices(cfg: Config) -> None:
+    """engine.device against the connected Ray cluster's resources (``dockflow.engines.devices``)."""
+    import ray
+
+    from dockflow.engines.devices import check_cluster_devices
+
+    check_cluster_devices(cfg, ray.cluster_resources())
+
+
 def train(cfg: Config, resume: bool = False, on_iteration: ProgressFn | None = None) -> dict[str, Any]:
     """Run SFT (cached) then ``cfg.train.iterations`` RL iterations; returns the summary."""
     t_start = time.perf_counter()
@@ -66,12 +75,13 @@ def train(cfg: Config, resume: bool = False, on_iteration: ProgressFn | None = N
     status = "FAILED"
     owns_ray = session = None
     try:
+        owns_ray = connect(cfg.ray, run_namespace(cfg), run_runtime_env(cfg))
+        check_devices(cfg)  # a GPU / NPU asked for and missing fails here, before SFT and the workers
         model_uri, init_metrics = prepare_initial_model(cfg, store, run_dir, tracker.tracking_uri)
         if state is None:
             state = record.initial_state(init_metrics)
             tracker.log_metrics(init_metrics, step=0)
         state["mlflow_run_id"] = tracker.run_id
-        owns_ray = connect(cfg.ray, run_namespace(cfg))
         session = RunSession(cfg, model_uri, store, tracker, state, run_dir)
         session.start()
         session.run(on_iteration=on_iteration)

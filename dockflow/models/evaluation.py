@@ -1,11 +1,12 @@
 """Greedy-decoding accuracy of a causal LM on verifiable examples (used by SFT early stopping and RL eval).
 
 Prompts are templated, left-padded and decoded greedily in batches with the KV cache until EOS or
-``max_new_tokens``; only the response tokens are decoded and each is scored with the math verifier.
+``max_new_tokens``; only the response tokens are decoded and each is scored with the task's verifier
+(``dockflow.rewards.verifier``: the math verifier unless the task brings its own).
 ``generate_responses`` is the shared generation path (greedy here, k samples in ``dockflow.eval``).
 
     acc = greedy_accuracy(model, tokenizer, task.test[:500], batch_size=500, max_new_tokens=8,
-                          template=cfg.data.prompt_template)
+                          fmt=PromptFormat.of(cfg.data), verifier=task_verifier(cfg.data))
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from contextlib import AbstractContextManager
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from dockflow.data import Example, apply_template, check_template
+from dockflow.data import Example, PromptFormat
 from dockflow.engines import HFGenerationEngine, SamplingParams
-from dockflow.rewards import verify
+from dockflow.rewards.verifier import Verifier, verify_answer
 
 
 def _rng_guard(device: torch.device) -> AbstractContextManager[None]:
@@ -72,12 +73,12 @@ def greedy_accuracy(
     examples: Sequence[Example],
     batch_size: int,
     max_new_tokens: int,
-    template: str,
+    fmt: PromptFormat,
+    verifier: Verifier = verify_answer,
 ) -> float:
-    """Fraction of ``examples`` whose greedy response the verifier accepts (0.0 for no examples)."""
+    """Fraction of ``examples`` whose greedy response ``verifier`` (the task's) accepts (0.0 for no examples)."""
     if not examples:
         return 0.0
-    check_template(template)
-    prompts = [apply_template(template, ex.prompt) for ex in examples]
+    prompts = [fmt.render(ex.prompt, tokenizer) for ex in examples]
     responses = greedy_responses(model, tokenizer, prompts, batch_size, max_new_tokens)
-    return sum(verify(r, ex.answer) for r, ex in zip(responses, examples, strict=True)) / len(examples)
+    return sum(verifier(r, ex) for r, ex in zip(responses, examples, strict=True)) / len(examples)

@@ -27,10 +27,11 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from dockflow.config import Config
-from dockflow.data import Example, apply_template, load_task
+from dockflow.data import Example, PromptFormat, load_task
 from dockflow.models.evaluation import greedy_accuracy
 from dockflow.models.factory import build_tiny_model, load_model_and_tokenizer, save_pretrained_dir
 from dockflow.models.tokenizer import build_task_tokenizer
+from dockflow.rewards.verifier import task_verifier
 from dockflow.storage.objects import fetch_model, file_fingerprint, is_remote, model_fingerprint
 
 # Bump when the training procedure changes, so old cache entries are not reused.
@@ -87,12 +88,12 @@ def _initial_model(cfg: Config) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
 
 
 def encode_sft_batch(
-    tokenizer: PreTrainedTokenizerBase, examples: list[Example], template: str
+    tokenizer: PreTrainedTokenizerBase, examples: list[Example], fmt: PromptFormat
 ) -> dict[str, torch.Tensor]:
     """Right-padded ``input_ids``/``attention_mask``/``labels``; labels are -100 except answer + EOS."""
     rows = []
     for ex in examples:
-        prompt = tokenizer(apply_template(template, ex.prompt))["input_ids"]
+        prompt = tokenizer(fmt.render(ex.prompt, tokenizer))["input_ids"]
         answer = tokenizer(ex.answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         rows.append((prompt + answer, [-100] * len(prompt) + answer))
     width = max(len(ids) for ids, _ in rows)
@@ -123,11 +124,11 @@ def _train_epoch(
 
 
 def _make_batches(
-    tokenizer: PreTrainedTokenizerBase, examples: list[Example], template: str, batch_size: int, gen: torch.Generator
+    tokenizer: PreTrainedTokenizerBase, examples: list[Example], fmt: PromptFormat, batch_size: int, gen: torch.Generator
 ) -> list[dict[str, torch.Tensor]]:
     perm = torch.randperm(len(examples), generator=gen).tolist()
     chunks = [perm[i : i + batch_size] for i in range(0, len(perm), batch_size)]
-    return [encode_sft_batch(tokenizer, [examples[j] for j in c], template) for c in chunks]
+    return [encode_sft_batch(tokenizer, [examples[j] for j in c], fmt) for c in chunks]
 
 
 def train_sft(
@@ -141,7 +142,7 @@ def train_sft(
 
     Returns (best validation accuracy, history of ``{epoch, loss, val_accuracy, seconds}`` per validation).
     """
-    s, template = cfg.sft, cfg.data.prompt_template
+    s, fmt, verifier = cfg.sft, PromptFormat.of(cfg.data), task_verifier(cfg.data)
     gen = torch.Generator().manual_seed(cfg.run.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.0)
     # Warm-up matters here: without it the tiny model stalls at a few percent for dozens of epochs.
@@ -149,7 +150,7 @@ def train_sft(
 
     def evaluate() -> float:
         return greedy_accuracy(
-            model, tokenizer, val, cfg.eval.batch_size, cfg.rollout.max_new_tokens, template
+            model, tokenizer, val, cfg.eval.batch_size, cfg.rollout.max_new_tokens, fmt, verifier
         )
 
     start = time.perf_counter()
@@ -158,7 +159,7 @@ def train_sft(
     epochs = s.max_epochs if (s.enabled and labeled) else 0
     bar = tqdm(range(1, epochs + 1), desc="sft", unit="epoch", leave=False)
     for epoch in bar:
-        batches = _make_batches(tokenizer, labeled, template, s.batch_size, gen)
+        batches = _make_batches(tokenizer, labeled, fmt, s.batch_size, gen)
         loss = _train_epoch(model, opt, sched, batches)
         bar.set_postfix(loss=f"{loss:.3f}", best=f"{best_acc:.3f}")
         if epoch % s.eval_every_epochs and epoch != epochs:
@@ -219,7 +220,8 @@ def main(argv: list[str] | None = None) -> None:
     model, tokenizer = load_model_and_tokenizer(result.model_dir, dtype=cfg.model.dtype)
     test = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint).test[: cfg.eval.num_prompts]
     test_acc = greedy_accuracy(
-        model, tokenizer, test, cfg.eval.batch_size, cfg.rollout.max_new_tokens, cfg.data.prompt_template
+        model, tokenizer, test, cfg.eval.batch_size, cfg.rollout.max_new_tokens, PromptFormat.of(cfg.data),
+        task_verifier(cfg.data),
     )
     for h in result.history:
         loss = "   -  " if h["loss"] is None else f"{h['loss']:.4f}"

@@ -21,6 +21,12 @@ from transformers import PreTrainedTokenizerFast
 from dockflow.config import Config
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
+CHAT_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
+# The tiny tokenizer's own chat template (data.chat_template): each turn is a role token, its text and <|end|>.
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 EXTRA_CHARS = "\u2212\u00d7\u00f7"  # unicode minus, times, divide
 
 
@@ -81,9 +87,14 @@ def build_char_tokenizer(corpus: Iterable[str] | None = None, num_merges: int = 
 
 def build_task_tokenizer(cfg: Config) -> PreTrainedTokenizerFast:
     """The tiny model's tokenizer: characters plus ``model.tiny.tokenizer_merges`` merges learned from the
-    templated train prompts and answers (deterministic: the same config gives the same tokenizer)."""
+    templated train prompts and answers (deterministic: the same config gives the same tokenizer); with
+    ``data.chat_template`` also the chat tokens and ``TINY_CHAT_TEMPLATE``."""
     from dockflow.data import apply_template, load_task
 
     task = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint)
     corpus = [apply_template(cfg.data.prompt_template, ex.prompt) + ex.answer for ex in task.train]
-    return build_char_tokenizer(corpus, cfg.model.tiny.tokenizer_merges)
+    tokenizer = build_char_tokenizer(corpus, cfg.model.tiny.tokenizer_merges)
+    if cfg.data.chat_template:  # only then: new tokens change the tiny model's vocabulary, hence its init
+        tokenizer.add_special_tokens({"additional_special_tokens": list(CHAT_TOKENS)})
+        tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    return tokenizer

@@ -59,12 +59,10 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
 
 
 def _allocator(device: torch.device) -> ModuleType | None:
-    """torch.cuda / torch.npu for an accelerator device, None on CPU."""
-    if device.type == "cuda":
-        return torch.cuda
-    if device.type == "npu":
-        return getattr(torch, "npu", None)  # registered by torch_npu
-    return None
+    """torch.cuda / torch.npu (torch_npu imported on first use) for an accelerator device, None on CPU."""
+    from dockflow.engines.devices import accelerator_module
+
+    return accelerator_module(device.type)
 
 
 class MemoryLedger:

@@ -21,9 +21,10 @@ from tensordict import TensorDict
 from dockflow.algos import sequence_log_probs
 from dockflow.algos.recipes.dpo import MARGIN
 from dockflow.config import Config
-from dockflow.data import load_task
+from dockflow.data import PromptFormat, load_task
 from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import create_engines
+from dockflow.engines.devices import process_group_backend
 from dockflow.eval import evaluate_policy
 from dockflow.models import load_model_and_tokenizer
 from dockflow.storage.objects import fetch_model
@@ -48,11 +49,13 @@ class ActorWorker(ModelWorker):
         super().__init__(cfg, dock)
         self.rank, self.dp = rank, cfg.train.dp
         if self.dp > 1:
-            join_dp_group(rank, self.dp, dp_key, cfg.ray.init_timeout_s, cfg.train.stage_timeout_s)
+            join_dp_group(rank, self.dp, dp_key, cfg.ray.init_timeout_s, cfg.train.stage_timeout_s,
+                          backend=process_group_backend(cfg.engine.device))  # gloo / nccl / hccl
         model, self.tokenizer = load_model_and_tokenizer(fetch_model(model_dir, cfg.checkpoint), dtype=cfg.model.dtype)
         self.train_engine, self.gen_engine = create_engines(cfg, model, self.tokenizer, cpus=cfg.ray.actor_cpus)
         self.engine = self.train_engine  # the checkpointed one
         self.task = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint)
+        self.prompts = PromptFormat.of(cfg.data).render_all([ex.prompt for ex in self.task.train], self.tokenizer)
         self.columns = consumers(cfg)
         self.policy_version = 0
         self.recipe = cfg.algorithm.recipe  # the algorithm: its loss, how its rows are batched
@@ -69,7 +72,7 @@ class ActorWorker(ModelWorker):
         """Sample N responses for each prompt and stream them into the dock, group by group, from dock index
         ``first_index`` on (later rounds of dynamic sampling write after the earlier ones)."""
         return generate_into_dock(
-            self.cfg, self.gen_engine, self.dock, self.task.train, iteration, prompt_ids, first_index, self.policy_version
+            self.cfg, self.gen_engine, self.dock, self.prompts, iteration, prompt_ids, first_index, self.policy_version
         )
 
     def compute_old_log_prob(self, iteration: int) -> dict[str, float]:

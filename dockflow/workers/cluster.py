@@ -16,8 +16,9 @@ def run_namespace(cfg: Config) -> str:
     return cfg.ray.namespace or f"dockflow-{cfg.run.name}"
 
 
-def connect(cfg: RayConfig, namespace: str) -> bool:
-    """``ray.init`` for this run: join ``cfg.address`` when set, else start a local cluster.
+def connect(cfg: RayConfig, namespace: str, runtime_env: dict | None = None) -> bool:
+    """``ray.init`` for this run: join ``cfg.address`` when set, else start a local cluster. ``runtime_env``: the
+    job's (``run_runtime_env``: the user's reward modules, shipped to every worker).
 
     Returns False when this process was already connected (the caller then must not shut Ray down)."""
     # Ray 2.60 turns token auth on by default; the embedded local cluster runs without it.
@@ -28,7 +29,8 @@ def connect(cfg: RayConfig, namespace: str) -> bool:
 
     if ray.is_initialized():
         return False
-    kwargs: dict = {"namespace": namespace, "log_to_driver": True, "include_dashboard": False}
+    kwargs: dict = {"namespace": namespace, "log_to_driver": True, "include_dashboard": False,
+                    "runtime_env": runtime_env or None}
     if cfg.address:
         kwargs.pop("include_dashboard")
         try:
@@ -42,6 +44,15 @@ def connect(cfg: RayConfig, namespace: str) -> bool:
     # address="local": always a fresh cluster of our own, never one that happens to run on this machine.
     ray.init(address="local", num_cpus=cfg.num_cpus, **kwargs)
     return True
+
+
+def run_runtime_env(cfg: Config) -> dict:
+    """The Ray runtime environment a run's workers need: the user's reward modules that are not installed
+    (``reward.functions`` paths) as ``py_modules``, so a module on the driver's PYTHONPATH reaches every node."""
+    from dockflow.rewards.functions import shipped_modules
+
+    modules = shipped_modules(cfg.reward)
+    return {"py_modules": modules} if modules else {}
 
 
 def disconnect() -> None:

@@ -4,6 +4,7 @@ Each consumer is one worker state (the paper's controllers, one per state); whic
 and which columns each reads is its recipe's (``dockflow.algos.recipe.Algorithm.consumers``):
 
     state          writes                         algorithms
+    reward_model   rm_scores                      all that sample, with reward.models
     reward         rewards                        all that sample (not DPO)
     advantage      advantages (+ returns)         all that sample
     actor_infer    old_log_prob                   all that sample (unless train.old_log_prob: rollout)
@@ -30,6 +31,7 @@ COLUMNS: dict[str, torch.dtype] = {
     "responses": torch.long,
     "response_mask": torch.long,
     "rewards": torch.float32,
+    "rm_scores": torch.float32,  # [B, M]: each reward model's raw score, M in the order of reward.models
     "advantages": torch.float32,  # [B, R]: per token (sequence-level estimators broadcast over the response)
     "returns": torch.float32,  # [B, R]: the critic's regression target
     "values": torch.float32,  # [B, R]: the critic's value before each response token
@@ -39,6 +41,7 @@ COLUMNS: dict[str, torch.dtype] = {
 }
 
 ROLLOUT_COLUMNS = ("input_ids", "attention_mask", "responses", "response_mask")
+REWARD_MODEL_CONSUMER = "reward_model"  # with reward.models: writes rm_scores (workers/reward_model.py)
 SNAPSHOT_CONSUMER = "snapshot"  # reads what generation wrote ahead into a checkpoint (disaggregated, max_staleness > 0)
 
 
@@ -53,9 +56,12 @@ def generated_columns(cfg: Config) -> list[str]:
 
 
 def consumers(cfg: Config) -> dict[str, list[str]]:
-    """Consumer name -> columns it reads: the algorithm's worker states (its recipe's ``consumers``), and the
-    checkpoint's snapshot of generations done ahead."""
+    """Consumer name -> columns it reads: the algorithm's worker states (its recipe's ``consumers``), the
+    reward-model state (with ``reward.models``), and the checkpoint's snapshot of generations done ahead."""
     out = cfg.algorithm.recipe.consumers(cfg)
+    if cfg.reward.models and "reward" in out:  # the reward state waits for the reward models' scores
+        out[REWARD_MODEL_CONSUMER] = list(ROLLOUT_COLUMNS)
+        out["reward"] = [*out["reward"], "rm_scores"]
     if cfg.placement.mode == "disaggregated" and cfg.train.max_staleness > 0:
         out[SNAPSHOT_CONSUMER] = generated_columns(cfg)
     return out

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from dockflow.config import Config
-from dockflow.data import load_task
+from dockflow.data import PromptFormat, load_task
 from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import create_generation_engine
 from dockflow.models import load_model_and_tokenizer
@@ -37,7 +37,8 @@ class GeneratorWorker:
         self.engine = create_generation_engine(cfg, self.model, tokenizer, cpus=cfg.placement.generator_cpus)
         self.tokenizer = tokenizer
         self.queue: RolloutQueue = rollout_queue(cfg)  # used alone (one generator); parked groups live here
-        self.train_prompts = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint).train
+        train = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint).train
+        self.train_prompts = PromptFormat.of(cfg.data).render_all([ex.prompt for ex in train], tokenizer)
         self.prompt_table: PromptTable | None = None  # partial rollout: built at its first use
         self.policy_version = 0
 
@@ -59,7 +60,7 @@ class GeneratorWorker:
             queue.open(iteration, prompt_ids)
         if self.cfg.rollout.partial.token_budget is not None:
             if self.prompt_table is None:
-                self.prompt_table = PromptTable(self.cfg, self.tokenizer, self.train_prompts)
+                self.prompt_table = PromptTable(self.tokenizer, self.train_prompts)
             out = generate_partial_into_dock(
                 self.cfg, self.engine, self.tokenizer, self.dock, self.prompt_table, queue, iteration,
                 self.policy_version, rank,

@@ -9,12 +9,14 @@ from typing import Any
 
 from dockflow.config import Config
 from dockflow.dock import TransferDock
+from dockflow.engines.devices import check_cluster_devices, device_resources
 from dockflow.workers.actor import ActorWorker
 from dockflow.workers.critic import CriticWorker
 from dockflow.workers.generator import GeneratorWorker
 from dockflow.workers.pairs import PairSource
 from dockflow.workers.reference import ReferenceWorker
 from dockflow.workers.reward import RewardWorker
+from dockflow.workers.reward_model import RewardModelWorker
 from dockflow.workers.rollout_queue import RolloutQueue, queue_args
 
 
@@ -30,6 +32,7 @@ class Workers:
     reward: Any | None = None  # algorithms that sample (not offline ones)
     reference: Any | None = None  # offline algorithms (DPO), or a KL penalty
     critic: Any | None = None  # PPO, PF-PPO
+    reward_model: Any | None = None  # with reward.models: scores rollouts into rm_scores (workers/reward_model.py)
     pairs: Any | None = None  # offline algorithms: the preference pairs' source
     generators: list[Any] = field(default_factory=list)  # placement.mode=disaggregated
     rollout_queue: Any | None = None  # several generators: the chunks they draw from (workers/rollout_queue.py)
@@ -46,6 +49,7 @@ class Workers:
         named.update({f"actor-{k}": a for k, a in enumerate(self.actors) if k > 0})
         named.update({f"generator-{k}": g for k, g in enumerate(self.generators)})
         named["rollout-queue"] = self.rollout_queue
+        named["reward-model"] = self.reward_model
         return {k: v for k, v in named.items() if v is not None}
 
 
@@ -55,8 +59,12 @@ def create_workers(cfg: Config, model_dir: str, dock: TransferDock, name: str) -
     run's supervisor actor): they die with it."""
     import ray
 
+    check_cluster_devices(cfg, ray.cluster_resources())  # engine.device: fail here, not in a worker
+
     def spawn(cls, label: str, cpus: float, *extra):
-        options = {"name": f"{name}-{label}", "num_cpus": cpus, "max_concurrency": 1}
+        # the role is the label's first word (actor-1 -> actor): engine.device's GPU / NPU for model workers
+        options = {"name": f"{name}-{label}", "num_cpus": cpus, "max_concurrency": 1,
+                   **device_resources(cfg, label.split("-")[0])}
         return ray.remote(cls).options(**options).remote(cfg, model_dir, dock, *extra)
 
     dp_key = f"{name}-{uuid.uuid4().hex}"  # where actor rank 0 publishes its process group's address
@@ -79,6 +87,10 @@ def create_workers(cfg: Config, model_dir: str, dock: TransferDock, name: str) -
     if len(workers.generators) > 1:
         options = {"name": f"{name}-rollout-queue", "num_cpus": 0, "max_concurrency": 1}
         workers.rollout_queue = ray.remote(RolloutQueue).options(**options).remote(*queue_args(cfg))
+    if cfg.reward.models and not recipe.offline:
+        options = {"name": f"{name}-reward-model", "num_cpus": cfg.reward.model_cpus,
+                   "num_gpus": cfg.reward.model_gpus, "max_concurrency": 1}
+        workers.reward_model = ray.remote(RewardModelWorker).options(**options).remote(cfg, model_dir, dock)
     handles = workers.all()
     refs = {label: h.ready.remote() for label, h in handles.items()}
     ready, pending = ray.wait(list(refs.values()), num_returns=len(refs), timeout=cfg.ray.init_timeout_s)
@@ -88,11 +100,12 @@ def create_workers(cfg: Config, model_dir: str, dock: TransferDock, name: str) -
                 "rollout-queue": 0, "pairs": 0}
         need.update({g: cfg.placement.generator_cpus for g in refs if g.startswith("generator-")})
         need.update({a: cfg.ray.actor_cpus for a in refs if a.startswith("actor-")})
+        need["reward-model"] = cfg.reward.model_cpus  # and reward.model_gpus GPUs
         raise WorkerStartError(
             f"workers {waiting} did not start within ray.init_timeout_s={cfg.ray.init_timeout_s}s. They ask for "
             f"{ {w: need[w] for w in waiting} } CPUs; the cluster has {ray.available_resources().get('CPU', 0)} free. "
-            "Lower ray.actor_cpus / ray.reference_cpus / ray.critic_cpus / placement.generator_cpus, raise "
-            "ray.num_cpus, or add nodes."
+            "Lower ray.actor_cpus / ray.reference_cpus / ray.critic_cpus / placement.generator_cpus / reward.model_cpus, "
+            "raise ray.num_cpus, or add nodes."
         )
     for label, r in refs.items():
         try:

@@ -14,7 +14,7 @@ import torch
 from tensordict import TensorDict
 
 from dockflow.config import Config
-from dockflow.data import apply_template, load_task
+from dockflow.data import PromptFormat, load_task
 from dockflow.data.preferences import PreferencePair, preference_splits
 from dockflow.dock import TransferDock
 from dockflow.engines import encode_rollouts
@@ -38,7 +38,8 @@ class PairSource:
 
     def encode(self, pairs: list[PreferencePair]) -> TensorDict:
         """Rows chosen, rejected, chosen, ... in the rollout layout (prompt + response, masks, lengths)."""
-        prompts = [apply_template(self.cfg.data.prompt_template, p.prompt) for p in pairs for _ in range(2)]
+        fmt = PromptFormat.of(self.cfg.data)
+        prompts = [fmt.render(p.prompt, self.tokenizer) for p in pairs for _ in range(2)]
         responses = [r for p in pairs for r in (p.chosen, p.rejected)]
         return encode_rollouts(self.tokenizer, prompts, responses, self.cfg.rollout.max_new_tokens)
 

@@ -19,7 +19,6 @@ import torch
 from tensordict import TensorDict
 
 from dockflow.config import Config
-from dockflow.data import apply_template
 from dockflow.dock import TransferDock
 from dockflow.engines import SamplingParams
 from dockflow.engines.hf_generation import left_pad_prompts
@@ -32,11 +31,11 @@ COLUMNS = ("input_ids", "attention_mask", "responses", "response_mask", "prompt_
 
 
 class PromptTable:
-    """The train prompts, templated, and one prompt width for the run (parked groups join later iterations, so
-    every rollout is padded alike). Built once per generator worker."""
+    """The train prompts, formatted (``PromptFormat``), and one prompt width for the run (parked groups join later
+    iterations, so every rollout is padded alike). Built once per generator worker."""
 
-    def __init__(self, cfg: Config, tokenizer: Any, train_prompts: list) -> None:
-        self.templated = [apply_template(cfg.data.prompt_template, p.prompt) for p in train_prompts]
+    def __init__(self, tokenizer: Any, train_prompts: list[str]) -> None:
+        self.templated = train_prompts
         self.width = max(len(tokenizer(p)["input_ids"]) for p in self.templated)
 
 

@@ -8,7 +8,7 @@ from tensordict import TensorDict
 
 from dockflow.config import Config
 from dockflow.dock import DockRequest, TransferDock
-from dockflow.engines import batched_log_probs
+from dockflow.engines import batched_log_probs, check_worker_device
 from dockflow.models import load_model_and_tokenizer
 from dockflow.storage.objects import fetch_model
 from dockflow.workers.columns import consumers
@@ -24,7 +24,7 @@ class ReferenceWorker:
         self.cfg = cfg
         self.dock = dock
         self.model, _ = load_model_and_tokenizer(fetch_model(model_dir, cfg.checkpoint), dtype=cfg.model.dtype)
-        self.model.requires_grad_(False)
+        self.model.requires_grad_(False).to(check_worker_device(cfg.engine.device))  # engine.device, checked
 
     def ready(self) -> bool:
         return True

@@ -1,13 +1,17 @@
-"""The reward worker: verifies responses against reference answers, then computes advantages.
+"""The reward worker: scores responses with the run's reward functions (and reward models), then computes advantages.
 
-It holds no model, only the tokenizer (to decode) and the task's answers (looked up by the prompt id
-that the dock carries as metadata). Light: it asks Ray for no CPU. The algorithm's recipe shapes the rewards
-(DAPO: overlong responses) and estimates the advantages; under dynamic sampling (``rounds > 1``) only groups
-whose rewards differ get advantages, so the update consumes informative groups only.
+It holds no model, only the tokenizer (to decode) and the task's train rows (looked up by the prompt id that the
+dock carries as metadata): their prompts, answers and other columns are what the reward functions get, in TRL's
+convention (``dockflow.rewards.functions``). The functions run in a child process under ``reward.timeout_s``
+(``dockflow.rewards.runner``); reward models' scores come from the dock (``rm_scores``, written by the
+reward-model worker). Light: it asks Ray for no CPU. The algorithm's recipe shapes the combined reward (DAPO:
+overlong responses) and estimates the advantages; under dynamic sampling (``rounds > 1``) only groups whose
+rewards differ get advantages, so the update consumes informative groups only.
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -15,11 +19,13 @@ from tensordict import TensorDict
 
 from dockflow.algos import informative_groups
 from dockflow.config import Config
-from dockflow.data import load_task
+from dockflow.data import Example, load_task
 from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import decode_responses
 from dockflow.models import load_tokenizer
-from dockflow.rewards import verify
+from dockflow.rewards.functions import combine, function_path
+from dockflow.rewards.runner import RewardBatch, RewardRunner, RunState
+from dockflow.rewards.verifier import task_verifier
 from dockflow.storage.objects import fetch_model
 from dockflow.workers.columns import consumers
 from dockflow.workers.consume import consume
@@ -30,6 +36,23 @@ def filtration_seed(run_seed: int, iteration: int) -> int:
     return (run_seed * 7_919 + iteration * 104_729) % 2**62
 
 
+def row_columns(examples: list[Example], answer_key: str = "answer") -> dict[str, list]:
+    """The keyword columns of a batch's rows, as TRL passes a dataset's columns: the answer, then every other
+    column (None in the rows that lack it)."""
+    names = dict.fromkeys(k for ex in examples for k in ex.fields)
+    cols = {answer_key: [ex.answer for ex in examples]}
+    cols.update({k: [ex.fields.get(k) for ex in examples] for k in names if k != answer_key})
+    return cols
+
+
+def _stats(values: list[float]) -> tuple[float, float]:
+    """(mean, std) over the values that are not NaN (NaN, NaN when none is)."""
+    t = torch.tensor([v for v in values if not math.isnan(v)], dtype=torch.float64)
+    if not len(t):
+        return math.nan, math.nan
+    return float(t.mean()), float(t.std()) if len(t) > 1 else 0.0
+
+
 class RewardWorker:
     """Consumer states ``reward`` (writes ``rewards``) and ``advantage`` (writes ``advantages``, ``returns``)."""
 
@@ -37,7 +60,13 @@ class RewardWorker:
         self.cfg = cfg
         self.dock = dock
         self.tokenizer = load_tokenizer(fetch_model(model_dir, cfg.checkpoint))
-        self.answers = [ex.answer for ex in load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint).train]
+        self.examples = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint).train
+        self.verifier = task_verifier(cfg.data)  # reward/correct_fraction counts what held-out accuracy counts
+        rc = cfg.reward
+        self.runner = RewardRunner([(f.label, function_path(f)) for f in rc.functions], rc.timeout_s)
+        self.runner.start()  # from the actor's own thread, whose end the child process follows
+        self.labels = [f.label for f in rc.functions] + [m.label for m in rc.models]
+        self.weights = [f.weight for f in rc.functions] + [m.weight for m in rc.models]
         self.advantage_columns = consumers(cfg)["advantage"]
         self.kept_groups = 0  # groups given advantages in this iteration (dynamic sampling's quota)
         self.recipe = cfg.algorithm.recipe  # the algorithm: reward shaping, advantage estimator
@@ -45,30 +74,59 @@ class RewardWorker:
     def ready(self) -> bool:
         return True
 
+    def _score(self, batch, iteration: int, texts: list[str]) -> tuple[list[list[float]], dict[str, list[float]]]:
+        """Per-source values (functions, then models) of one dock batch, and what the functions logged."""
+        rows = [self.examples[int(p)] for p in batch.meta["prompt_id"]]
+        mask = batch.data["response_mask"].bool()
+        lo = self.cfg.dock_window(iteration)[0]
+        scored = self.runner.score(RewardBatch(
+            prompts=[ex.prompt for ex in rows], completions=texts,
+            completion_ids=[r[m].tolist() for r, m in zip(batch.data["responses"], mask, strict=True)],
+            columns=row_columns(rows, self.cfg.data.answer_key),
+            state=RunState(global_step=iteration, max_steps=self.cfg.train.iterations),
+            sample_ids=[i - lo for i in batch.indices],
+        ))
+        columns = [r.values for r in scored.values()]
+        if self.cfg.reward.models:
+            columns += batch.data["rm_scores"].T.tolist()
+        logged: dict[str, list[float]] = {}
+        for result in scored.values():
+            for name, value in result.metrics.items():
+                logged.setdefault(name, []).append(value)
+        return columns, logged
+
     def compute_rewards(self, iteration: int) -> dict[str, float]:
-        """Score one generation round (G x N samples) into ``rewards``."""
+        """Score one generation round (G x N samples) into ``rewards``: the weighted sum of every reward
+        function and model that applies to a sample (``docs/rewards.md``), shaped by the algorithm."""
         start = time.perf_counter()
-        values: list[float] = []
-        correct = 0.0
+        combined: list[float] = []
+        per_source: list[list[float]] = [[] for _ in self.labels]
+        logged: dict[str, list[float]] = {}
+        correct = unscorable = 0
         bs = self.cfg.train.infer_batch_size
-        request = DockRequest("reward", bs, ("responses", "response_mask"), window=self.cfg.dock_window(iteration))
+        columns = tuple(consumers(self.cfg)["reward"])
+        request = DockRequest("reward", bs, columns, window=self.cfg.dock_window(iteration))
         for batch in consume(self.dock, request, self.cfg.global_batch):
             texts = decode_responses(self.tokenizer, batch.data["responses"], batch.data["response_mask"])
-            score = torch.tensor(
-                [verify(t, self.answers[int(p)]) for t, p in zip(texts, batch.meta["prompt_id"], strict=True)],
-                dtype=torch.float32,
-            )
-            correct += float((score > 0).sum())
+            values, batch_logged = self._score(batch, iteration, texts)
+            for acc, col in zip(per_source, values, strict=True):
+                acc.extend(col)
+            for name, v in batch_logged.items():
+                logged.setdefault(name, []).extend(v)
+            unscorable += sum(all(math.isnan(col[i]) for col in values) for i in range(len(texts)))
+            correct += sum(self.verifier(t, self.examples[int(p)]) > 0
+                           for t, p in zip(texts, batch.meta["prompt_id"], strict=True))
+            score = torch.tensor(combine(values, self.weights), dtype=torch.float32)
             score = self.recipe.shape_rewards(self.cfg, score, batch.meta["response_length"])  # DAPO: overlong shaping
             self.dock.put(batch.indices, TensorDict({"rewards": score}, batch_size=[len(batch)]))
-            values.extend(score.tolist())
-        t = torch.tensor(values)
-        return {
-            "reward/mean": float(t.mean()),
-            "reward/std": float(t.std()) if len(values) > 1 else 0.0,
-            "reward/correct_fraction": correct / len(values),
-            "timing/reward_s": time.perf_counter() - start,
-        }
+            combined.extend(score.tolist())
+        mean, std = _stats(combined)
+        metrics = {"reward/mean": mean, "reward/std": std, "reward/correct_fraction": correct / len(combined),
+                   "reward/unscorable_fraction": unscorable / len(combined), "timing/reward_s": time.perf_counter() - start}
+        for label, values in zip(self.labels, per_source, strict=True):
+            metrics[f"rewards/{label}/mean"], metrics[f"rewards/{label}/std"] = _stats(values)
+        metrics.update({name: sum(v) / len(v) for name, v in logged.items()})
+        return {k: v for k, v in metrics.items() if not math.isnan(v)}  # a function that never applied logs nothing
 
     def compute_advantages(self, iteration: int, round_index: int = 0, last_round: bool = True) -> dict[str, float]:
         """Advantages of one generation round. Under dynamic sampling, groups with equal rewards are skipped

@@ -11,10 +11,20 @@ import torch
 from tensordict import TensorDict
 
 from dockflow.config import Config
-from dockflow.data import apply_template
 from dockflow.dock import TransferDock
 from dockflow.engines import GenerationEngine, SamplingParams
 from dockflow.workers.rollout_queue import RolloutQueue
+
+_RUN_WIDTH: tuple[list[str], int] | None = None
+
+
+def run_prompt_width(engine: GenerationEngine, train_prompts: list[str]) -> int:
+    """One prompt width for the whole run (computed once per prompt list): the dock fixes a column's per-sample
+    shape until it is fully reset, so prompts of varying length must be padded alike in every iteration."""
+    global _RUN_WIDTH
+    if _RUN_WIDTH is None or _RUN_WIDTH[0] is not train_prompts:
+        _RUN_WIDTH = (train_prompts, engine.prompt_width(train_prompts))
+    return _RUN_WIDTH[1]
 
 
 def generation_seed(run_seed: int, iteration: int) -> int:
@@ -69,7 +79,7 @@ def generate_into_dock(
     cfg: Config,
     engine: GenerationEngine,
     dock: TransferDock,
-    train_prompts: list,
+    train_prompts: list[str],
     iteration: int,
     prompt_ids: list[int],
     first_index: int,
@@ -87,8 +97,8 @@ def generate_into_dock(
     if queue is None:
         queue = RolloutQueue(per_chunk)
         queue.open(iteration, prompt_ids)
-    prompts = [apply_template(cfg.data.prompt_template, train_prompts[i].prompt) for i in prompt_ids]
-    width = engine.prompt_width(prompts)
+    prompts = [train_prompts[i] for i in prompt_ids]  # formatted (PromptFormat) by the worker
+    width = run_prompt_width(engine, train_prompts)
     params = SamplingParams(ro.max_new_tokens, ro.temperature, ro.top_p, greedy=False, n=ro.group_size)
     seed = generation_seed(cfg.run.seed, iteration) + first_index
     prompt_tokens = response_tokens = samples = chunks = 0

@@ -31,7 +31,7 @@ def test_jsonl_loads_numbers_and_strings(tmp_path: Path) -> None:
     )
     assert load_examples(p) == [
         Example("What is 1 + 1?", "2"),
-        Example("Capital of France?", "Paris"),
+        Example("Capital of France?", "Paris", fields={"extra": 1}),  # other columns pass through
         Example("Half?", "0.5"),
     ]
 
@@ -138,10 +138,10 @@ def test_problem_answer_rows_load_and_boxed_answers_unwrap(tmp_path: Path) -> No
         ],
     )
     assert load_examples(p) == [
-        Example("Compute $1+1$.", "2"),
+        Example("Compute $1+1$.", "2", fields={"solution": "...", "level": "Level 1"}),
         Example("Half of 1?", "\\frac{1}{2}"),
         Example("AIME?", "204"),
-        Example("used", "\\boxed{1} + \\boxed{2}"),  # not one box: kept as written
+        Example("used", "\\boxed{1} + \\boxed{2}", fields={"problem": "ignored"}),  # not one box: kept as written
     ]
     assert [e.answer for e in load_examples(EXAMPLE_MATH)] == ["19", "7", "-3", "6", "-7"]
 
@@ -152,7 +152,7 @@ def test_problem_answer_rows_load_and_boxed_answers_unwrap(tmp_path: Path) -> No
         (json.dumps({"problem": 3, "answer": "1"}), "field 'problem' must be a string, got int"),
         (json.dumps({"problem": " ", "answer": "1"}), "field 'problem' is empty"),
         (json.dumps({"problem": "p"}), "missing field 'answer'"),
-        (json.dumps({"question": "p", "answer": "1"}), "missing field 'prompt' (every row needs 'prompt' or 'problem'"),
+        (json.dumps({"question": "p", "answer": "1"}), "missing field 'prompt' (every row needs 'prompt' (or 'problem') and 'answer'"),
         (json.dumps({"problem": "p", "answer": "\\boxed{ }"}), "field 'answer' is empty"),
     ],
 )
@@ -166,7 +166,7 @@ def test_malformed_problem_rows_name_file_and_line(tmp_path: Path, bad: str, pro
 def test_parquet_with_problem_column(tmp_path: Path) -> None:
     p = tmp_path / "math.parquet"
     pq.write_table(pa.table({"problem": ["a?", "b?"], "answer": ["\\boxed{3}", "4"], "level": [1, 2]}), p)
-    assert load_examples(p) == [Example("a?", "3"), Example("b?", "4")]
+    assert load_examples(p) == [Example("a?", "3", fields={"level": 1}), Example("b?", "4", fields={"level": 2})]
     no_answer = tmp_path / "no_answer.parquet"
     pq.write_table(pa.table({"problem": ["a?"]}), no_answer)
     with pytest.raises(DatasetError, match=r"missing column\(s\) \['answer'\].*'prompt' \(or 'problem'\)"):

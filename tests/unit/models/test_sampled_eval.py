@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dockflow.config import load_config
-from dockflow.data import Example, apply_template
+from dockflow.data import Example, PromptFormat, apply_template
 from dockflow.engines import SamplingParams
 from dockflow.eval import evaluate_policy, sample_scores, sampled_scores
 from dockflow.models import build_tiny_model
@@ -14,6 +14,7 @@ from dockflow.models.evaluation import generate_responses
 from dockflow.rewards import verify
 
 TEMPLATE = "{prompt}\nAnswer: "
+FMT = PromptFormat(TEMPLATE)
 K, MAX_NEW, SEED = 4, 5, 7
 
 
@@ -41,14 +42,14 @@ def test_sampled_scores_group_k_samples_per_prompt_and_are_seeded(model, char_to
     assert sum(any(row) for row in correct) >= 3, "the untrained model should write text for most prompts"
 
     rng_before = torch.get_rng_state()
-    got = sampled_scores(model, char_tok, examples, K, 1.0, 1.0, MAX_NEW, TEMPLATE, batch_size=3, seed=SEED)
+    got = sampled_scores(model, char_tok, examples, K, 1.0, 1.0, MAX_NEW, FMT, batch_size=3, seed=SEED)
     assert torch.equal(torch.get_rng_state(), rng_before), "evaluation must not move the caller's RNG"
     assert got == sample_scores(correct, K)
     assert got[f"pass@{K}"] >= got[f"avg@{K}"] > 0
-    assert sampled_scores(model, char_tok, examples, K, 1.0, 1.0, MAX_NEW, TEMPLATE, 3, SEED) == got
-    assert sampled_scores(model, char_tok, [], K, 1.0, 1.0, MAX_NEW, TEMPLATE, 3, SEED) == {"pass@4": 0.0, "avg@4": 0.0}
+    assert sampled_scores(model, char_tok, examples, K, 1.0, 1.0, MAX_NEW, FMT, 3, SEED) == got
+    assert sampled_scores(model, char_tok, [], K, 1.0, 1.0, MAX_NEW, FMT, 3, SEED) == {"pass@4": 0.0, "avg@4": 0.0}
     with pytest.raises(ValueError, match="k=0"):
-        sampled_scores(model, char_tok, examples, 0, 1.0, 1.0, MAX_NEW, TEMPLATE, 3, SEED)
+        sampled_scores(model, char_tok, examples, 0, 1.0, 1.0, MAX_NEW, FMT, 3, SEED)
 
 
 def test_evaluate_policy_names_mlflow_metrics(model, char_tok) -> None:

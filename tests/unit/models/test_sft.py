@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dockflow.config import Config, load_config
-from dockflow.data import Example, apply_template
+from dockflow.data import Example, PromptFormat, apply_template
 from dockflow.models import build_tiny_model, load_model_and_tokenizer
 from dockflow.models.evaluation import greedy_accuracy, greedy_responses
 from dockflow.models.sft import encode_sft_batch, sft_cache_key, sft_warm_start, train_sft
@@ -34,7 +34,7 @@ def _cfg(tmp_path: Path, *extra: str) -> Config:
 
 
 def test_labels_cover_only_answer_and_eos(char_tok) -> None:
-    batch = encode_sft_batch(char_tok, [Example("What is 1 + 2?", "3"), Example("Hi?", "-10")], "Q: {prompt}")
+    batch = encode_sft_batch(char_tok, [Example("What is 1 + 2?", "3"), Example("Hi?", "-10")], PromptFormat("Q: {prompt}"))
     ids, labels, mask = batch["input_ids"], batch["labels"], batch["attention_mask"]
     assert ids.shape == labels.shape == mask.shape
     first = labels[0][labels[0] != -100].tolist()
@@ -55,9 +55,9 @@ def test_training_lowers_loss_and_reaches_full_train_accuracy(tmp_path: Path, mi
     losses = [h["loss"] for h in history[1:]]
     assert losses[-1] < 0.5 * losses[0]
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
-    assert acc == 1.0 == greedy_accuracy(model, char_tok, examples, 2, 4, cfg.data.prompt_template)
+    assert acc == 1.0 == greedy_accuracy(model, char_tok, examples, 2, 4, PromptFormat.of(cfg.data))
     wrong = [Example(e.prompt, str(int(e.answer) + 1)) for e in examples]
-    assert greedy_accuracy(model, char_tok, wrong, 3, 4, cfg.data.prompt_template) == 0.0
+    assert greedy_accuracy(model, char_tok, wrong, 3, 4, PromptFormat.of(cfg.data)) == 0.0
     prompts = [apply_template(cfg.data.prompt_template, e.prompt) for e in examples]
     batched = greedy_responses(model, char_tok, prompts, batch_size=4, max_new_tokens=4)
     assert batched == [greedy_responses(model, char_tok, [p], 1, 4)[0] for p in prompts]

@@ -1,0 +1,248 @@
+"""Generation with vLLM (CUDA) or vLLM-Ascend (NPU): an in-process ``vllm.LLM`` per generating worker.
+
+Written against vLLM 0.33.0 (``vllm/entrypoints/llm.py``, ``vllm/v1/engine/llm_engine.py``,
+``vllm/v1/worker/gpu_worker.py``); vLLM-Ascend 0.23 runs the same code on its platform plugin (docs/engines.md).
+``vllm`` is imported inside this module's functions only, so the package imports without it.
+
+- The engine is built from the policy's config and tokenizer files with ``load_format="dummy"`` and then takes
+  the policy's weights through the same path as every later sync (:meth:`VLLMGenerationEngine.load_weights`).
+- Prompts go in as token ids (``TokensPrompt``), tokenized exactly as the HF engine does, so the rollout layout's
+  ``input_ids`` are what vLLM conditioned on; ``sampling_kwargs`` maps the sampling parameters and the outputs
+  become rollout rows through ``vllm_convert`` (its docstrings say how EOS, lengths and log-probs match HF's).
+- ``logprobs_mode="processed_logprobs"``: vLLM returns the log-probs after temperature (and top-p), DockFlow's
+  meaning, instead of its default raw ones.
+- Weight sync: the training model's full tensors, renamed for vLLM's Qwen2 / Qwen3-MoE loaders and streamed in
+  buckets of ``engine.vllm.weight_bucket_mb``; each bucket goes to every vLLM worker's
+  ``model_runner.model.load_weights`` through ``LLM.collective_rpc`` (the colocated path TRL uses: in process,
+  without a copy, when tensor_parallel_size is 1 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``); pickled to the worker
+  processes otherwise). vLLM's loaders slice each full tensor for their tensor-parallel rank.
+- Colocated (the actor): after generating, the first training call puts vLLM to sleep (``LLM.sleep(level)``:
+  KV cache freed, weights offloaded (1) or dropped (2)); the next sync wakes the weights, loads, then wakes the
+  KV cache (``LLM.wake_up(tags)``), so update and generation share one device.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from dockflow.engines.base import GenerationEngine, LossFn, SamplingParams, TrainingEngine
+from dockflow.engines.hf_generation import decode_responses, left_pad_prompts, rollout_batch
+from dockflow.engines.vllm_convert import (
+    checkpoint_weights,
+    completions_in_order,
+    expand_requests,
+    prompt_token_lists,
+    request_seeds,
+    response_rows,
+    rows_as_tensors,
+    sampling_kwargs,
+    weight_buckets,
+)
+
+log = logging.getLogger(__name__)
+
+WeightSource = Callable[[], Iterable[tuple[str, torch.Tensor]]]
+
+
+def _load_bucket(worker: Any, bucket: list[tuple[str, torch.Tensor]]) -> int:
+    """Runs on each vLLM worker (``collective_rpc``): full HF tensors into the model's own loader."""
+    worker.model_runner.model.load_weights(weights=bucket)
+    return len(bucket)
+
+
+def engine_kwargs(vc: Any, model_dir: str, dtype: str, seed: int, sleep_level: int) -> dict[str, Any]:
+    """``vllm.LLM`` constructor arguments from ``engine.vllm`` (``vc``) for the staged model directory; sleep mode
+    (vLLM's CuMemAllocator) only where the engine will sleep."""
+    kwargs: dict[str, Any] = {
+        "model": model_dir,
+        "tensor_parallel_size": vc.tensor_parallel_size,
+        "dtype": dtype,
+        "seed": seed,
+        "gpu_memory_utilization": vc.gpu_memory_utilization,
+        "enforce_eager": vc.enforce_eager,
+        "enable_prefix_caching": vc.enable_prefix_caching,
+        "enable_sleep_mode": sleep_level > 0,
+        "load_format": "dummy",  # the policy's weights follow through load_weights
+        "skip_tokenizer_init": True,  # token ids in, token ids out
+        "logprobs_mode": "processed_logprobs",
+        "generation_config": "vllm",  # no sampling defaults from the model's generation_config.json
+    }
+    if vc.max_model_len is not None:
+        kwargs["max_model_len"] = vc.max_model_len
+    if vc.tensor_parallel_size > 1:
+        kwargs["distributed_executor_backend"] = "mp"
+    return kwargs
+
+
+def stage_model_files(model: nn.Module, tokenizer: Any, directory: str) -> str:
+    """Config, generation config and tokenizer files of ``model`` in ``directory`` (no weights): what vLLM needs
+    to build the model before :meth:`VLLMGenerationEngine.load_weights` fills it."""
+    model.config.save_pretrained(directory)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+class VLLMGenerationEngine(GenerationEngine):
+    """Sampling with an in-process ``vllm.LLM``; log-probs, EOS and lengths as :class:`HFGenerationEngine`'s."""
+
+    def __init__(self, model: nn.Module, tokenizer: Any, cfg: Any, colocated: bool) -> None:
+        """``model``: the policy whose config and current weights vLLM starts from; ``cfg``: the run's config
+        (``engine.vllm``, ``model.dtype``, ``run.seed``); ``colocated``: training shares the device (sleep/wake)."""
+        from vllm import LLM
+
+        if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
+            raise ValueError("the tokenizer needs pad and eos tokens for batched generation")
+        self.tokenizer = tokenizer
+        self.vc = cfg.engine.vllm
+        self.sleep_level = self.vc.sleep_level if colocated else 0
+        self.bucket_bytes = int(self.vc.weight_bucket_mb * 2**20)
+        self.tie_word_embeddings = bool(getattr(model.config, "tie_word_embeddings", False))
+        if self.vc.tensor_parallel_size == 1:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process: syncs without a copy
+        self._files = tempfile.TemporaryDirectory(prefix="dockflow-vllm-")
+        model_dir = stage_model_files(model, tokenizer, self._files.name)
+        self.llm = LLM(**engine_kwargs(self.vc, model_dir, cfg.model.dtype, cfg.run.seed, self.sleep_level))
+        self.asleep: list[str] = []  # memory tags vLLM released (weights, kv_cache)
+        self._source: WeightSource | None = None
+        self.load_weights((name, p.detach()) for name, p in model.named_parameters())
+
+    # -- sampling ------------------------------------------------------------------------------------------
+
+    def prompt_width(self, prompts: list[str]) -> int:
+        return max(len(self.tokenizer(p)["input_ids"]) for p in prompts)
+
+    @torch.no_grad()
+    def generate(
+        self, prompts: list[str], params: SamplingParams, seed: int, prompt_width: int | None = None
+    ) -> TensorDict:
+        prompt_ids, prompt_mask = left_pad_prompts(self.tokenizer, prompts, prompt_width)
+        requests = expand_requests(len(prompts), params.n, params.greedy)
+        token_lists = prompt_token_lists(prompt_ids.tolist(), prompt_mask.tolist())
+        tokens, logp, mask = self._run([token_lists[i] for i, _ in requests], requests, params.max_new_tokens,
+                                       params, seed)
+        prompt_ids = prompt_ids.repeat_interleave(params.n, dim=0)
+        prompt_mask = prompt_mask.repeat_interleave(params.n, dim=0)
+        out = rollout_batch(prompt_ids, prompt_mask, tokens, mask)
+        out["rollout_log_prob"] = logp
+        return out
+
+    @torch.no_grad()
+    def sample(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int, params: SamplingParams,
+        seed: int, generated: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Partial rollouts: each left-padded row (prompt and response so far) is one vLLM request continued by up
+        to ``max_new_tokens``; tokens after EOS are padding, as the HF engine returns them."""
+        rows = prompt_token_lists(input_ids.tolist(), attention_mask.tolist())
+        tokens, logp, _ = self._run(rows, [(k, 1) for k in range(len(rows))], max_new_tokens, params, seed)
+        return tokens, logp
+
+    def _run(
+        self, prompts: list[list[int]], requests: list[tuple[int, int]], max_tokens: int, params: SamplingParams,
+        seed: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One vLLM call over token prompts; (tokens, log-probs, response mask), [rows, max_tokens] each."""
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self._ready()
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        sps = [VLLMSamplingParams(**sampling_kwargs(params, max_tokens, eos, s, n))
+               for s, (_, n) in zip(request_seeds(seed, requests), requests, strict=True)]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sps, use_tqdm=False)
+        rows, logp, lengths = response_rows(completions_in_order(outputs), max_tokens, eos, pad)
+        return rows_as_tensors(rows, logp, lengths, max_tokens)
+
+    def decode(self, responses: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
+        return decode_responses(self.tokenizer, responses, response_mask)
+
+    # -- weights, sleep and wake ---------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+        """Stream the policy's weights into vLLM in buckets (waking its weight memory first if it sleeps), then
+        wake the KV cache. The prefix cache is dropped: its entries were computed with the old weights."""
+        if "weights" in self.asleep:
+            self.llm.wake_up(tags=["weights"])
+            self.asleep.remove("weights")
+        to_cpu = self.vc.tensor_parallel_size > 1  # worker processes get pickled host tensors
+        loaded = 0
+        for bucket in weight_buckets(checkpoint_weights(weights, self.tie_word_embeddings), self.bucket_bytes):
+            if to_cpu:
+                bucket = [(n, t.detach().to("cpu")) for n, t in bucket]
+            loaded += self.llm.collective_rpc(_load_bucket, args=(bucket,))[0]
+        self._wake()
+        self.llm.reset_prefix_cache()
+        self._source = None
+        log.debug("vLLM took %d tensors", loaded)
+
+    def mark_stale(self, source: WeightSource) -> None:
+        """The policy changed outside a sync (a checkpoint was restored): load from ``source`` before sampling."""
+        self._source = source
+
+    def sleep(self) -> None:
+        """Colocated: free vLLM's device memory for the update (no-op when sleep is off or already asleep)."""
+        if self.sleep_level == 0 or self.asleep:
+            return
+        self.llm.sleep(level=self.sleep_level)
+        self.asleep = ["weights", "kv_cache"]
+
+    def _wake(self) -> None:
+        if self.asleep:
+            self.llm.wake_up(tags=list(self.asleep))
+            self.asleep = []
+
+    def _ready(self) -> None:
+        """Before sampling: weights loaded (a pending restore) and all memory awake."""
+        if self._source is not None:
+            self.load_weights(iter(self._source()))
+        if "weights" in self.asleep and self.sleep_level == 2:
+            raise RuntimeError("vLLM slept at level 2 (weights dropped) and no weights were loaded since: "
+                               "reshard (load_weights) before generating")
+        self._wake()
+
+
+class ColocatedTraining(TrainingEngine):
+    """A training engine that shares its device with a :class:`VLLMGenerationEngine`: every training call first
+    puts vLLM to sleep, and a restored checkpoint makes vLLM reload the weights before it samples again. Other
+    attributes (``model``, ``generation_model``, ...) are the wrapped engine's."""
+
+    def __init__(self, inner: TrainingEngine, generation: VLLMGenerationEngine) -> None:
+        self.inner, self.generation = inner, generation
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def infer(self, batch: TensorDict) -> torch.Tensor:
+        self.generation.sleep()
+        return self.inner.infer(batch)
+
+    def train_mini_batch(self, batch: TensorDict, loss_fn: LossFn, micro_batch_size: int) -> dict[str, float]:
+        self.generation.sleep()
+        return self.inner.train_mini_batch(batch, loss_fn, micro_batch_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state)
+        self.generation.mark_stale(self.inner.generation_weights)
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return self.inner.named_weights()
+
+    def generation_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return self.inner.generation_weights()
+
+    def memory_metrics(self) -> dict[str, float]:
+        return self.inner.memory_metrics()

@@ -1,0 +1,22 @@
+"""Built-in reward functions, by the name ``reward.functions[].name`` gives them. Each has TRL's signature, so
+it is called exactly as a user's function is (``dockflow.rewards.functions``).
+
+    math_verify(["What is 2 + 2?"], ["4"], answer=["4"])   # [1.0]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dockflow.rewards.math_verify import verify
+
+BUILTINS: dict[str, str] = {
+    "math_verify": "dockflow.rewards.builtins:math_verify",  # the arithmetic and file tasks' verifier
+    "code_tests": "dockflow.rewards.code_tests:code_tests",  # the row's tests run in a sandbox (docs/sandbox.md)
+    "reasoning_gym": "dockflow.rewards.reasoning_gym:reasoning_gym_score",  # reasoning-gym's own scorer
+}
+
+
+def math_verify(prompts: list[str], completions: list[str], answer: list[str], **kwargs: Any) -> list[float]:
+    """1.0 where the completion answers the row's ``answer`` (``dockflow.rewards.math_verify``), else 0.0."""
+    return [verify(c, a) for c, a in zip(completions, answer, strict=True)]

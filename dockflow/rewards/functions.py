@@ -1,0 +1,115 @@
+"""Reward functions in TRL's convention: resolving them, checking what they return, combining them by weight.
+
+A reward function is ``f(prompts, completions, **kwargs) -> list[float | None]``: one value per completion,
+``None`` (or NaN) where it does not apply. ``kwargs`` holds the dataset row's other columns as lists
+(``answer`` and every extra column), ``completion_ids`` (token ids without padding), ``trainer_state``
+(``global_step``, ``max_steps``) and ``log_metric(name, value)``, as TRL's ``GRPOTrainer`` passes them.
+
+    fn = import_function("my_rewards:brevity")   # RewardError naming the path when it cannot be imported
+    values = checked_output("brevity", fn(prompts, completions, answer=answers), len(completions))
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import sys
+import sysconfig
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dockflow.config_reward import RewardConfig, RewardFunctionConfig
+
+
+class RewardError(RuntimeError):
+    """A reward function cannot be loaded, or misbehaved on a batch; the message names it and the sample."""
+
+
+def function_path(fn: RewardFunctionConfig) -> str:
+    """``module:function`` of a config entry: its ``path``, or the built-in its ``name`` stands for."""
+    from dockflow.rewards.builtins import BUILTINS
+
+    if fn.path is not None:
+        return fn.path
+    if fn.name not in BUILTINS:
+        raise RewardError(f"reward function name {fn.name!r} is not a built-in ({', '.join(sorted(BUILTINS))}): "
+                          "give 'path: module:function' for your own function")
+    return BUILTINS[fn.name]
+
+
+def import_function(path: str) -> Callable[..., Any]:
+    """The callable at ``module:function``; a RewardError with the reason when it cannot be imported."""
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any import failure of the user's module is reported the same way
+        raise RewardError(
+            f"reward function {path!r}: cannot import module {module_name!r} ({type(exc).__name__}: {exc}); put it on "
+            "PYTHONPATH (or install it) where the run starts"
+        ) from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise RewardError(f"reward function {path!r}: module {module_name!r} has no function {attr!r}")
+    return fn
+
+
+def check_functions(reward: RewardConfig) -> None:
+    """Import every configured function now, so a bad path fails at config load, before any worker starts."""
+    for fn in reward.functions:
+        import_function(function_path(fn))
+
+
+def shipped_modules(reward: RewardConfig) -> list[str]:
+    """Files or package directories of the user's reward modules that Ray must ship to its workers (its
+    ``runtime_env`` ``py_modules``): the top-level module of each ``path``, unless it is installed (site-packages)
+    or part of DockFlow."""
+    installed = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    out: list[str] = []
+    for fn in reward.functions:
+        top = function_path(fn).partition(":")[0].split(".")[0]
+        if top == "dockflow":
+            continue
+        import_function(function_path(fn))
+        module = sys.modules[top]
+        where = Path(module.__path__[0]) if hasattr(module, "__path__") else Path(module.__file__ or "")
+        if where.suffix or where.is_dir():
+            if not any(str(where).startswith(p) for p in installed) and str(where) not in out:
+                out.append(str(where))
+    return out
+
+
+def checked_output(label: str, out: Any, n: int) -> list[float]:
+    """``out`` as n floats (None and NaN -> NaN); a RewardError naming the function and the sample otherwise."""
+    if hasattr(out, "tolist") and not isinstance(out, (list, tuple)):  # numpy arrays, torch tensors
+        out = out.tolist()
+    if not isinstance(out, Sequence) or isinstance(out, (str, bytes)):
+        raise RewardError(f"reward function '{label}' returned {type(out).__name__}, not a list of {n} numbers")
+    if len(out) != n:
+        raise RewardError(f"reward function '{label}' returned {len(out)} values for {n} completions: return one "
+                          "value (or None) per completion")
+    values: list[float] = []
+    for i, v in enumerate(out):
+        if v is None:
+            values.append(math.nan)
+            continue
+        if hasattr(v, "item") and not isinstance(v, (int, float)):
+            v = v.item()  # numpy / torch scalars
+        if not isinstance(v, (int, float)):
+            raise RewardError(f"reward function '{label}' returned {type(v).__name__} {v!r} at sample {i}: "
+                              "return a number, or None where it does not apply")
+        if math.isinf(v):
+            raise RewardError(f"reward function '{label}' returned {v} at sample {i}: rewards must be finite")
+        values.append(float(v))
+    return values
+
+
+def combine(per_function: Sequence[Sequence[float]], weights: Sequence[float]) -> list[float]:
+    """Weighted sum per sample over the functions that apply to it (NaN skipped, as TRL's ``nansum``); a sample
+    no function applies to gets 0.0."""
+    n = len(per_function[0]) if per_function else 0
+    return [
+        sum(w * col[i] for col, w in zip(per_function, weights, strict=True) if not math.isnan(col[i]))
+        for i in range(n)
+    ]

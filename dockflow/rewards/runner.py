@@ -1,0 +1,225 @@
+"""Reward functions run in a child process of the reward worker, one batch at a time, under ``reward.timeout_s``.
+
+A user's function may hang, and in ways no thread can interrupt (``9**9**9`` holds the interpreter for good),
+so it runs in its own process: a call past the timeout kills that process and stops the run with one line
+naming the function and the batch's samples. A function that raises is tried again sample by sample, so the
+error names the first sample it fails on. Async functions are awaited.
+
+    runner = RewardRunner([("math_verify", "dockflow.rewards.builtins:math_verify")], timeout_s=60)
+    results = runner.score(RewardBatch(prompts, completions, completion_ids, {"answer": answers}, RunState(3, 500)))
+    results["math_verify"].values    # one float per completion, NaN where it does not apply
+    runner.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+from dockflow.rewards.functions import RewardError, checked_output, import_function
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What TRL passes as ``trainer_state`` and reward functions read: the step and the run's length."""
+
+    global_step: int
+    max_steps: int
+
+
+@dataclass
+class RewardBatch:
+    """One batch of completions and the columns the functions get as keyword arguments."""
+
+    prompts: list[str]
+    completions: list[str]
+    completion_ids: list[list[int]]
+    columns: dict[str, list[Any]]
+    state: RunState
+    sample_ids: list[int] = field(default_factory=list)  # how messages name the samples (default: 0..n-1)
+
+
+@dataclass
+class FunctionResult:
+    values: list[float]  # NaN where the function does not apply
+    metrics: dict[str, float]  # what it logged with log_metric (mean per name over the batch's calls)
+
+
+def _call(fn: Any, batch: RewardBatch, rows: list[int], metrics: dict[str, list[float]]) -> Any:
+    kwargs = {k: [v[i] for i in rows] for k, v in batch.columns.items()}
+    kwargs.update(trainer_state=batch.state, log_metric=lambda name, value: metrics[name].append(float(value)))
+    out = fn(prompts=[batch.prompts[i] for i in rows], completions=[batch.completions[i] for i in rows],
+             completion_ids=[batch.completion_ids[i] for i in rows], **kwargs)
+    return asyncio.run(out) if asyncio.iscoroutine(out) else out  # an async function's result is awaited
+
+
+def _first_failing_sample(fn: Any, batch: RewardBatch) -> tuple[int, BaseException] | None:
+    for i in range(len(batch.completions)):
+        try:
+            _call(fn, batch, [i], defaultdict(list))
+        except Exception as exc:  # noqa: BLE001 - we are looking for the user's exception
+            return i, exc
+    return None
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this process when the reward worker dies (even mid-call in a stuck function)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # elsewhere: the child still ends when its pipe closes, unless stuck in the user's code
+
+
+class _Duplex:
+    """Two one-way pipe connections as one (the parent's, or the child's, end)."""
+
+    def __init__(self, reader: Connection, writer: Connection) -> None:
+        self.reader, self.writer = reader, writer
+
+    def send(self, obj: Any) -> None:
+        self.writer.send(obj)
+
+    def recv(self) -> Any:
+        return self.reader.recv()
+
+    def poll(self, timeout: float) -> bool:
+        return self.reader.poll(timeout)
+
+    def close(self) -> None:
+        self.reader.close()
+        self.writer.close()
+
+
+def _serve(conn: _Duplex) -> None:
+    """The child's loop: take the parent's sys.path and load the functions, then answer each batch function by
+    function."""
+    _die_with_parent()
+    path, functions = conn.recv()
+    sys.path[:] = path
+    try:
+        loaded = [(label, import_function(path)) for label, path in functions]
+    except RewardError as exc:
+        conn.send(("error", str(exc)))
+        return
+    conn.send(("ready", None))
+    while True:
+        try:
+            batch = conn.recv()
+        except EOFError:
+            return
+        n = len(batch.completions)
+        for label, fn in loaded:
+            metrics: dict[str, list[float]] = defaultdict(list)
+            try:
+                out = _call(fn, batch, list(range(n)), metrics)
+            except Exception as exc:  # noqa: BLE001 - the user's function raised: find the sample
+                found = _first_failing_sample(fn, batch)
+                i, err = found if found else (None, exc)
+                where = f"on sample {batch.sample_ids[i]}" if i is not None else f"on a batch of {n} samples"
+                conn.send(("error", f"reward function '{label}' raised {type(err).__name__}: {err} {where}"))
+                continue
+            try:
+                values = checked_output(label, out, n)
+            except RewardError as exc:
+                conn.send(("error", _renumber(str(exc), batch.sample_ids)))
+                continue
+            conn.send(("result", FunctionResult(values, {k: sum(v) / len(v) for k, v in metrics.items()})))
+
+
+def _renumber(message: str, sample_ids: list[int]) -> str:
+    """'at sample i' (position in the batch) -> the sample's own id."""
+    head, sep, tail = message.partition(" at sample ")
+    if not sep:
+        return message
+    pos, colon, rest = tail.partition(":")
+    return f"{head}{sep}{sample_ids[int(pos)]}{colon}{rest}" if pos.isdigit() else message
+
+
+class RewardRunner:
+    """The reward functions ``[(label, module:function)]`` in one child process, called batch by batch."""
+
+    def __init__(self, functions: list[tuple[str, str]], timeout_s: float, start_timeout_s: float = 120.0) -> None:
+        self.functions, self.timeout_s, self.start_timeout_s = functions, timeout_s, start_timeout_s
+        self.process: subprocess.Popen | None = None
+        self.conn: _Duplex | None = None
+
+    def start(self) -> None:
+        """Start the child process and load the functions (``score`` starts it too, if it is not running)."""
+        # A fresh interpreter (not fork: the worker's threads and locks; not multiprocessing's spawn: it re-runs the
+        # parent's __main__, which in a Ray worker is Ray's own script). It gets the worker's sys.path, so a module
+        # Ray shipped to the worker (runtime_env py_modules) imports there too.
+        down_r, down_w = os.pipe()
+        up_r, up_w = os.pipe()
+        cmd = [sys.executable, "-m", "dockflow.rewards.runner", str(down_r), str(up_w)]
+        self.process = subprocess.Popen(cmd, pass_fds=(down_r, up_w), start_new_session=True)
+        os.close(down_r)
+        os.close(up_w)
+        self.conn = _Duplex(Connection(up_r, writable=False), Connection(down_w, readable=False))
+        self.conn.send((list(sys.path), self.functions))
+        kind, message = self._receive(self.start_timeout_s, "loading the reward functions")
+        if kind == "error":
+            self.close()
+            raise RewardError(message)
+
+    def _receive(self, timeout_s: float, what: str) -> tuple[str, Any]:
+        assert self.conn is not None
+        if not self.conn.poll(timeout_s):
+            self.close()
+            raise RewardError(f"{what} ran past reward.timeout_s={timeout_s:g}s; the reward process was killed. Make "
+                              "the function faster (or bound its work), or raise reward.timeout_s")
+        try:
+            return self.conn.recv()
+        except EOFError:
+            code = None
+            if self.process is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    code = self.process.wait(timeout=5)
+            self.close()
+            raise RewardError(f"the reward process died (exit code {code}) while {what}") from None
+
+    def score(self, batch: RewardBatch) -> dict[str, FunctionResult]:
+        """Every function's values on ``batch``; a RewardError (the run stops) on the first that misbehaves."""
+        if not batch.sample_ids:
+            batch.sample_ids = list(range(len(batch.completions)))
+        if self.process is None or self.process.poll() is not None:
+            self.start()
+        assert self.conn is not None
+        self.conn.send(batch)
+        out: dict[str, FunctionResult] = {}
+        first, last = batch.sample_ids[0], batch.sample_ids[-1]
+        for label, _ in self.functions:
+            what = f"reward function '{label}' on samples {first}-{last}"
+            kind, payload = self._receive(self.timeout_s, what)
+            if kind == "error":
+                self.close()  # its later answers to this batch are of no use
+                raise RewardError(payload)
+            out[label] = payload
+        return out
+
+    def close(self) -> None:
+        """Stop the child process (killed: it may be stuck in the user's code)."""
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)  # and whatever the user's code started
+            self.process.wait(timeout=10)
+        if self.conn is not None:
+            self.conn.close()
+        self.process = self.conn = None
+
+
+
+if __name__ == "__main__":  # the child: python -m dockflow.rewards.runner <read fd> <write fd>
+    from dockflow.rewards import runner  # by its name, so what it pickles unpickles as the same classes
+
+    runner._serve(runner._Duplex(Connection(int(sys.argv[1]), writable=False),
+                                 Connection(int(sys.argv[2]), readable=False)))

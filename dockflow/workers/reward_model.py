@@ -1,0 +1,63 @@
+"""The reward-model worker: scores each rollout with every ``reward.models`` entry, into ``rm_scores``.
+
+Consumer state ``reward_model``: reads the rollout columns, decodes prompt and response with the policy's
+tokenizer, scores the texts with each reward model (``dockflow.rewards.reward_model``) and writes ``rm_scores``
+``[B, M]`` (raw scores, M in the config's order). The reward worker weighs them into the combined reward. The
+models are frozen, so a checkpoint holds nothing of this worker. Placement: ``reward.model_cpus`` /
+``reward.model_gpus`` (> 0 scores on CUDA).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from tensordict import TensorDict
+
+from dockflow.config import Config
+from dockflow.dock import DockRequest, TransferDock
+from dockflow.engines import decode_responses
+from dockflow.models import load_tokenizer
+from dockflow.rewards.reward_model import RewardModel
+from dockflow.storage.objects import fetch_model
+from dockflow.workers.columns import REWARD_MODEL_CONSUMER, consumers
+from dockflow.workers.consume import consume
+from dockflow.workers.runtime import init_worker_process
+
+
+def split_prompts(data: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The left-padded prompt part of ``input_ids`` and its mask (the rollout layout puts responses last)."""
+    width = data["input_ids"].shape[1] - data["responses"].shape[1]
+    return data["input_ids"][:, :width], data["attention_mask"][:, :width]
+
+
+class RewardModelWorker:
+    """Holds every reward model of the run on one device; reads and writes the dock like every worker."""
+
+    def __init__(self, cfg: Config, model_dir: str, dock: TransferDock):
+        init_worker_process(cfg.ray.torch_threads, cfg.run.seed)
+        self.cfg = cfg
+        self.dock = dock
+        self.tokenizer = load_tokenizer(fetch_model(model_dir, cfg.checkpoint))  # the policy's, to decode
+        device = "cuda" if cfg.reward.model_gpus > 0 else "cpu"
+        self.models = [
+            RewardModel(m.path, cfg.checkpoint, device=device, batch_size=cfg.reward.model_batch_size,
+                        dtype=cfg.model.dtype)
+            for m in cfg.reward.models
+        ]
+        self.columns = tuple(consumers(cfg)[REWARD_MODEL_CONSUMER])
+
+    def ready(self) -> bool:
+        return True
+
+    def score(self, iteration: int) -> dict[str, float]:
+        """Score one generation round (G x N samples) into ``rm_scores``."""
+        start = time.perf_counter()
+        request = DockRequest(REWARD_MODEL_CONSUMER, self.cfg.train.infer_batch_size, self.columns,
+                              window=self.cfg.dock_window(iteration))
+        for batch in consume(self.dock, request, self.cfg.global_batch):
+            prompts = decode_responses(self.tokenizer, *split_prompts(batch.data))
+            responses = decode_responses(self.tokenizer, batch.data["responses"], batch.data["response_mask"])
+            scores = torch.tensor([rm.score(prompts, responses) for rm in self.models], dtype=torch.float32).T
+            self.dock.put(batch.indices, TensorDict({"rm_scores": scores.contiguous()}, batch_size=[len(batch)]))
+        return {"timing/reward_model_s": time.perf_counter() - start}

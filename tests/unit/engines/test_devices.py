@@ -1,0 +1,114 @@
+"""Engine and device choice (``engine.backend``, ``engine.device``): Ray resources per worker, the driver's check
+of the cluster, the worker's own check (on this CPU machine: no CUDA, no torch_npu), config errors."""
+
+import importlib.util
+
+import pytest
+import torch
+
+from dockflow.config import ConfigError, load_config
+from dockflow.engines import DeviceError, create_engines
+from dockflow.engines.devices import (
+    accelerator_module,
+    check_cluster_devices,
+    check_worker_device,
+    device_resources,
+    devices_needed,
+    memory_reading,
+    process_group_backend,
+)
+from dockflow.models import build_char_tokenizer, build_tiny_model
+
+GRPO = "configs/grpo_arith.yaml"
+PPO = "configs/ppo_arith.yaml"
+
+
+def test_process_group_backend_per_device():
+    assert [process_group_backend(d) for d in ("cpu", "cuda", "npu")] == ["gloo", "nccl", "hccl"]
+
+
+def test_ray_resources_per_worker():
+    cpu = load_config(GRPO)
+    assert device_resources(cpu, "actor") == {}
+    cuda = load_config(GRPO, ["engine.device=cuda"])
+    assert device_resources(cuda, "actor") == {"num_gpus": 1}
+    assert device_resources(cuda, "reward") == {} and device_resources(cuda, "pairs") == {}
+    npu_vllm = load_config(GRPO, ["engine.device=npu", "engine.backend=vllm", "engine.vllm.tensor_parallel_size=2"])
+    assert device_resources(npu_vllm, "actor") == {"resources": {"NPU": 2}}
+    assert device_resources(npu_vllm, "generator") == {"resources": {"NPU": 2}}
+    assert device_resources(npu_vllm, "reference") == {"resources": {"NPU": 1}}
+
+
+def test_devices_needed_counts_every_model_worker():
+    ppo = load_config(PPO, ["engine.device=cuda", "engine.backend=vllm", "engine.vllm.tensor_parallel_size=2",
+                            "train.dp=2"])
+    assert devices_needed(ppo)["actor"] == 4 and devices_needed(ppo)["critic"] == 1
+    disagg = load_config("configs/grpo_arith_async.yaml", ["engine.device=cuda"])
+    assert devices_needed(disagg)["generator"] == disagg.placement.generators
+    assert devices_needed(load_config(GRPO)) == {}
+
+
+def test_cluster_check_passes_and_fails_with_one_line():
+    cfg = load_config(GRPO, ["engine.device=cuda"])
+    check_cluster_devices(cfg, {"CPU": 8.0, "GPU": 1.0})
+    check_cluster_devices(load_config(GRPO), {"CPU": 2.0})  # cpu needs nothing
+    with pytest.raises(DeviceError) as err:
+        check_cluster_devices(cfg, {"CPU": 2.0})
+    msg = str(err.value)
+    assert "\n" not in msg and "engine.device=cuda needs 1 GPU (actor 1)" in msg and "has 0" in msg
+    assert "CUDA build of torch" in msg
+    npu = load_config(GRPO, ["engine.device=npu", "train.dp=2"])
+    with pytest.raises(DeviceError, match=r"needs 2 NPU \(actor 2\) but the Ray cluster has 1: install torch_npu"):
+        check_cluster_devices(npu, {"NPU": 1.0, "GPU": 8.0})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this check is of a machine without CUDA")
+def test_worker_check_names_the_missing_cuda_device():
+    with pytest.raises(DeviceError, match=r"engine.device=cuda but this worker sees no CUDA device"):
+        check_worker_device("cuda")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch_npu") is not None, reason="this check is of a machine without torch_npu")
+def test_worker_check_names_torch_npu_when_missing():
+    with pytest.raises(DeviceError, match="engine.device=npu but torch_npu cannot be imported"):
+        check_worker_device("npu")
+    with pytest.raises(DeviceError, match="torch_npu"):
+        accelerator_module("npu")
+
+
+def test_worker_check_on_cpu():
+    assert check_worker_device("cpu") == torch.device("cpu")
+    with pytest.raises(DeviceError, match="engine.backend=vllm needs engine.device=cuda or npu"):
+        check_worker_device("cpu", "vllm")
+    assert accelerator_module("cpu") is None and memory_reading(torch.device("cpu")) == {}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this check is of a machine without CUDA")
+def test_create_engines_checks_the_device_before_building_anything():
+    cfg = load_config(GRPO, ["engine.device=cuda"])
+    tok = build_char_tokenizer()
+    model = build_tiny_model(cfg.model.tiny, tok, seed=0)
+    with pytest.raises(DeviceError, match="engine.device=cuda"):
+        create_engines(cfg, model, tok)
+    assert next(model.parameters()).device.type == "cpu"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (["engine.backend=vllm"], "engine.backend=vllm needs engine.device=cuda or npu"),
+        (["engine.backend=cost_model", "engine.device=cuda"], "engine.backend=cost_model models CPU time"),
+        (["engine.backend=vllm", "engine.device=cuda", "rollout.top_p=0.9", "train.tis_cap=2.0"],
+         "vLLM's log-probs are of the top-p renormalised distribution"),
+        (["engine.device=tpu"], "engine.device"),
+        (["engine.vllm.sleep_level=3"], "engine.vllm.sleep_level"),
+    ],
+)
+def test_config_refuses(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(GRPO, overrides)
+
+
+def test_config_accepts_vllm_on_a_device():
+    cfg = load_config(GRPO, ["engine.backend=vllm", "engine.device=npu", "rollout.top_p=0.9"])  # log-probs unused
+    assert cfg.engine.vllm.sleep_level == 2 and cfg.train.old_log_prob == "recompute"
