@@ -127,7 +127,8 @@ def _prepare(
     return {
         "uid": uid,
         "work": work,
-        "argv": [python, "-I", "-B"] + ([] if site else ["-S"]),
+        # The standard library needs no venv: exec the real interpreter, since the private /tmp hides a venv under it.
+        "argv": [python if site else os.path.realpath(python), "-I", "-B"] + ([] if site else ["-S"]),
         "rlimits": rlimits,
         "disk_mb": limits.disk_mb,
         "python_prefix": os.path.dirname(os.path.dirname(os.path.realpath(python))),

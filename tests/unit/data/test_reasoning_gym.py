@@ -105,7 +105,7 @@ def test_bad_generator_options_name_the_section() -> None:
 def test_countdown_config_prompts_fit_the_tiny_models_context() -> None:
     from dockflow.models.tokenizer import build_task_tokenizer
 
-    cfg = load_config(ROOT / "configs" / "grpo_countdown.yaml")
+    cfg = load_config(ROOT / "configs" / "grpo_countdown.yaml", ["data.reasoning_gym.num_train=2000"])  # faster
     tok = build_task_tokenizer(cfg)
     task = load_task(cfg.data, cfg.run.seed)
     longest = max(len(tok(apply_template(cfg.data.prompt_template, ex.prompt))["input_ids"])
