@@ -54,7 +54,7 @@ class ReasoningGymConfig(Section):
         "tiny model's short context; false: reasoning-gym's own question text.",
     )
     num_train: int = Field(10000, ge=1, description="Prompts in the train split (RL prompts come from here).")
-    num_labeled: int = Field(200, ge=0, description="Train prompts whose reference solutions SFT may use.")
+    num_labeled: int = Field(500, ge=0, description="Train prompts whose reference solutions SFT may use.")
     num_val: int = Field(200, ge=0, description="Labeled validation prompts for SFT early stopping (never the test set).")
     num_test: int = Field(500, ge=1, description="Held-out test prompts for accuracy.")
 
