@@ -43,16 +43,19 @@ def entry_name(label: str, *keys: str) -> str:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def _locked(path: Path) -> Iterator[bool]:
     """Hold an exclusive ``flock`` on ``path`` (created if missing; never deleted, so nobody locks a stale
-    inode). Where the file system has no locks, go on without: the rename below still keeps entries whole."""
+    inode); yields whether the lock is held. Where the file system has no locks, go on without: the rename
+    below still keeps entries whole."""
     with open(path, "a+b") as f:
+        held = True
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         except OSError as exc:
+            held = False
             log.warning("no lock on %s (%s): concurrent fetches on this node may download twice", path, exc)
         try:
-            yield
+            yield held
         finally:
             with contextlib.suppress(OSError):
                 fcntl.flock(f.fileno(), fcntl.LOCK_UN)
@@ -79,13 +82,14 @@ def cached_entry(
         return final
     try:
         root.mkdir(parents=True, exist_ok=True)
-        with _locked(root / f".{name}.lock"):
+        with _locked(root / f".{name}.lock") as held:
             if final.is_dir():
                 if is_complete(final):  # another process built it while we waited
                     return final
                 log.warning("cached copy %s is incomplete or damaged: fetching it again", final)
                 _remove(final)
-            for stale in root.glob(f".{name}.tmp-*"):  # left by a crashed builder (we hold the lock)
+            # Left by a crashed builder. Only under the lock: without it, a sibling may be building there now.
+            for stale in root.glob(f".{name}.tmp-*") if held else ():
                 shutil.rmtree(stale, ignore_errors=True)
             tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root))
             try:

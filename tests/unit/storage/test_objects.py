@@ -5,6 +5,7 @@ concurrency and crashes, and the one-line errors."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import io
 import threading
@@ -256,23 +257,36 @@ def test_missing_things_and_bad_credentials(s3_checkpoint_dir: str, s3_env, tmp_
 def test_cache_without_locks_keeps_entries_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from dockflow.storage import cache
 
-    monkeypatch.setattr(cache.fcntl, "flock", lambda *a: None)  # a file system without locks
-    barrier = threading.Barrier(2)
+    def no_locks(*_args: object) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")  # what flock says on a file system without locks
+
+    monkeypatch.setattr(cache.fcntl, "flock", no_locks)
+    first_building, second_building, first_done = threading.Event(), threading.Event(), threading.Event()
 
     def build(tmp: Path) -> None:
         (tmp / "a.bin").write_bytes(b"x" * 100)
-        barrier.wait(timeout=10)  # both builders finish together: one rename wins, the other must cope
+        if not first_building.is_set():
+            first_building.set()  # the second builder starts only now, so it sees this temporary
+            assert second_building.wait(timeout=10)
+        else:
+            second_building.set()  # both are building; the first renames first, the second must cope
+            assert first_done.wait(timeout=10)
 
     def complete(d: Path) -> bool:
         return (d / "a.bin").is_file() and (d / "a.bin").stat().st_size == 100
 
     results: list[Path] = []
-    threads = [
-        threading.Thread(target=lambda: results.append(cache.cached_entry(tmp_path, "e", complete, build)))
-        for _ in range(2)
-    ]
-    for t in threads:
-        t.start()
+
+    def fetch(done: threading.Event) -> None:
+        try:
+            results.append(cache.cached_entry(tmp_path, "e", complete, build))
+        finally:
+            done.set()
+
+    threads = [threading.Thread(target=fetch, args=(e,)) for e in (first_done, threading.Event())]
+    threads[0].start()
+    assert first_building.wait(timeout=10)
+    threads[1].start()
     for t in threads:
         t.join(timeout=30)
     assert results == [tmp_path / "e", tmp_path / "e"]
