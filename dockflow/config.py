@@ -153,6 +153,9 @@ class Config(Section):
         if eng.backend == "vllm" and eng.device == "cpu":
             raise ValueError("engine.backend=vllm needs engine.device=cuda or npu: vLLM does not run on cpu here "
                              "(use engine.backend=hf on cpu)")
+        if self.reward.model_devices > 0 and eng.device == "cpu":
+            raise ValueError(f"reward.model_devices={self.reward.model_devices:g} needs engine.device=cuda or npu "
+                             "(the reward models score on the run's accelerator kind); set it to 0 to score on CPU")
         if eng.backend == "cost_model" and eng.device != "cpu":
             raise ValueError(f"engine.backend=cost_model models CPU time and computes nothing: set engine.device=cpu "
                              f"(got {eng.device})")

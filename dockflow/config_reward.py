@@ -75,8 +75,9 @@ class RewardConfig(Section):
         60.0, gt=0.0, description="Seconds one call of a reward function may take on one batch before the run stops."
     )
     model_cpus: float = Field(1.0, ge=0.0, description="CPUs the reward-model worker reserves (with reward.models).")
-    model_gpus: float = Field(
-        0.0, ge=0.0, description="GPUs the reward-model worker reserves; > 0 scores on CUDA (with reward.models)."
+    model_devices: float = Field(
+        0.0, ge=0.0, description="Accelerators of engine.device's kind (GPU or NPU) the reward-model worker reserves; "
+        "> 0 scores on that device, 0 on CPU; a fraction shares one device with another worker.",
     )
     model_batch_size: int = Field(64, ge=1, description="(prompt, response) pairs per reward-model forward pass.")
 

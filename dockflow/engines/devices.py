@@ -27,6 +27,7 @@ INSTALL = {
     "engine.backend=vllm) on nodes with Ascend NPUs",
 }
 MODEL_ROLES = ("actor", "generator", "reference", "critic")  # the workers that hold a policy-sized model
+REWARD_MODEL_ROLE = "reward-model"  # holds reward.models on reward.model_devices accelerators (0: on CPU)
 
 
 class DeviceError(RuntimeError):
@@ -38,10 +39,15 @@ def process_group_backend(device: str) -> str:
     return PROCESS_GROUP_BACKEND[device]
 
 
-def devices_per_worker(cfg: Any, role: str) -> int:
+def devices_per_worker(cfg: Any, role: str) -> float:
     """Accelerators one worker of ``role`` holds: a generating worker (actor, generator) on the vLLM backend
-    holds ``engine.vllm.tensor_parallel_size`` (the generation layout's TP; training uses the first); others 1."""
-    if cfg.engine.device == "cpu" or role not in MODEL_ROLES:
+    holds ``engine.vllm.tensor_parallel_size`` (the generation layout's TP; training uses the first); the
+    reward-model worker ``reward.model_devices`` (a fraction shares one); other model workers 1."""
+    if cfg.engine.device == "cpu":
+        return 0
+    if role == REWARD_MODEL_ROLE:
+        return cfg.reward.model_devices
+    if role not in MODEL_ROLES:
         return 0
     if role in ("actor", "generator") and cfg.engine.backend == "vllm":
         return int(cfg.engine.vllm.tensor_parallel_size)
@@ -59,7 +65,7 @@ def device_resources(cfg: Any, role: str) -> dict[str, Any]:
     return {"resources": {RAY_RESOURCE["npu"]: n}}
 
 
-def devices_needed(cfg: Any) -> dict[str, int]:
+def devices_needed(cfg: Any) -> dict[str, float]:
     """Accelerators the run's model workers ask for, by worker kind (the ones that hold any)."""
     recipe = cfg.algorithm.recipe
     counts = {
@@ -67,6 +73,7 @@ def devices_needed(cfg: Any) -> dict[str, int]:
         "generator": cfg.placement.generators if cfg.placement.mode == "disaggregated" else 0,
         "reference": 1 if recipe.uses_reference(cfg) else 0,
         "critic": 1 if recipe.critic else 0,
+        REWARD_MODEL_ROLE: 1 if cfg.reward.models and not recipe.offline else 0,
     }
     return {role: k * devices_per_worker(cfg, role) for role, k in counts.items() if k * devices_per_worker(cfg, role)}
 
@@ -82,9 +89,9 @@ def check_cluster_devices(cfg: Any, resources: Mapping[str, float]) -> None:
     have = float(resources.get(name, 0.0))
     total = sum(needed.values())
     if have < total:
-        who = ", ".join(f"{role} {n}" for role, n in needed.items())
+        who = ", ".join(f"{role} {n:g}" for role, n in needed.items())
         raise DeviceError(
-            f"engine.device={device} needs {total} {name} ({who}) but the Ray cluster has {have:g}: install "
+            f"engine.device={device} needs {total:g} {name} ({who}) but the Ray cluster has {have:g}: install "
             f"{INSTALL[device]}, or set engine.device=cpu"
         )
 

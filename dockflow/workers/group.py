@@ -9,7 +9,7 @@ from typing import Any
 
 from dockflow.config import Config
 from dockflow.dock import TransferDock
-from dockflow.engines.devices import check_cluster_devices, device_resources
+from dockflow.engines.devices import REWARD_MODEL_ROLE, check_cluster_devices, device_resources
 from dockflow.workers.actor import ActorWorker
 from dockflow.workers.critic import CriticWorker
 from dockflow.workers.generator import GeneratorWorker
@@ -88,8 +88,8 @@ def create_workers(cfg: Config, model_dir: str, dock: TransferDock, name: str) -
         options = {"name": f"{name}-rollout-queue", "num_cpus": 0, "max_concurrency": 1}
         workers.rollout_queue = ray.remote(RolloutQueue).options(**options).remote(*queue_args(cfg))
     if cfg.reward.models and not recipe.offline:
-        options = {"name": f"{name}-reward-model", "num_cpus": cfg.reward.model_cpus,
-                   "num_gpus": cfg.reward.model_gpus, "max_concurrency": 1}
+        options = {"name": f"{name}-{REWARD_MODEL_ROLE}", "num_cpus": cfg.reward.model_cpus, "max_concurrency": 1,
+                   **device_resources(cfg, REWARD_MODEL_ROLE)}
         workers.reward_model = ray.remote(RewardModelWorker).options(**options).remote(cfg, model_dir, dock)
     handles = workers.all()
     refs = {label: h.ready.remote() for label, h in handles.items()}
@@ -100,7 +100,7 @@ def create_workers(cfg: Config, model_dir: str, dock: TransferDock, name: str) -
                 "rollout-queue": 0, "pairs": 0}
         need.update({g: cfg.placement.generator_cpus for g in refs if g.startswith("generator-")})
         need.update({a: cfg.ray.actor_cpus for a in refs if a.startswith("actor-")})
-        need["reward-model"] = cfg.reward.model_cpus  # and reward.model_gpus GPUs
+        need[REWARD_MODEL_ROLE] = cfg.reward.model_cpus
         raise WorkerStartError(
             f"workers {waiting} did not start within ray.init_timeout_s={cfg.ray.init_timeout_s}s. They ask for "
             f"{ {w: need[w] for w in waiting} } CPUs; the cluster has {ray.available_resources().get('CPU', 0)} free. "

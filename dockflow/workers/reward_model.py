@@ -4,7 +4,7 @@ Consumer state ``reward_model``: reads the rollout columns, decodes prompt and r
 tokenizer, scores the texts with each reward model (``dockflow.rewards.reward_model``) and writes ``rm_scores``
 ``[B, M]`` (raw scores, M in the config's order). The reward worker weighs them into the combined reward. The
 models are frozen, so a checkpoint holds nothing of this worker. Placement: ``reward.model_cpus`` /
-``reward.model_gpus`` (> 0 scores on CUDA).
+``reward.model_devices`` (> 0: on ``engine.device``'s accelerator, checked as every model worker checks its own).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from tensordict import TensorDict
 from dockflow.config import Config
 from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import decode_responses
+from dockflow.engines.devices import check_worker_device
 from dockflow.models import load_tokenizer
 from dockflow.rewards.reward_model import RewardModel
 from dockflow.storage.objects import fetch_model
@@ -39,7 +40,7 @@ class RewardModelWorker:
         self.cfg = cfg
         self.dock = dock
         self.tokenizer = load_tokenizer(fetch_model(model_dir, cfg.checkpoint))  # the policy's, to decode
-        device = "cuda" if cfg.reward.model_gpus > 0 else "cpu"
+        device = check_worker_device(cfg.engine.device) if cfg.reward.model_devices > 0 else torch.device("cpu")
         self.models = [
             RewardModel(m.path, cfg.checkpoint, device=device, batch_size=cfg.reward.model_batch_size,
                         dtype=cfg.model.dtype)

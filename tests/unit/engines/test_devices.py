@@ -48,6 +48,22 @@ def test_devices_needed_counts_every_model_worker():
     assert devices_needed(load_config(GRPO)) == {}
 
 
+def test_reward_model_worker_takes_accelerators_of_the_runs_kind(tmp_path):
+    from dockflow.models.reward_model import build_tiny_reward_model
+
+    rm = tmp_path / "rm"
+    build_tiny_reward_model(rm)
+    npu = load_config(GRPO, ["engine.device=npu", f"reward.models=[{{path: {rm}}}]", "reward.model_devices=0.5"])
+    assert device_resources(npu, "reward-model") == {"resources": {"NPU": 0.5}}
+    assert devices_needed(npu)["reward-model"] == 0.5
+    with pytest.raises(DeviceError, match=r"needs 1.5 NPU \(actor 1, reward-model 0.5\) but the Ray cluster has 1"):
+        check_cluster_devices(npu, {"NPU": 1.0})
+    on_cpu = load_config(GRPO, ["engine.device=cuda", f"reward.models=[{{path: {rm}}}]"])
+    assert device_resources(on_cpu, "reward-model") == {} and "reward-model" not in devices_needed(on_cpu)
+    with pytest.raises(ConfigError, match="reward.model_devices=1 needs engine.device=cuda or npu"):
+        load_config(GRPO, ["reward.model_devices=1"])
+
+
 def test_cluster_check_passes_and_fails_with_one_line():
     cfg = load_config(GRPO, ["engine.device=cuda"])
     check_cluster_devices(cfg, {"CPU": 8.0, "GPU": 1.0})
