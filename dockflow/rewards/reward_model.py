@@ -3,9 +3,10 @@
     rm = RewardModel("s3://models/my-rm", cfg.checkpoint, device="cpu", batch_size=64)
     rm.score(["What is 2 + 2?\\nAnswer: "], ["4"])        # [0.73]
 
-What is scored: when the reward model's tokenizer has a chat template, the pair as a user turn and an assistant
-turn in that template (as TRL and OpenRLHF format conversations for reward models); otherwise the plain text
-``prompt + response`` with the tokenizer's own special tokens (e.g. BOS). The score is the head's output at the
+What is scored: when the reward model's tokenizer has a chat template (``rm.chat``), the pair as a user turn and
+an assistant turn in that template, after ``system_prompt`` as a system turn if given (as TRL and OpenRLHF
+format conversations for reward models): pass the task's own prompts then, not the policy's formatted ones.
+Otherwise the plain text ``prompt + response`` with the tokenizer's own special tokens (e.g. BOS). The score is the head's output at the
 last non-pad token. Sequences pad on the right (positions then do not depend on the batch, so the scores do not
 depend on the batch size) and longer ones lose their beginning, never the response's end.
 
@@ -40,8 +41,9 @@ class RewardModel:
     """One reward model, loaded for inference (eval mode, no gradients) on ``device``."""
 
     def __init__(self, path: str | Path, storage_cfg: CheckpointConfig, device: str | torch.device = "cpu",
-                 batch_size: int = 64, dtype: str | torch.dtype = "float32"):
+                 batch_size: int = 64, dtype: str | torch.dtype = "float32", system_prompt: str | None = None):
         self.path = str(path)
+        self.system_prompt = system_prompt
         self.device = torch.device(device)
         self.batch_size = batch_size
         local = self._local_dir(storage_cfg)
@@ -109,9 +111,10 @@ class RewardModel:
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
         if not self.chat:
             return [p + r for p, r in zip(prompts, responses, strict=True)]
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         return [
             self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": p}, {"role": "assistant", "content": r}], tokenize=False
+                [*system, {"role": "user", "content": p}, {"role": "assistant", "content": r}], tokenize=False
             )
             for p, r in zip(prompts, responses, strict=True)
         ]

@@ -1,8 +1,10 @@
 """The reward-model worker: scores each rollout with every ``reward.models`` entry, into ``rm_scores``.
 
-Consumer state ``reward_model``: reads the rollout columns, decodes prompt and response with the policy's
-tokenizer, scores the texts with each reward model (``dockflow.rewards.reward_model``) and writes ``rm_scores``
-``[B, M]`` (raw scores, M in the config's order). The reward worker weighs them into the combined reward. The
+Consumer state ``reward_model``: reads the rollout columns, decodes the response with the policy's tokenizer,
+scores the pairs with each reward model (``dockflow.rewards.reward_model``) and writes ``rm_scores`` ``[B, M]``
+(raw scores, M in the config's order). A reward model with a chat template reads the task's own prompt (looked
+up by the dock's ``prompt_id``) in its template, after ``data.system_prompt``: never the policy's chat markup
+wrapped again. One without reads the prompt as the policy saw it (decoded), then the response. The reward worker weighs them into the combined reward. The
 models are frozen, so a checkpoint holds nothing of this worker. Placement: ``reward.model_cpus`` /
 ``reward.model_devices`` (> 0: on ``engine.device``'s accelerator, checked as every model worker checks its own).
 """
@@ -15,6 +17,7 @@ import torch
 from tensordict import TensorDict
 
 from dockflow.config import Config
+from dockflow.data import load_task
 from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import decode_responses
 from dockflow.engines.devices import check_worker_device
@@ -43,9 +46,11 @@ class RewardModelWorker:
         device = check_worker_device(cfg.engine.device) if cfg.reward.model_devices > 0 else torch.device("cpu")
         self.models = [
             RewardModel(m.path, cfg.checkpoint, device=device, batch_size=cfg.reward.model_batch_size,
-                        dtype=cfg.model.dtype)
+                        dtype=cfg.model.dtype, system_prompt=cfg.data.system_prompt)
             for m in cfg.reward.models
         ]
+        any_chat = any(rm.chat for rm in self.models)
+        self.examples = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint).train if any_chat else []
         self.columns = tuple(consumers(cfg)[REWARD_MODEL_CONSUMER])
 
     def ready(self) -> bool:
@@ -57,8 +62,10 @@ class RewardModelWorker:
         request = DockRequest(REWARD_MODEL_CONSUMER, self.cfg.train.infer_batch_size, self.columns,
                               window=self.cfg.dock_window(iteration))
         for batch in consume(self.dock, request, self.cfg.global_batch):
-            prompts = decode_responses(self.tokenizer, *split_prompts(batch.data))
+            as_seen = decode_responses(self.tokenizer, *split_prompts(batch.data))
+            own = [self.examples[int(p)].prompt for p in batch.meta["prompt_id"]] if self.examples else []
             responses = decode_responses(self.tokenizer, batch.data["responses"], batch.data["response_mask"])
-            scores = torch.tensor([rm.score(prompts, responses) for rm in self.models], dtype=torch.float32).T
+            scores = [rm.score(own if rm.chat else as_seen, responses) for rm in self.models]
+            scores = torch.tensor(scores, dtype=torch.float32).T
             self.dock.put(batch.indices, TensorDict({"rm_scores": scores.contiguous()}, batch_size=[len(batch)]))
         return {"timing/reward_model_s": time.perf_counter() - start}

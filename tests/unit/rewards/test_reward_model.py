@@ -77,6 +77,8 @@ def test_a_chat_template_formats_the_pair_as_user_and_assistant_turns(rm_dir, st
     ids = chat.tokenizer("<bos>user: Q?<eos><bos>assistant: A.<eos>", add_special_tokens=False)["input_ids"]
     assert ids[0] == chat.tokenizer.bos_token_id and ids[1] != chat.tokenizer.bos_token_id  # no second BOS
     assert len(chat.score(PROMPTS, RESPONSES)) == len(PROMPTS)
+    with_system = RewardModel(chat_dir, storage, system_prompt="Be brief.")
+    assert with_system.texts(["Q?"], ["A."]) == ["<bos>system: Be brief.<eos><bos>user: Q?<eos><bos>assistant: A.<eos>"]
 
 
 def test_a_model_on_s3_is_fetched_and_scores_like_its_local_copy(rm_dir, storage, s3_checkpoint_dir, tmp_path,

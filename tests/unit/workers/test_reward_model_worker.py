@@ -29,7 +29,8 @@ class FakeDock:
         self.requests.append(request)
         lo, hi = self.next, self.next + request.batch_size
         self.next = hi
-        return DockBatch(list(range(lo, hi)), self.batch[lo:hi])
+        prompt_id = torch.arange(lo, hi) // 2  # the dock's default: a group of 2 per prompt
+        return DockBatch(list(range(lo, hi)), self.batch[lo:hi], meta={"prompt_id": prompt_id})
 
     def put(self, indices, data) -> None:
         self.puts.append((indices, data))
@@ -85,3 +86,26 @@ def test_the_worker_writes_each_models_score_of_the_decoded_prompt_and_response(
         assert written[:, m].tolist() == pytest.approx(expected, abs=1e-5)
     assert not torch.allclose(written[:, 0], written[:, 1])
     assert metrics["timing/reward_model_s"] > 0
+
+
+def test_a_chat_template_model_reads_the_tasks_own_prompt_and_a_plain_one_the_policys(tmp_path, process_state):
+    from dockflow.data import load_task
+    from dockflow.models.factory import save_pretrained_dir
+
+    plain = build_tiny_reward_model(tmp_path / "rm-plain", seed=0)
+    rm = RewardModel(plain, load_config("configs/grpo_arith.yaml").checkpoint)
+    rm.tokenizer.chat_template = "{% for m in messages %}<bos>{{ m['role'] }}: {{ m['content'] }}<eos>{% endfor %}"
+    chat = save_pretrained_dir(rm.model, rm.tokenizer, tmp_path / "rm-chat")
+    policy_tok = build_char_tokenizer([p + r for p, r in zip(PROMPTS, RESPONSES, strict=True)] * 3, num_merges=12)
+    policy_tok.save_pretrained(tmp_path / "policy")
+    cfg = _config([plain, chat], **{"data.system_prompt": "Be brief."})
+    dock = FakeDock(encode_rollouts(policy_tok, PROMPTS, RESPONSES, response_width=32))
+
+    RewardModelWorker(cfg, str(tmp_path / "policy"), dock).score(iteration=0)
+
+    written = torch.cat([data["rm_scores"] for _, data in dock.puts])
+    own = [ex.prompt for ex in load_task(cfg.data, cfg.run.seed).train[:2] for _ in range(2)]
+    assert own[0] != PROMPTS[0] and "Answer:" not in own[0]  # the task's prompt, not the policy's formatted one
+    assert written[:, 0].tolist() == pytest.approx(RewardModel(plain, cfg.checkpoint).score(PROMPTS, RESPONSES), abs=1e-5)
+    expected = RewardModel(chat, cfg.checkpoint, system_prompt="Be brief.").score(own, RESPONSES)
+    assert written[:, 1].tolist() == pytest.approx(expected, abs=1e-5)
