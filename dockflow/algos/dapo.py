@@ -17,6 +17,8 @@ The other two DAPO techniques live elsewhere: clip-higher is ``clip_eps_high`` o
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -40,10 +42,14 @@ def overlong_penalty(response_length: torch.Tensor, max_length: int, buffer_leng
 def informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """``[G*N]`` rewards laid out group by group -> ``[G]`` bool: True where a group's rewards differ.
 
-    Dynamic sampling keeps the True groups (``0 < accuracy < 1`` for 0/1 rewards); use
+    Dynamic sampling keeps the True groups (``0 < accuracy < 1`` for 0/1 rewards); NaN rewards (unscorable
+    samples) do not count, so a group needs two different scored rewards. Use
     ``mask.repeat_interleave(group_size)`` for the per-sample mask.
     """
     if rewards.ndim != 1 or group_size < 1 or rewards.numel() % group_size:
         raise ValueError(f"rewards must be 1-D with a multiple of group_size={group_size} entries, got {tuple(rewards.shape)}")
     grouped = rewards.view(-1, group_size)
-    return grouped.amax(dim=1) != grouped.amin(dim=1)
+    unscorable = torch.isnan(grouped)  # left out: a group needs two different scored rewards
+    highest = torch.where(unscorable, -math.inf, grouped).amax(dim=1)
+    lowest = torch.where(unscorable, math.inf, grouped).amin(dim=1)
+    return highest > lowest

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from dockflow.algos.kl import KLEstimator, kl_penalty
-from dockflow.algos.utils import masked_mean
+from dockflow.algos.utils import group_mean_std, masked_mean, zero_nan
 
 
 def grpo_advantages(
@@ -25,15 +25,17 @@ def grpo_advantages(
 ) -> torch.Tensor:
     """Per-sample advantages from per-sample rewards laid out group by group ([G*N] -> [G*N]).
 
-    A group whose rewards are all equal carries no signal and gets advantage 0 for every member.
+    A group whose rewards are all equal carries no signal and gets advantage 0 for every member. A NaN reward
+    (a sample no reward applies to) is left out of its group's mean and std and gets advantage 0, as TRL does.
     """
     if rewards.ndim != 1 or rewards.numel() % group_size:
         raise ValueError(f"rewards must be 1-D with a multiple of group_size={group_size} entries, got {tuple(rewards.shape)}")
     grouped = rewards.float().view(-1, group_size)
-    centred = grouped - grouped.mean(dim=1, keepdim=True)
+    mean, std = group_mean_std(grouped)
+    centred = grouped - mean
     if norm_by_std and group_size > 1:
-        centred = centred / (grouped.std(dim=1, keepdim=True) + eps)
-    return centred.reshape(-1)
+        centred = centred / (std + eps)
+    return zero_nan(centred).reshape(-1)
 
 
 @dataclass

@@ -12,15 +12,19 @@ sampled and only ``keep`` of them go to the policy update:
 
 Ranking and ties: responses are ranked by reward, equal rewards by index (lower index ranks higher), so
 ``best`` prefers the lower index among ties and ``worst`` the higher one; best and worst never overlap.
+A NaN reward (a response no reward applies to) is kept only where its group has too few scored responses:
+never before a scored one, whatever the mode (it then trains with advantage 0).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
 
 FilterMode = Literal["best_worst", "best", "worst", "reward_weighted"]
+_ABOVE_ANY_REWARD = torch.finfo(torch.float64).max  # an unscored response's rank key where low rewards are kept
 
 
 def filter_by_reward(
@@ -41,23 +45,34 @@ def filter_by_reward(
         raise ValueError(f"rewards must be 1-D with a multiple of group_size={group_size} entries, got {tuple(rewards.shape)}")
     if not 0 <= keep <= group_size:
         raise ValueError(f"keep must be in [0, group_size={group_size}], got {keep}")
-    grouped = rewards.detach().view(-1, group_size)
-    # Rank order: reward descending, ties by ascending index (a stable sort keeps index order among ties).
-    ranking = torch.sort(grouped, dim=1, descending=True, stable=True).indices
+    grouped = rewards.detach().view(-1, group_size).double()
+    unscored = torch.isnan(grouped)
+
+    def descending(keys: torch.Tensor) -> torch.Tensor:
+        # Reward descending, ties by ascending index (a stable sort keeps index order among ties).
+        return torch.sort(keys, dim=1, descending=True, stable=True).indices
+
+    best_first = descending(torch.where(unscored, -math.inf, grouped))  # unscored last
+    worst_last = descending(torch.where(unscored, _ABOVE_ANY_REWARD, grouped))  # unscored before the lowest
     if mode == "best":
-        local = ranking[:, :keep]
+        local = best_first[:, :keep]
     elif mode == "worst":
-        local = ranking[:, group_size - keep :]
+        local = worst_last[:, group_size - keep :]
     elif mode == "best_worst":
         n_best = (keep + 1) // 2
-        local = torch.cat([ranking[:, :n_best], ranking[:, group_size - (keep - n_best) :]], dim=1)
+        best = best_first[:, :n_best]
+        taken = torch.zeros_like(unscored).scatter(1, best, True)
+        worst_last = descending(torch.where(taken, math.inf, torch.where(unscored, _ABOVE_ANY_REWARD, grouped)))
+        local = torch.cat([best, worst_last[:, group_size - (keep - n_best) :]], dim=1)
     elif mode == "reward_weighted":
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         device = generator.device if generator is not None else grouped.device
         uniform = torch.rand(grouped.shape, generator=generator, device=device).to(grouped.device)
         gumbel = -torch.log(-torch.log(uniform.clamp(1e-20, 1.0 - 1e-7)))
-        keys = torch.log_softmax(grouped.float() / temperature, dim=1) + gumbel
+        logits = torch.where(unscored, -math.inf, grouped.float() / temperature)
+        logits = torch.where(unscored.all(dim=1, keepdim=True), 0.0, logits)  # nothing scored: a uniform draw
+        keys = torch.log_softmax(logits, dim=1) + gumbel
         local = torch.topk(keys, keep, dim=1).indices
     else:
         raise ValueError(f"unknown filter mode '{mode}': use best_worst, best, worst or reward_weighted")

@@ -8,6 +8,9 @@ Models"; as implemented in OpenRLHF): critic-free advantages with global batch n
 
 REINFORCE++-baseline (``group_size`` given): each outcome reward first has its group mean subtracted,
 ``r_i - mean_{j in group(i)} r_j`` (the N responses to the same prompt), then steps 1-3.
+
+A NaN outcome reward (a sample no reward applies to) is in no group mean and no whitening statistic, and its
+advantages are 0.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import torch
 
 from dockflow.algos.grpo import grpo_advantages
 from dockflow.algos.ppo import outcome_token_rewards
-from dockflow.algos.utils import masked_discounted_cumsum, masked_whiten
+from dockflow.algos.utils import masked_discounted_cumsum, masked_whiten, zero_nan
 
 
 @torch.no_grad()
@@ -34,8 +37,9 @@ def reinforce_pp_advantages(
     ``eps`` floors the variance of the whitening. A batch whose returns are all equal (e.g. every group
     has equal rewards with the baseline) gets advantage 0, not NaN. No gradient flows through the outputs.
     """
+    scored = ~torch.isnan(rewards)
     if group_size is not None:
         rewards = grpo_advantages(rewards, group_size, norm_by_std=False)
-    token_rewards = outcome_token_rewards(rewards, response_mask, kl, kl_coef)
+    token_rewards = outcome_token_rewards(zero_nan(rewards), response_mask, kl, kl_coef)
     returns = masked_discounted_cumsum(token_rewards, response_mask, gamma)
-    return masked_whiten(returns, response_mask, eps=eps), returns
+    return masked_whiten(returns, response_mask * scored.unsqueeze(1), eps=eps), returns

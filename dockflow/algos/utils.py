@@ -25,6 +25,21 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, denom: float | torch.T
     return total / count.clamp(min=1)
 
 
+def group_mean_std(grouped: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-wise mean and unbiased std of ``[G, N]`` over the entries that are not NaN (unscorable samples), both
+    ``[G, 1]``: NaN where a row has no such entry (mean) or fewer than two (std)."""
+    valid = ~torch.isnan(grouped)
+    count = valid.sum(dim=1, keepdim=True)
+    mean = torch.where(valid, grouped, 0.0).sum(dim=1, keepdim=True) / count
+    var = torch.where(valid, grouped - mean, 0.0).square().sum(dim=1, keepdim=True) / (count - 1)
+    return mean, var.sqrt()
+
+
+def zero_nan(values: torch.Tensor) -> torch.Tensor:
+    """``values`` with NaN (an unscorable sample's advantage) replaced by 0; infinities kept."""
+    return torch.where(torch.isnan(values), torch.zeros_like(values), values)
+
+
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """``(x - mean) / std`` with mean and (biased) variance over the real tokens of the whole tensor.
 

@@ -106,10 +106,12 @@ def checked_output(label: str, out: Any, n: int) -> list[float]:
 
 
 def combine(per_function: Sequence[Sequence[float]], weights: Sequence[float]) -> list[float]:
-    """Weighted sum per sample over the functions that apply to it (NaN skipped, as TRL's ``nansum``); a sample
-    no function applies to gets 0.0."""
+    """Weighted sum per sample over the functions that apply to it (NaN skipped, as TRL's ``nansum``). A sample
+    no function applies to stays NaN (unscorable): the estimators leave it out of every baseline and give it
+    advantage 0, as TRL's GRPOTrainer does."""
     n = len(per_function[0]) if per_function else 0
-    return [
-        sum(w * col[i] for col, w in zip(per_function, weights, strict=True) if not math.isnan(col[i]))
-        for i in range(n)
-    ]
+    out = []
+    for i in range(n):
+        applied = [w * col[i] for col, w in zip(per_function, weights, strict=True) if not math.isnan(col[i])]
+        out.append(sum(applied) if applied else math.nan)
+    return out

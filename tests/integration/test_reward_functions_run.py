@@ -4,6 +4,7 @@ MLflow under TRL's key; a function that raises stops `dockflow train` with one l
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -24,6 +25,10 @@ USER_REWARDS = textwrap.dedent('''
 
     def brevity(prompts, completions, completion_ids, **kwargs):
         return [None if not ids else 1.0 / len(ids) for ids in completion_ids]
+
+    def odd_answers_only(prompts, completions, answer, **kwargs):
+        """Applies to some rows only: None elsewhere, so those samples are unscorable."""
+        return [None if int(a) % 2 == 0 else float(c.strip() == a) for c, a in zip(completions, answer)]
 
     def broken(prompts, completions, **kwargs):
         raise ValueError("the scoring service refused " + prompts[0])
@@ -53,6 +58,20 @@ def test_user_functions_combine_with_math_verify_and_log_per_function(tiny_confi
     exact = read_metric_history(uri, summary["mlflow_run_id"], "rewards/exact/mean")
     verified = read_metric_history(uri, summary["mlflow_run_id"], "rewards/math_verify/mean")
     assert exact == verified  # the TRL-style function and the verifier agree on 1-digit sums
+
+
+def test_unscorable_samples_train_through_the_critic_path(tiny_config, user_module: Path) -> None:
+    cfg = tiny_config("unscorable", 1, config="configs/ppo_arith.yaml",
+                      reward__functions="[{path: 'team_rewards:odd_answers_only'}]")
+    summary = train(cfg)
+    uri = resolve_tracking_uri(cfg.tracking.uri, cfg.run.output_dir)
+
+    def last(key: str) -> float:
+        return read_metric_history(uri, summary["mlflow_run_id"], key)[-1][1]
+
+    assert 0.0 < last("reward/unscorable_fraction") < 1.0  # even answers: no reward applies
+    for key in ("reward/mean", "train/loss", "critic/value_loss"):
+        assert math.isfinite(last(key)), key
 
 
 def test_a_raising_function_stops_the_cli_with_one_line(tiny_overrides, user_module: Path) -> None:

@@ -46,14 +46,22 @@ class PPOSection(PolicyGradientSection):
 
 
 def gae(cfg: Config, data: TensorDict, kl: torch.Tensor | None) -> TensorDict:
-    """GAE advantages and returns from outcome rewards (and the per-token KL penalty) and the critic's values."""
+    """GAE advantages and returns from outcome rewards (and the per-token KL penalty) and the critic's values.
+
+    A sample with a NaN reward (no reward applies to it) is out of the update: advantage 0, out of the
+    whitening, and its returns are the critic's own values, so the critic learns nothing from it either."""
+    import torch
     from tensordict import TensorDict
 
     from dockflow.algos.ppo import gae_advantages, outcome_token_rewards
+    from dockflow.algos.utils import zero_nan
 
-    ppo, mask = cfg.algorithm.ppo, data["response_mask"]
-    token_rewards = outcome_token_rewards(data["rewards"], mask, kl, cfg.algorithm.kl_coef)
-    adv, ret = gae_advantages(token_rewards, data["values"], mask, ppo.gamma, ppo.lam, whiten=ppo.whiten_advantages)
+    ppo, values = cfg.algorithm.ppo, data["values"]
+    scored = ~torch.isnan(data["rewards"])
+    mask = data["response_mask"] * scored.unsqueeze(1)
+    token_rewards = outcome_token_rewards(zero_nan(data["rewards"]), mask, kl, cfg.algorithm.kl_coef)
+    adv, ret = gae_advantages(token_rewards, values, mask, ppo.gamma, ppo.lam, whiten=ppo.whiten_advantages)
+    ret = torch.where(scored.unsqueeze(1), ret, values.to(ret.dtype) * data["response_mask"])
     return TensorDict({"advantages": adv, "returns": ret}, batch_size=[len(mask)])
 
 

@@ -44,12 +44,21 @@ class RLOOSection(PolicyGradientSection):
 
 
 def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """``[G*N]`` rewards, group by group -> each minus the mean of its group's other N - 1 rewards."""
+    """``[G*N]`` rewards, group by group -> each minus the mean of its group's other N - 1 rewards.
+
+    A NaN reward (a sample no reward applies to) is in no baseline and gets advantage 0, as does a sample
+    whose group has no other scored reward."""
+    import torch
+
+    from dockflow.algos.utils import zero_nan
+
     if rewards.ndim != 1 or group_size < 2 or rewards.numel() % group_size:
         raise ValueError(f"rewards must be 1-D in groups of group_size={group_size} >= 2, got {tuple(rewards.shape)}")
     grouped = rewards.float().view(-1, group_size)
-    others = (grouped.sum(dim=1, keepdim=True) - grouped) / (group_size - 1)
-    return (grouped - others).reshape(-1)
+    scored = ~torch.isnan(grouped)
+    values = torch.where(scored, grouped, 0.0)
+    others = (values.sum(dim=1, keepdim=True) - values) / (scored.sum(dim=1, keepdim=True) - 1)
+    return zero_nan(torch.where(scored, values - others, float("nan"))).reshape(-1)
 
 
 class RLOO(Algorithm):
@@ -76,6 +85,7 @@ class RLOO(Algorithm):
         if kl is not None:
             rewards = rewards - cfg.algorithm.kl_coef * (kl * mask).sum(-1)
         adv = rloo_advantages(rewards, cfg.rollout.group_size)
-        if cfg.algorithm.rloo.normalize_advantages and adv.numel() > 1:
-            adv = adv / (adv.std() + 1e-8)
+        scored = ~torch.isnan(rewards)
+        if cfg.algorithm.rloo.normalize_advantages and int(scored.sum()) > 1:
+            adv = adv / (adv[scored].std() + 1e-8)
         return torch.arange(len(mask)), TensorDict({"advantages": adv.unsqueeze(-1) * mask}, batch_size=[len(mask)])

@@ -68,4 +68,5 @@ def test_checked_output_accepts_trl_values_and_names_the_bad_sample() -> None:
 
 def test_combine_skips_what_does_not_apply() -> None:
     nan = math.nan
-    assert combine([[1.0, nan, nan], [0.5, 0.5, nan]], [1.0, 2.0]) == [2.0, 1.0, 0.0]
+    combined = combine([[1.0, nan, nan], [0.5, 0.5, nan]], [1.0, 2.0])
+    assert combined[:2] == [2.0, 1.0] and math.isnan(combined[2])  # no function applies: unscorable
