@@ -52,18 +52,18 @@ def filter_by_reward(
         # Reward descending, ties by ascending index (a stable sort keeps index order among ties).
         return torch.sort(keys, dim=1, descending=True, stable=True).indices
 
-    best_first = descending(torch.where(unscored, -math.inf, grouped))  # unscored last
-    worst_last = descending(torch.where(unscored, _ABOVE_ANY_REWARD, grouped))  # unscored before the lowest
+    best_key = torch.where(unscored, -math.inf, grouped)  # unscored rank last
+    worst_key = torch.where(unscored, _ABOVE_ANY_REWARD, grouped)  # unscored rank just above the lowest kept
     if mode == "best":
-        local = best_first[:, :keep]
+        local = descending(best_key)[:, :keep]
     elif mode == "worst":
-        local = worst_last[:, group_size - keep :]
+        local = descending(worst_key)[:, group_size - keep :]
     elif mode == "best_worst":
         n_best = (keep + 1) // 2
-        best = best_first[:, :n_best]
-        taken = torch.zeros_like(unscored).scatter(1, best, True)
-        worst_last = descending(torch.where(taken, math.inf, torch.where(unscored, _ABOVE_ANY_REWARD, grouped)))
-        local = torch.cat([best, worst_last[:, group_size - (keep - n_best) :]], dim=1)
+        best = descending(best_key)[:, :n_best]
+        taken = torch.zeros_like(unscored).scatter(1, best, True)  # never picked again as a worst one
+        worst = descending(torch.where(taken, math.inf, worst_key))[:, group_size - (keep - n_best) :]
+        local = torch.cat([best, worst], dim=1)
     elif mode == "reward_weighted":
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")

@@ -6,8 +6,8 @@
 What is scored: when the reward model's tokenizer has a chat template (``rm.chat``), the pair as a user turn and
 an assistant turn in that template, after ``system_prompt`` as a system turn if given (as TRL and OpenRLHF
 format conversations for reward models): pass the task's own prompts then, not the policy's formatted ones.
-Otherwise the plain text ``prompt + response`` with the tokenizer's own special tokens (e.g. BOS). The score is the head's output at the
-last non-pad token. Sequences pad on the right (positions then do not depend on the batch, so the scores do not
+Otherwise the plain text ``prompt + response`` with the tokenizer's own special tokens (e.g. BOS). The score is
+the head's output at the last non-pad token. Sequences pad on the right (positions then do not depend on the batch, so the scores do not
 depend on the batch size) and longer ones lose their beginning, never the response's end.
 
 No Ray here: the reward-model worker (``dockflow.workers.reward_model``) holds one per ``reward.models`` entry.

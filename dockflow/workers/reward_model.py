@@ -4,9 +4,10 @@ Consumer state ``reward_model``: reads the rollout columns, decodes the response
 scores the pairs with each reward model (``dockflow.rewards.reward_model``) and writes ``rm_scores`` ``[B, M]``
 (raw scores, M in the config's order). A reward model with a chat template reads the task's own prompt (looked
 up by the dock's ``prompt_id``) in its template, after ``data.system_prompt``: never the policy's chat markup
-wrapped again. One without reads the prompt as the policy saw it (decoded), then the response. The reward worker weighs them into the combined reward. The
-models are frozen, so a checkpoint holds nothing of this worker. Placement: ``reward.model_cpus`` /
-``reward.model_devices`` (> 0: on ``engine.device``'s accelerator, checked as every model worker checks its own).
+wrapped again. One without reads the prompt as the policy saw it (decoded), then the response. The reward
+worker weighs the scores into the combined reward. The models are frozen, so a checkpoint holds nothing of this
+worker. Placement: ``reward.model_cpus`` / ``reward.model_devices`` (> 0: on ``engine.device``'s accelerator,
+checked as every model worker checks its own).
 """
 
 from __future__ import annotations
