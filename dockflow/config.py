@@ -149,23 +149,38 @@ class Config(Section):
 
     def _check_engine(self) -> None:
         """engine.backend against engine.device, and what vLLM's log-probs can stand for."""
-        eng, tc = self.engine, self.train
-        if eng.backend == "vllm" and eng.device == "cpu":
-            raise ValueError("engine.backend=vllm needs engine.device=cuda or npu: vLLM does not run on cpu here "
-                             "(use engine.backend=hf on cpu)")
+        eng = self.engine
+        if eng.backend == "vllm":
+            self._check_vllm()
         if self.reward.model_devices > 0 and eng.device == "cpu":
             raise ValueError(f"reward.model_devices={self.reward.model_devices:g} needs engine.device=cuda or npu "
                              "(the reward models score on the run's accelerator kind); set it to 0 to score on CPU")
         if eng.backend == "cost_model" and eng.device != "cpu":
             raise ValueError(f"engine.backend=cost_model models CPU time and computes nothing: set engine.device=cpu "
                              f"(got {eng.device})")
-        uses_rollout_log_prob = tc.old_log_prob == "rollout" or tc.tis_cap is not None
-        if eng.backend == "vllm" and self.rollout.top_p < 1.0 and uses_rollout_log_prob:
+
+    def _check_vllm(self) -> None:
+        """What vLLM's rollout log-probs can stand for, and what its CPU build lacks."""
+        eng, vc = self.engine, self.engine.vllm
+        if self.rollout.top_p < 1.0:
             raise ValueError(
                 f"engine.backend=vllm with rollout.top_p={self.rollout.top_p}: vLLM's log-probs are of the top-p "
-                "renormalised distribution, not DockFlow's (logits / temperature), and train.old_log_prob=rollout or "
-                "train.tis_cap would use them; set rollout.top_p: 1.0, or old_log_prob: recompute and tis_cap: null"
+                "renormalised distribution, the trainer's of the full vocabulary (logits / temperature), so every "
+                "rollout log-prob (old_log_prob=rollout, tis_cap, the drift metric) would differ by log(kept mass); "
+                "set rollout.top_p: 1.0"
             )
+        if eng.device == "npu" and self.rollout.temperature != 1.0:
+            raise ValueError(
+                f"engine.backend=vllm on npu with rollout.temperature={self.rollout.temperature}: vLLM-Ascend's sampler "
+                "returns raw log-probs (temperature 1) whatever logprobs_mode says, so the rollout log-probs would "
+                "not be the trainer's; set rollout.temperature: 1.0"
+            )
+        if eng.device == "cpu" and vc.sleep_level:
+            raise ValueError(f"engine.vllm.sleep_level={vc.sleep_level} on cpu: vLLM's CPU backend has no sleep mode; "
+                             "set engine.vllm.sleep_level: 0 (or null)")
+        if eng.device == "cpu" and vc.tensor_parallel_size > 1:
+            raise ValueError(f"engine.vllm.tensor_parallel_size={vc.tensor_parallel_size} on cpu: a worker's vLLM "
+                             "runs on the cores Ray gave it; set it to 1 (tensor parallelism needs cuda or npu)")
 
     @property
     def global_batch(self) -> int:

@@ -20,7 +20,8 @@ class CostModelConfig(Section):
 
 
 class VLLMConfig(Section):
-    """engine.backend: vllm (docs/engines.md): an in-process vLLM (CUDA) or vLLM-Ascend (NPU) per generating worker."""
+    """engine.backend: vllm (docs/engines.md): an in-process vLLM (its CPU build, CUDA) or vLLM-Ascend (NPU) per
+    generating worker."""
 
     tensor_parallel_size: int = Field(
         1, ge=1, description="Tensor-parallel ranks of each vLLM engine (the generation layout's TP); every actor "
@@ -34,23 +35,50 @@ class VLLMConfig(Section):
     enable_prefix_caching: bool = Field(
         True, description="Reuse the KV cache of a prompt across its group's N responses (reset after each sync)."
     )
+    block_size: int | None = Field(
+        None, ge=1, description="Tokens per KV-cache block, the unit of prefix caching; null: vLLM's default for the "
+        "device (16 on cuda, 128 on cpu)."
+    )
     max_model_len: int | None = Field(
         None, ge=1, description="Longest prompt + response vLLM handles; null = the model's max_position_embeddings."
     )
-    sleep_level: Literal[0, 1, 2] = Field(
-        2, description="Colocated actor: while training runs vLLM sleeps, freeing its KV cache and 1: offloading "
-        "its weights to host memory, 2: dropping them (the next weight sync reloads them); 0: never sleeps."
+    sleep_level: Literal[0, 1, 2] | None = Field(
+        None, description="Colocated actor: while training runs vLLM sleeps, freeing its KV cache and 1: offloading "
+        "its weights to host memory, 2: dropping them (the next weight sync reloads them); 0: never sleeps. null: "
+        "2 on cuda/npu, 0 on cpu (vLLM's CPU backend has no sleep mode)."
+    )
+    kv_cache_memory_gb: float | None = Field(
+        None, gt=0.0, description="KV cache size per vLLM engine in GiB (vLLM's kv_cache_memory_bytes); null: vLLM "
+        "sizes it (from gpu_memory_utilization on a device, VLLM_CPU_KVCACHE_SPACE or its default on cpu)."
     )
     weight_bucket_mb: float = Field(
         256.0, gt=0.0, description="Size of one bucket of full tensors streamed into vLLM per weight sync (MiB)."
     )
 
 
+# Numerical noise between two correct engines on the same weights: float32 kernels agree to ~1e-5, half
+# precision ones to ~1e-2 (bf16 has 8 bits of mantissa).
+DEFAULT_SYNC_TOLERANCE = {"float32": 1e-3, "bfloat16": 5e-2, "float16": 5e-2}
+
+
+class SyncCheckConfig(Section):
+    """After a weight sync the generation engine scores fixed probe sequences and compares its log-probs with
+    the trainer's; past the tolerance the run stops naming the sync (dockflow/engines/sync_check.py)."""
+
+    every: int = Field(1, ge=0, description="Check every N-th weight sync of each generating worker; 0: never.")
+    sequences: int = Field(4, ge=1, description="Probe sequences (random token ids, the same every sync).")
+    length: int = Field(16, ge=2, description="Tokens per probe sequence.")
+    tolerance: float | None = Field(
+        None, gt=0.0, description="Largest allowed absolute log-prob difference; null: 1e-3 for float32 models, "
+        "5e-2 for bfloat16 / float16 (numerical noise between two correct engines)."
+    )
+
+
 class EngineConfig(Section):
     backend: Literal["hf", "vllm", "cost_model"] = Field(
         "hf",
-        description="hf: transformers generation and torch training (the real model); vllm: vLLM / vLLM-Ascend "
-        "generation and torch training (needs engine.device cuda or npu); cost_model: modelled durations and "
+        description="hf: transformers generation and torch training (the real model); vllm: vLLM generation "
+        "(its CPU build on cpu, vLLM on cuda, vLLM-Ascend on npu) and torch training; cost_model: modelled durations and "
         "random responses, to measure the scheduler itself (dockflow/engines/cost_model.py).",
     )
     device: Literal["cpu", "cuda", "npu"] = Field(
@@ -60,4 +88,17 @@ class EngineConfig(Section):
         "iteration, on the cluster and in each worker.",
     )
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+    sync_check: SyncCheckConfig = Field(default_factory=SyncCheckConfig)
     cost_model: CostModelConfig = Field(default_factory=CostModelConfig)
+
+
+def sleep_level(engine: EngineConfig) -> int:
+    """``engine.vllm.sleep_level`` with its default resolved: 0 on cpu (no sleep mode there), else 2."""
+    level = engine.vllm.sleep_level
+    return level if level is not None else (0 if engine.device == "cpu" else 2)
+
+
+def sync_tolerance(engine: EngineConfig, dtype: str) -> float:
+    """``engine.sync_check.tolerance`` with its default for the model's dtype resolved."""
+    tol = engine.sync_check.tolerance
+    return tol if tol is not None else DEFAULT_SYNC_TOLERANCE.get(dtype, DEFAULT_SYNC_TOLERANCE["bfloat16"])

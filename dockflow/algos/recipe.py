@@ -104,7 +104,7 @@ class Algorithm:
             advantage += ["old_log_prob", "ref_log_prob"]
         out = {"reward": ["responses", "response_mask"], "advantage": advantage}
         if cfg.train.old_log_prob == "recompute":  # else generation writes old_log_prob itself
-            out["actor_infer"] = list(infer)
+            out["actor_infer"] = [*infer, "response_mask", "rollout_log_prob"]  # + the rollout-vs-trainer drift
         if self.uses_reference(cfg):
             out["ref_infer"] = list(infer)
         if self.critic:

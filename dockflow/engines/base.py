@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
+from dockflow.engines.sync_check import SyncProbe
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -60,12 +62,24 @@ class GenerationEngine(ABC):
 
     def sample(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int, params: SamplingParams,
-        seed: int, generated: torch.Tensor | None = None,
+        seed: int, generated: torch.Tensor | None = None, row_caps: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Continue left-padded token rows by up to ``max_new_tokens`` tokens: (tokens, log-probs), [B, T] each.
-        ``generated`` [B] counts the response tokens each row already holds (a backend may ignore it). What
-        partial rollouts need (``dockflow.engines.partial``); a backend without it cannot resume."""
+        ``generated`` [B] counts the response tokens each row already holds, ``row_caps`` [B] how many more each
+        may take (<= ``max_new_tokens``; the caller masks past them, so a backend may ignore both, or stop each
+        row at its cap). What partial rollouts need (``dockflow.engines.partial``); a backend without it cannot
+        resume."""
         raise NotImplementedError(f"{type(self).__name__} cannot continue partial rollouts")
+
+    def probe_log_probs(self, tokens: torch.Tensor) -> torch.Tensor:
+        """[K, L-1]: the engine's log-prob of each token of ``tokens`` [K, L] given the ones before it
+        (temperature 1), for the weight-sync check (``dockflow.engines.sync_check``)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot score a sync probe")
+
+    def check_sync(self, probe: SyncProbe) -> float:
+        """After :meth:`load_weights`: the probe's log-probs under this engine's weights equal the trainer's;
+        returns the largest difference, raises :class:`WeightSyncError` past the probe's tolerance."""
+        return probe.verify(self.probe_log_probs(probe.tokens), type(self).__name__)
 
 
 LossFn = Callable[[torch.Tensor, TensorDict, float], tuple[torch.Tensor, dict[str, float]]]

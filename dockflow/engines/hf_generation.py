@@ -13,6 +13,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from dockflow.engines.base import GenerationEngine, SamplingParams
+from dockflow.engines.sync_check import reference_log_probs
 
 
 def first_eos_mask(tokens: torch.Tensor, eos_id: int) -> torch.Tensor:
@@ -115,7 +116,7 @@ class HFGenerationEngine(GenerationEngine):
     @torch.no_grad()
     def sample(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int, params: SamplingParams,
-        seed: int, generated: torch.Tensor | None = None,
+        seed: int, generated: torch.Tensor | None = None, row_caps: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Continue left-padded rows by up to ``max_new_tokens`` sampled tokens: (tokens, their log-probs), both
         [B, max_new_tokens]; tokens after a row's EOS are padding. Log-probs are of the raw logits divided by
@@ -163,3 +164,6 @@ class HFGenerationEngine(GenerationEngine):
             target = params[name]
             if target.data_ptr() != tensor.data_ptr():
                 target.copy_(tensor)
+
+    def probe_log_probs(self, tokens: torch.Tensor) -> torch.Tensor:
+        return reference_log_probs(self.model, tokens)

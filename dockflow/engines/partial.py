@@ -49,7 +49,7 @@ def continue_rollouts(
     mask = torch.zeros_like(ids)
     for k, s in enumerate(seqs):
         ids[k, width - len(s):], mask[k, width - len(s):] = s, 1
-    tokens, logp = engine.sample(ids, mask, int(cap.max()), params, seed, generated=lengths)
+    tokens, logp = engine.sample(ids, mask, int(cap.max()), params, seed, generated=lengths, row_caps=cap)
     new_mask = first_eos_mask(tokens, eos) * (torch.arange(tokens.shape[1]) < cap.unsqueeze(1)).long()
     prompt_w = data["input_ids"].shape[1] - width_r
     for k, r in enumerate(rows.tolist()):

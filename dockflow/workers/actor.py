@@ -21,10 +21,12 @@ from tensordict import TensorDict
 from dockflow.algos import sequence_log_probs
 from dockflow.algos.recipes.dpo import MARGIN
 from dockflow.config import Config
+from dockflow.config_engine import sync_tolerance
 from dockflow.data import PromptFormat, load_task
 from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import create_engines
 from dockflow.engines.devices import process_group_backend
+from dockflow.engines.sync_check import LogProbDrift, SyncChecker
 from dockflow.eval import evaluate_policy
 from dockflow.models import load_model_and_tokenizer
 from dockflow.storage.objects import fetch_model
@@ -36,6 +38,14 @@ from dockflow.workers.rollout_queue import staleness_bound
 from dockflow.workers.runtime import ModelWorker
 from dockflow.workers.staleness import StalenessCounter
 from dockflow.workers.training import length_sorted, train_epochs
+
+
+def sync_checker(cfg: Config) -> SyncChecker:
+    """The weight-sync check of ``engine.sync_check`` for this run's model dtype (never on the cost model, which
+    holds no weights to compare)."""
+    sc = cfg.engine.sync_check
+    every = 0 if cfg.engine.backend == "cost_model" else sc.every
+    return SyncChecker(every, sc.sequences, sc.length, sync_tolerance(cfg.engine, cfg.model.dtype), cfg.run.seed)
 
 
 class ActorWorker(ModelWorker):
@@ -59,6 +69,7 @@ class ActorWorker(ModelWorker):
         self.columns = consumers(cfg)
         self.policy_version = 0
         self.recipe = cfg.algorithm.recipe  # the algorithm: its loss, how its rows are batched
+        self.sync_checker = sync_checker(cfg)
 
     def ready(self) -> bool:
         return True
@@ -83,11 +94,16 @@ class ActorWorker(ModelWorker):
         start = time.perf_counter()
         cols = self.columns["actor_infer"]
         waited = WaitClock()
+        drift = LogProbDrift()  # rollout engine vs trainer, on the samples generated with the weights held now
         request = DockRequest("actor_infer", self.cfg.train.infer_batch_size, cols, window=self.cfg.dock_window(iteration))
         for batch in consume(self.dock, request, self.cfg.global_batch // self.dp, clock=waited):
             logp = self.train_engine.infer(batch.data)
             self.dock.put(batch.indices, TensorDict({"old_log_prob": logp}, batch_size=[len(batch)]))
-        return {"timing/old_log_prob_s": time.perf_counter() - start, "timing/old_log_prob_wait_s": waited.seconds}
+            current = torch.as_tensor(batch.meta["policy_version"]) == self.policy_version
+            if "rollout_log_prob" in batch.data.keys() and bool(current.any()):
+                drift.add(batch.data["rollout_log_prob"][current], logp[current], batch.data["response_mask"][current])
+        return {"timing/old_log_prob_s": time.perf_counter() - start, "timing/old_log_prob_wait_s": waited.seconds,
+                **drift.metrics()}
 
     def update(self, iteration: int) -> dict[str, float]:
         """Train on the iteration's samples with the algorithm's loss: mini-batches as they become ready, then
@@ -125,7 +141,8 @@ class ActorWorker(ModelWorker):
         """For the generator workers (disaggregated placement): (metrics with the policy version, the version and
         current weights). Called with ``num_returns=2``, so the driver fetches the metrics and never the weights."""
         start = time.perf_counter()
-        published = {"version": self.policy_version, "weights": dict(self.train_engine.named_weights())}
+        published = {"version": self.policy_version, "weights": dict(self.train_engine.named_weights()),
+                     "probe": self.sync_checker.next_probe(self.policy, len(self.tokenizer))}
         return {"policy_version": float(self.policy_version), "timing/publish_s": time.perf_counter() - start}, published
 
     def reshard(self) -> dict[str, float]:
@@ -133,7 +150,11 @@ class ActorWorker(ModelWorker):
         allgather-swap into the plain generation copy, the update state swapped to host until the next update."""
         start = time.perf_counter()
         self.gen_engine.load_weights(self.train_engine.generation_weights())
-        return {"timing/reshard_s": time.perf_counter() - start}
+        out = {"timing/reshard_s": time.perf_counter() - start}
+        probe = self.sync_checker.next_probe(self.policy, len(self.tokenizer))
+        if probe is not None:  # WeightSyncError stops the run when the generation engine's weights are not ours
+            out["reshard/sync_check_max_diff"] = self.gen_engine.check_sync(probe)
+        return out
 
     def evaluate(self, split: str = "test", limit: int | None = None, pairs: TensorDict | None = None) -> dict[str, float]:
         """Held-out scores by the verifier (greedy accuracy; pass@k with eval.pass_k > 1); with held-out

@@ -37,7 +37,7 @@ COLUMNS: dict[str, torch.dtype] = {
     "values": torch.float32,  # [B, R]: the critic's value before each response token
     "old_log_prob": torch.float32,
     "ref_log_prob": torch.float32,
-    "rollout_log_prob": torch.float32,  # [B, R]: the generating engine's log-probs (behaviour policy, for TIS)
+    "rollout_log_prob": torch.float32,  # [B, R]: the generating engine's log-probs (behaviour policy: TIS, drift)
 }
 
 ROLLOUT_COLUMNS = ("input_ids", "attention_mask", "responses", "response_mask")
@@ -47,9 +47,7 @@ SNAPSHOT_CONSUMER = "snapshot"  # reads what generation wrote ahead into a check
 
 def generated_columns(cfg: Config) -> list[str]:
     """What generation writes into the dock (``workers.rollout.dock_columns``)."""
-    cols = list(ROLLOUT_COLUMNS)
-    if cfg.train.tis_cap is not None:
-        cols.append("rollout_log_prob")
+    cols = [*ROLLOUT_COLUMNS, "rollout_log_prob"]
     if cfg.train.old_log_prob == "rollout":
         cols.append("old_log_prob")
     return cols

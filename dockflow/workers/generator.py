@@ -81,7 +81,10 @@ class GeneratorWorker:
         start = time.perf_counter()
         self.engine.load_weights(iter(weights["weights"].items()))
         self.policy_version = int(weights["version"])
-        return {"timing/load_weights_s": time.perf_counter() - start}
+        out = {"timing/load_weights_s": time.perf_counter() - start}
+        if weights.get("probe") is not None:  # WeightSyncError stops the run when the weights did not take
+            out["reshard/sync_check_max_diff"] = self.engine.check_sync(weights["probe"])
+        return out
 
     def save_inflight(self, store: Any, step: int, iterations: list[int], queue: Any = None) -> None:
         """Checkpoint part ``inflight``: the samples of ``iterations`` (generated ahead, not trained on yet), read

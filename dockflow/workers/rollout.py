@@ -33,11 +33,11 @@ def generation_seed(run_seed: int, iteration: int) -> int:
 
 
 def dock_columns(cfg: Config, out: TensorDict) -> TensorDict:
-    """What generation puts into the dock: the rollout, plus the engine's log-probs as ``rollout_log_prob`` when
-    TIS reads them, or as ``old_log_prob`` when ``train.old_log_prob: rollout`` (then no actor pass recomputes them)."""
+    """What generation puts into the dock: the rollout and the engine's log-probs as ``rollout_log_prob`` (TIS
+    and the rollout-vs-trainer drift metric read them), also as ``old_log_prob`` when ``train.old_log_prob:
+    rollout`` (then no actor pass recomputes them)."""
     cols = out.select("input_ids", "attention_mask", "responses", "response_mask")
-    if cfg.train.tis_cap is not None:
-        cols["rollout_log_prob"] = out["rollout_log_prob"]
+    cols["rollout_log_prob"] = out["rollout_log_prob"]
     if cfg.train.old_log_prob == "rollout":
         cols["old_log_prob"] = out["rollout_log_prob"]
     return cols

