@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+SYNC_CHECK = "reshard/sync_check_max_diff"  # the metric: largest probe log-prob difference of a checked sync
+
 
 class WeightSyncError(RuntimeError):
     """A weight sync left the generation engine with weights other than the trainer's."""

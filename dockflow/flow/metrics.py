@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dockflow.engines.sync_check import SYNC_CHECK
 from dockflow.flow.throughput import throughput_tps
 
 
@@ -39,6 +40,7 @@ def pop_generated(results: dict[str, dict[str, float]]) -> dict[str, float]:
     loads = [p["timing/load_weights_s"] for p in parts if "timing/load_weights_s" in p]
     if loads:  # generators that took a newly published policy first
         merged["timing/load_weights_s"] = max(loads)
+    merged.update(worst_sync_check(parts))
     for key in ("rollout/prompt_length", "rollout/response_length"):
         merged[key] = sum(p[key] * p["rollout/samples"] for p in parts) / samples
     versions = [p["rollout/policy_version"] for p in parts if "rollout/policy_version" in p]
@@ -46,6 +48,12 @@ def pop_generated(results: dict[str, dict[str, float]]) -> dict[str, float]:
         merged["rollout/policy_version"] = min(versions)
     merged.update(merge_flow_counts(parts))
     return merged
+
+
+def worst_sync_check(parts: list[dict[str, float]]) -> dict[str, float]:
+    """The largest sync-check difference of the generators that took (and checked) new weights, if any did."""
+    diffs = [p[SYNC_CHECK] for p in parts if SYNC_CHECK in p]
+    return {SYNC_CHECK: max(diffs)} if diffs else {}
 
 
 def merge_flow_counts(parts: list[dict[str, float]]) -> dict[str, float]:
@@ -76,5 +84,6 @@ def rollout_summary(rounds: list[dict[str, float]], round_samples: int) -> dict[
     loads = [r["timing/load_weights_s"] for r in rounds if "timing/load_weights_s" in r]
     if loads:
         out["timing/load_weights_s"] = sum(loads)
+    out.update(worst_sync_check(rounds))
     out.update(merge_flow_counts(rounds))
     return out

@@ -26,7 +26,7 @@ from dockflow.data import PromptFormat, load_task
 from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import create_engines
 from dockflow.engines.devices import process_group_backend
-from dockflow.engines.sync_check import LogProbDrift, SyncChecker
+from dockflow.engines.sync_check import SYNC_CHECK, LogProbDrift, SyncChecker
 from dockflow.eval import evaluate_policy
 from dockflow.models import load_model_and_tokenizer
 from dockflow.storage.objects import fetch_model
@@ -153,7 +153,7 @@ class ActorWorker(ModelWorker):
         out = {"timing/reshard_s": time.perf_counter() - start}
         probe = self.sync_checker.next_probe(self.policy, len(self.tokenizer))
         if probe is not None:  # WeightSyncError stops the run when the generation engine's weights are not ours
-            out["reshard/sync_check_max_diff"] = self.gen_engine.check_sync(probe)
+            out[SYNC_CHECK] = self.gen_engine.check_sync(probe)
         return out
 
     def evaluate(self, split: str = "test", limit: int | None = None, pairs: TensorDict | None = None) -> dict[str, float]:

@@ -15,6 +15,7 @@ from dockflow.config import Config
 from dockflow.data import PromptFormat, load_task
 from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import create_generation_engine
+from dockflow.engines.sync_check import SYNC_CHECK
 from dockflow.models import load_model_and_tokenizer
 from dockflow.storage.objects import fetch_model
 from dockflow.workers.columns import SNAPSHOT_CONSUMER
@@ -83,7 +84,7 @@ class GeneratorWorker:
         self.policy_version = int(weights["version"])
         out = {"timing/load_weights_s": time.perf_counter() - start}
         if weights.get("probe") is not None:  # WeightSyncError stops the run when the weights did not take
-            out["reshard/sync_check_max_diff"] = self.engine.check_sync(weights["probe"])
+            out[SYNC_CHECK] = self.engine.check_sync(weights["probe"])
         return out
 
     def save_inflight(self, store: Any, step: int, iterations: list[int], queue: Any = None) -> None:

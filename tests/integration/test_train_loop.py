@@ -56,6 +56,10 @@ def test_train_learns_logs_and_resumes_bit_identically_through_s3(tiny_config, s
     for key in ("reward/mean", "train/pg_loss", "train/kl", "timing/generate_s", "perf/throughput_tps"):
         assert [s for s, _ in read_metric_history(uri, full["mlflow_run_id"], key)] == [1, 2, 3, 4], key
     assert [s for s, _ in read_metric_history(uri, full["mlflow_run_id"], "eval/test_accuracy")] == [0, 2, 4]
+    # the HF engine samples with the trainer's own tensors: its log-probs equal the trainer's up to kernel noise
+    drift = read_metric_history(uri, full["mlflow_run_id"], "rollout/logprob_abs_diff_max")
+    assert [s for s, _ in drift] == [1, 2, 3, 4] and all(v < 1e-4 for _, v in drift), drift
+    assert all(v == 0.0 for _, v in read_metric_history(uri, full["mlflow_run_id"], "reshard/sync_check_max_diff"))
 
     split = cfg("split", 2, placement__mode="disaggregated", placement__generator_cpus=0)
     first_half = train(split)

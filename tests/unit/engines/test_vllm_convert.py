@@ -118,6 +118,15 @@ def test_response_rows_refuse_what_the_layout_cannot_hold(completion, match):
         response_rows([completion], 4, EOS, PAD)
 
 
+def test_response_rows_hold_each_row_to_its_own_cap():
+    """Partial rollouts ask each row for its own room: a row that took all of its cap is complete, not cut."""
+    rows = [Completion([5, 6], [-1.0, -2.0], "length"), Completion([5, EOS], [-1.0, -2.0], "stop")]
+    tokens, _, lengths = response_rows(rows, 4, EOS, PAD, caps=[2, 4])
+    assert tokens == [[5, 6, PAD, PAD], [5, EOS, PAD, PAD]] and lengths == [2, 2]
+    with pytest.raises(VLLMOutputError, match="1 of 2 tokens and no EOS"):
+        response_rows([Completion([5], [-1.0], "length")], 4, EOS, PAD, caps=[2])
+
+
 def test_converted_rows_equal_the_hf_engines_layout():
     """vLLM rows (tokens up to EOS, their log-probs, finish reason) through the converter give exactly the tensors
     the HF engine lays out for the same samples."""

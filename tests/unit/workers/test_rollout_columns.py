@@ -20,17 +20,19 @@ def _rollout() -> TensorDict:
     }, batch_size=[b])
 
 
-def test_recompute_writes_only_the_rollout_and_keeps_the_actor_infer_state():
+def test_recompute_writes_the_rollout_and_the_engine_log_probs_for_the_drift_metric():
     cfg = load_config("configs/grpo_arith.yaml")
-    assert set(dock_columns(cfg, _rollout()).keys()) == {"input_ids", "attention_mask", "responses", "response_mask"}
-    assert "actor_infer" in consumers(cfg)
+    assert set(dock_columns(cfg, _rollout()).keys()) == {"input_ids", "attention_mask", "responses", "response_mask",
+                                                         "rollout_log_prob"}
+    # the actor_infer state compares them with the trainer's (rollout/logprob_abs_diff_*)
+    assert {"rollout_log_prob", "response_mask"} <= set(consumers(cfg)["actor_infer"])
 
 
 def test_rollout_source_stores_the_engine_log_probs_as_old_log_prob_and_drops_the_pass():
     cfg = load_config("configs/grpo_arith.yaml", ["train.old_log_prob=rollout"])
     out = _rollout()
     cols = dock_columns(cfg, out)
-    assert torch.equal(cols["old_log_prob"], out["rollout_log_prob"]) and "rollout_log_prob" not in cols.keys()
+    assert torch.equal(cols["old_log_prob"], out["rollout_log_prob"])
     assert "actor_infer" not in consumers(cfg) and "old_log_prob" in consumers(cfg)["actor_update"]
 
 
