@@ -49,8 +49,15 @@ class WeightSyncWorker:
     def begin_weight_sync(self) -> None:
         """Start a sync: layers back to their checkpoint layout, loaders that process each layer once it is whole."""
         from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
+        try:
+            from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+        except ImportError:
+            import vllm
+
+            raise RuntimeError(f"vLLM {vllm.__version__} has no layerwise reload (vllm.model_executor.model_loader."
+                               "reload, in vLLM 0.25 and later), which DockFlow's weight sync runs: upgrade vllm "
+                               "(or vllm-ascend)") from None
         self._dockflow_loaded: set[str] = set()
         with set_current_vllm_config(self.vllm_config):
             initialize_layerwise_reload(self.model_runner.get_model())
