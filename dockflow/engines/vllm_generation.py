@@ -129,7 +129,7 @@ class VLLMGenerationEngine(GenerationEngine):
         self.sleep_level = sleep_level(cfg.engine) if colocated else 0
         self.bucket_bytes = int(self.vc.weight_bucket_mb * 2**20)
         self.tie_word_embeddings = bool(getattr(model.config, "tie_word_embeddings", False))
-        self.syncs = 0
+        self.loads = 0  # the initial load, then weight syncs 1, 2, ... (as the actor's sync check counts them)
         if self.vc.tensor_parallel_size == 1:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process: syncs without a copy
         if self.device == "npu":
@@ -219,7 +219,7 @@ class VLLMGenerationEngine(GenerationEngine):
         """Stream the policy's weights into vLLM's layerwise reload in buckets (waking its weight memory first
         if it sleeps), then wake the KV cache. A parameter no bucket held fails the sync; the prefix cache is
         dropped (its entries were computed with the old weights)."""
-        self.syncs += 1
+        label = f"weight sync {self.loads}" if self.loads else "the initial weight load"
         if "weights" in self.asleep:
             empty_device_cache(self.device)  # the update's cached blocks back to the device before vLLM takes it
             self.llm.wake_up(tags=["weights"])
@@ -233,13 +233,14 @@ class VLLMGenerationEngine(GenerationEngine):
         missing = sorted({name for report in self.llm.collective_rpc("finish_weight_sync") for name in report["missing"]})
         if missing:
             shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
-            raise WeightSyncError(f"weight sync {self.syncs} did not take: vLLM got no new values for {shown}; the "
-                                  "training engine's weights do not cover the generation model")
+            raise WeightSyncError(f"{label} did not take: vLLM got no new values for {shown}; the training "
+                                  "engine's weights do not cover the generation model")
         self._wake()
         if not self.llm.reset_prefix_cache():
-            raise WeightSyncError(f"weight sync {self.syncs}: vLLM could not drop its prefix cache (requests still "
-                                  "running), so it would serve KV computed with the old weights")
+            raise WeightSyncError(f"{label}: vLLM could not drop its prefix cache (requests still running), so it "
+                                  "would serve KV computed with the old weights")
         self._source = None
+        self.loads += 1
 
     def mark_stale(self, source: WeightSource) -> None:
         """The policy changed outside a sync (a checkpoint was restored): load from ``source`` before sampling."""

@@ -134,7 +134,7 @@ def test_a_tensor_left_out_fails_the_sync(tok):
     engine = _engine(model, tok)
     _perturb(model, seed=7)
     left_out = "model.layers.2.mlp.down_proj.weight"
-    with pytest.raises(WeightSyncError, match=r"weight sync 2 did not take: .*model.layers.2.mlp.down_proj.weight"):
+    with pytest.raises(WeightSyncError, match=r"weight sync 1 did not take: .*model.layers.2.mlp.down_proj.weight"):
         engine.load_weights((n, p) for n, p in model.named_parameters() if n != left_out)
 
 

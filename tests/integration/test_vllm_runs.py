@@ -4,6 +4,8 @@ Kubeflow pipeline under kfp.local. Each logs the rollout-vs-trainer log-prob dri
 sync check's difference; both stay at numerical noise."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,18 @@ def test_cli_run_colocated(tiny_overrides):
     assert main(["train", CONFIG, *overrides]) == 0
     cfg = load_config(CONFIG, overrides)
     _assert_engines_agree(cfg, _summary(cfg)["mlflow_run_id"], 2)
+
+
+def test_a_sync_that_fails_its_check_stops_the_cli_with_one_line(tiny_overrides):
+    """The stop path of the sync check end to end: a tolerance below the engines' numerical noise (vLLM's fp32
+    kernels differ from torch's by ~1e-5) fails the first sync in the actor, and the CLI exits 2 with one line."""
+    overrides = tiny_overrides("vllm-strict", 2, engine__sync_check__tolerance=1e-12, **VLLM)
+    done = subprocess.run([sys.executable, "-m", "dockflow.cli", "train", CONFIG, *overrides], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("dockflow train: error: ") and "Traceback" not in done.stderr
+    assert "weight sync 1 did not take: VLLMGenerationEngine's log-probs of 4 probe sequences" in last, last
 
 
 def test_pipeline_run_under_kfp_local(tiny_overrides):

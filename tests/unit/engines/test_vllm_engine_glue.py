@@ -150,5 +150,5 @@ def test_a_rank_that_missed_a_parameter_fails_the_sync(stand_in_vllm, monkeypatc
     reports = [{"missing": []}, {"missing": ["model.layers.0.mlp.down_proj.weight"]}]
     monkeypatch.setattr(engine.llm, "collective_rpc",
                         lambda method, args=(), **_: reports if method == "finish_weight_sync" else [2, 2])
-    with pytest.raises(WeightSyncError, match=r"weight sync 2 did not take: .*model.layers.0.mlp.down_proj.weight"):
+    with pytest.raises(WeightSyncError, match=r"weight sync 1 did not take: .*model.layers.0.mlp.down_proj.weight"):
         engine.load_weights(model.named_parameters())
