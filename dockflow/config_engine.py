@@ -48,8 +48,9 @@ class VLLMConfig(Section):
         "2 on cuda/npu, 0 on cpu (vLLM's CPU backend has no sleep mode)."
     )
     kv_cache_memory_gb: float | None = Field(
-        None, gt=0.0, description="KV cache size per vLLM engine in GiB (vLLM's kv_cache_memory_bytes); null: vLLM "
-        "sizes it (from gpu_memory_utilization on a device, VLLM_CPU_KVCACHE_SPACE or its default on cpu)."
+        None, gt=0.0, description="KV cache size per vLLM engine in GiB (vLLM's kv_cache_memory_bytes); null: on "
+        "cuda/npu vLLM sizes it from gpu_memory_utilization, on cpu 1 GiB (vLLM's CPU backend would reserve "
+        "gpu_memory_utilization of the host's memory for every engine)."
     )
     weight_bucket_mb: float = Field(
         256.0, gt=0.0, description="Size of one bucket of full tensors streamed into vLLM per weight sync (MiB)."
@@ -96,6 +97,12 @@ def sleep_level(engine: EngineConfig) -> int:
     """``engine.vllm.sleep_level`` with its default resolved: 0 on cpu (no sleep mode there), else 2."""
     level = engine.vllm.sleep_level
     return level if level is not None else (0 if engine.device == "cpu" else 2)
+
+
+def kv_cache_gb(engine: EngineConfig) -> float | None:
+    """``engine.vllm.kv_cache_memory_gb`` with its default resolved: 1 GiB on cpu, vLLM's sizing elsewhere."""
+    size = engine.vllm.kv_cache_memory_gb
+    return size if size is not None else (1.0 if engine.device == "cpu" else None)
 
 
 def sync_tolerance(engine: EngineConfig, dtype: str) -> float:

@@ -39,7 +39,7 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from dockflow.config_engine import sleep_level
+from dockflow.config_engine import kv_cache_gb, sleep_level
 from dockflow.engines.base import GenerationEngine, LossFn, SamplingParams, TrainingEngine
 from dockflow.engines.devices import empty_device_cache
 from dockflow.engines.hf_generation import decode_responses, left_pad_prompts, rollout_batch
@@ -62,9 +62,10 @@ WeightSource = Callable[[], Iterable[tuple[str, torch.Tensor]]]
 WORKER_EXTENSION = "dockflow.engines.vllm_worker.WeightSyncWorker"
 
 
-def engine_kwargs(vc: Any, model_dir: str, dtype: str, seed: int, sleep: int, device: str = "cuda") -> dict[str, Any]:
-    """``vllm.LLM`` constructor arguments from ``engine.vllm`` (``vc``) for the staged model directory; sleep mode
+def engine_kwargs(engine: Any, model_dir: str, dtype: str, seed: int, sleep: int) -> dict[str, Any]:
+    """``vllm.LLM`` constructor arguments from the ``engine`` section for the staged model directory; sleep mode
     (vLLM's CuMemAllocator) only where the engine will sleep."""
+    vc, device = engine.vllm, engine.device
     kwargs: dict[str, Any] = {
         "model": model_dir,
         "tensor_parallel_size": vc.tensor_parallel_size,
@@ -85,8 +86,9 @@ def engine_kwargs(vc: Any, model_dir: str, dtype: str, seed: int, sleep: int, de
         # generator (gpu_model_runner._bookkeeping_sync), which a CPU generator cannot: "CPU Generator does not use
         # offset". Whole prompts per step avoid it.
         kwargs["enable_chunked_prefill"] = False
-    if vc.kv_cache_memory_gb is not None:
-        kwargs["kv_cache_memory_bytes"] = int(vc.kv_cache_memory_gb * 2**30)
+    kv_gb = kv_cache_gb(engine)
+    if kv_gb is not None:
+        kwargs["kv_cache_memory_bytes"] = int(kv_gb * 2**30)
     if vc.max_model_len is not None:
         kwargs["max_model_len"] = vc.max_model_len
     if vc.block_size is not None:
@@ -137,8 +139,7 @@ class VLLMGenerationEngine(GenerationEngine):
             os.environ["VLLM_ASCEND_ENABLE_NZ"] = "0"
         self._files = tempfile.TemporaryDirectory(prefix="dockflow-vllm-")
         model_dir = stage_model_files(model, tokenizer, self._files.name)
-        self.llm = LLM(**engine_kwargs(self.vc, model_dir, cfg.model.dtype, cfg.run.seed, self.sleep_level,
-                                            self.device))
+        self.llm = LLM(**engine_kwargs(cfg.engine, model_dir, cfg.model.dtype, cfg.run.seed, self.sleep_level))
         self.max_model_len = int(self.llm.llm_engine.vllm_config.model_config.max_model_len)
         self.asleep: list[str] = []  # memory tags vLLM released (weights, kv_cache)
         self._source: WeightSource | None = None

@@ -36,12 +36,14 @@ def test_engine_kwargs_are_engine_args(device):
         settings["tensor_parallel_size"] = 2
     cfg = Config(engine={"backend": "vllm", "device": device, "vllm": settings})
     fields = {f.name: f for f in dataclasses.fields(EngineArgs)}
-    kwargs = engine_kwargs(cfg.engine.vllm, "/model", "float32", 0, 2 if device == "cuda" else 0, device)
+    kwargs = engine_kwargs(cfg.engine, "/model", "float32", 0, 2 if device == "cuda" else 0)
     assert set(kwargs) <= set(fields)
     assert "processed_logprobs" in str(fields["logprobs_mode"].type)
     assert kwargs["kv_cache_memory_bytes"] == 2**29 and kwargs["block_size"] == 32
     # on cpu whole prompts per step: a chunked prefill rewinds seeded generators, which CPU ones cannot do
     assert kwargs.get("enable_chunked_prefill", True) is (device != "cpu")
+    default = engine_kwargs(Config(engine={"backend": "vllm", "device": device}).engine, "/m", "float32", 0, 0)
+    assert default.get("kv_cache_memory_bytes") == (2**30 if device == "cpu" else None)  # cuda: vLLM sizes it
 
 
 def test_worker_extension_methods_exist_and_use_vllms_reload():
