@@ -31,8 +31,10 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -112,6 +114,22 @@ def stage_model_files(model: nn.Module, tokenizer: Any, directory: str) -> str:
     return directory
 
 
+@contextmanager
+def flask_proxies_bound() -> Iterator[None]:
+    """While vLLM starts: flask's request-bound proxies (``request``, ``session``, ``g``, ``current_app``) resolve.
+
+    vLLM 0.32's CPU platform, when it starts, scans every attribute of every loaded module with
+    ``hasattr(value, "__dict__")`` (``vllm/triton_utils/dispatcher.py``, ``_rebind_kernels``); outside a request
+    those proxies raise RuntimeError, not AttributeError, so vLLM cannot start in a process that imported flask
+    (an MLflow or S3 test server, a user's module). A throwaway request context binds them; nothing else changes."""
+    flask = sys.modules.get("flask")
+    if flask is None:
+        yield
+        return
+    with flask.Flask("dockflow-vllm-start").test_request_context():
+        yield
+
+
 class VLLMGenerationEngine(GenerationEngine):
     """Sampling with an in-process ``vllm.LLM``; log-probs, EOS and lengths as :class:`HFGenerationEngine`'s."""
 
@@ -139,7 +157,8 @@ class VLLMGenerationEngine(GenerationEngine):
             os.environ["VLLM_ASCEND_ENABLE_NZ"] = "0"
         self._files = tempfile.TemporaryDirectory(prefix="dockflow-vllm-")
         model_dir = stage_model_files(model, tokenizer, self._files.name)
-        self.llm = LLM(**engine_kwargs(cfg.engine, model_dir, cfg.model.dtype, cfg.run.seed, self.sleep_level))
+        with flask_proxies_bound():
+            self.llm = LLM(**engine_kwargs(cfg.engine, model_dir, cfg.model.dtype, cfg.run.seed, self.sleep_level))
         self.max_model_len = int(self.llm.llm_engine.vllm_config.model_config.max_model_len)
         self.asleep: list[str] = []  # memory tags vLLM released (weights, kv_cache)
         self._source: WeightSource | None = None

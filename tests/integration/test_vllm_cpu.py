@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 
+import flask  # noqa: F401  as the suite's MLflow and S3 servers import it: vLLM must start beside it anyway
 import pytest
 import torch
 from transformers import Qwen2ForCausalLM
