@@ -7,15 +7,17 @@ parameters), and "large", a Qwen2 of hidden 512 and 8 layers on the same tokeniz
 
 Reported per model and engine: ``s_per_call`` (median over ``--repeats`` calls after one uncounted warm-up),
 ``gen_tps`` (generated response tokens, EOS included, per second), ``total_tps`` (prompt + response tokens per
-second), ``build_s`` (vLLM: building the engine and loading the weights, once), ``speedup`` (gen tokens/s over
-the HF engine's on the same model) and ``greedy_agreement`` (share of prompts whose greedy responses are
-identical in both engines: a sanity column; random weights have near-ties, so it need not be 1).
+second), ``build_s`` (vLLM: building the engine and loading the weights, once; importing vllm is timed apart),
+``speedup`` (gen tokens/s over the HF engine's on the same model) and ``greedy_agreement`` (share of prompts
+whose greedy responses are identical in both engines: a sanity column; random weights have near-ties, so it
+need not be 1).
 
-Threads: ``--threads`` is set with ``torch.set_num_threads`` before anything runs. Every HF measurement runs
-before the first vLLM engine is built, because vLLM's CPU worker replaces ``torch.set_num_threads`` with a
-no-op when it starts. vLLM runs in this process (tensor parallel 1), where its CPU worker binds no OpenMP
-threads of its own (that is its multiprocess executor's job) and computes on torch's threads; the JSON
-records the count it ran with. Timings are not asserted anywhere.
+Per model both engines are up at once and their timed calls alternate (HF, vLLM, HF, ...), so load from other
+processes that comes and goes falls on both alike; each record keeps the 1-minute load average around its calls.
+Threads: ``--threads`` is set with ``torch.set_num_threads`` before the first vLLM engine starts (vLLM's CPU
+worker then replaces ``torch.set_num_threads`` with a no-op). vLLM runs in this process (tensor parallel 1),
+where its CPU worker binds no OpenMP threads of its own (that is its multiprocess executor's job) and computes
+on torch's threads like the HF engine; each record keeps the count. Timings are not asserted anywhere.
 
 Usage: ``python -m benchmarks.generation --out generation.json [--quick] [--models demo,large] [--prompts 128]
 [--samples 8] [--new-tokens 8] [--repeats 3] [--threads 2] [--seed 0]``.
@@ -68,6 +70,7 @@ def arithmetic_prompts(count: int, seed: int) -> list[str]:
 
 
 def param_count(model: nn.Module) -> int:
+    """Parameters of ``model`` (tied embeddings counted once)."""
     return sum(p.numel() for p in model.parameters())
 
 
@@ -88,15 +91,24 @@ def build_model(name: str, tokenizer: Any) -> nn.Module:
     return model
 
 
-def measure(engine: Any, prompts: list[str], params: SamplingParams, seed: int, repeats: int) -> list[Call]:
-    """One uncounted warm-up call, then ``repeats`` timed ones."""
-    engine.generate(prompts, params, seed=seed)
-    calls = []
+def timed_call(engine: Any, prompts: list[str], params: SamplingParams, seed: int) -> Call:
+    """One generate call, timed; tokens counted from its masks."""
+    started = time.perf_counter()
+    out = engine.generate(prompts, params, seed=seed)
+    seconds = time.perf_counter() - started
+    return Call(seconds, int(out["response_mask"].sum()), int(out["attention_mask"].sum()))
+
+
+def measure(engines: dict[str, Any], prompts: list[str], params: SamplingParams, seed: int,
+            repeats: int) -> dict[str, list[Call]]:
+    """One uncounted warm-up call per engine, then ``repeats`` rounds of one timed call per engine, alternating,
+    so that load from other processes that comes and goes falls on every engine alike."""
+    for engine in engines.values():
+        engine.generate(prompts, params, seed=seed)
+    calls: dict[str, list[Call]] = {name: [] for name in engines}
     for _ in range(repeats):
-        started = time.perf_counter()
-        out = engine.generate(prompts, params, seed=seed)
-        seconds = time.perf_counter() - started
-        calls.append(Call(seconds, int(out["response_mask"].sum()), int(out["attention_mask"].sum())))
+        for name, engine in engines.items():
+            calls[name].append(timed_call(engine, prompts, params, seed))
     return calls
 
 
@@ -130,6 +142,7 @@ def add_speedups(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _cell(value: Any, fmt: str) -> str:
+    """``value`` formatted, or "-" for None."""
     return "-" if value is None else format(value, fmt)
 
 
@@ -144,53 +157,56 @@ HEADER = ["model", "engine", "params", "build s", "s/call", "gen tok/s", "total 
 
 
 def print_table(records: list[dict[str, Any]]) -> None:
+    """The table: one row per (model, engine)."""
     rows = table_rows(records)
     widths = [max(len(x) for x in column) for column in zip(HEADER, *rows, strict=True)]
-    line = "  ".join(h.ljust(w) if i < 2 else h.rjust(w) for i, (h, w) in enumerate(zip(HEADER, widths, strict=True)))
-    print(line)
-    print("-" * len(line))
+
+    def line(cells: list[str]) -> str:  # model and engine left-aligned, numbers right-aligned
+        return "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+
+    print(line(HEADER))
+    print("-" * len(line(HEADER)))
     for row in rows:
-        print("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+        print(line(row))
 
 
-def run_hf(models: dict[str, nn.Module], tokenizer: Any, prompts: list[str], params: SamplingParams,
-           seed: int, repeats: int) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor]]:
-    """The HF engine on every model: records, and the greedy responses per model."""
-    records, greedy = [], {}
-    for name, model in models.items():
-        engine = HFGenerationEngine(model, tokenizer, device="cpu", batch_size=256)
-        records.append(summarize(name, "hf", param_count(model), None, measure(engine, prompts, params, seed, repeats)))
-        greedy[name] = engine.generate(prompts, SamplingParams(params.max_new_tokens, greedy=True), seed=seed)["responses"]
-        print(f"{name} hf: {records[-1]['s_per_call']:.3f} s/call", file=sys.stderr, flush=True)
-    return records, greedy
-
-
-def run_vllm(models: dict[str, nn.Module], tokenizer: Any, prompts: list[str], params: SamplingParams,
-             seed: int, repeats: int) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor]]:
-    """The vLLM engine on every model, one engine at a time (built, measured, dropped)."""
+def run_model(name: str, model: nn.Module, tokenizer: Any, workload: dict[str, int]) -> list[dict[str, Any]]:
+    """Both engines on one model (the vLLM engine built, measured alongside the HF one, dropped): HF and vLLM
+    records, the vLLM one with the greedy agreement."""
     from dockflow.engines.vllm_generation import VLLMGenerationEngine
 
+    seed = workload["seed"]
+    prompts = arithmetic_prompts(workload["prompts"], seed)
+    params = SamplingParams(max_new_tokens=workload["new_tokens"], temperature=1.0, n=workload["samples"])
+    greedy = SamplingParams(max_new_tokens=workload["new_tokens"], greedy=True)
     cfg = Config(engine={"backend": "vllm", "device": "cpu", "vllm": VLLM_SETTINGS}, run={"seed": seed})
-    records, greedy = [], {}
-    for name, model in models.items():
-        started = time.perf_counter()
-        engine = VLLMGenerationEngine(model, tokenizer, cfg, colocated=False)
-        build_s = time.perf_counter() - started
-        record = summarize(name, "vllm", param_count(model), build_s, measure(engine, prompts, params, seed, repeats))
+    hf = HFGenerationEngine(model, tokenizer, device="cpu", batch_size=256)
+    started = time.perf_counter()
+    vllm = VLLMGenerationEngine(model, tokenizer, cfg, colocated=False)
+    build_s = time.perf_counter() - started
+    load = os.getloadavg()[0]
+    calls = measure({"hf": hf, "vllm": vllm}, prompts, params, seed, workload["repeats"])
+    responses = {e: engine.generate(prompts, greedy, seed=seed)["responses"]
+                 for e, engine in (("hf", hf), ("vllm", vllm))}
+    records = [summarize(name, engine, param_count(model), build_s if engine == "vllm" else None, calls[engine])
+               for engine in ENGINES]
+    for record in records:
         record["torch_threads"] = torch.get_num_threads()
-        records.append(record)
-        greedy[name] = engine.generate(prompts, SamplingParams(params.max_new_tokens, greedy=True), seed=seed)["responses"]
-        print(f"{name} vllm: built in {build_s:.1f} s, {record['s_per_call']:.3f} s/call", file=sys.stderr, flush=True)
-        del engine
-        gc.collect()
-    return records, greedy
+        record["load_avg_1m"] = [round(load, 2), round(os.getloadavg()[0], 2)]  # before and after the timed calls
+    records[1]["greedy_agreement"] = round(greedy_agreement(responses["hf"], responses["vllm"]), 4)
+    print(f"{name}: vllm built in {build_s:.1f} s; s/call hf {records[0]['s_per_call']:.3f}, "
+          f"vllm {records[1]['s_per_call']:.3f}", file=sys.stderr, flush=True)
+    del vllm
+    gc.collect()
+    return records
 
 
 def run(models: list[str], workload: dict[str, int], threads: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Every model through the HF engine, then through vLLM; records (HF, vLLM per model) and the model sizes."""
+    """Every model through both engines: records (HF, vLLM per model, with speed-ups), and the run's facts for
+    the JSON's machine block (parameter counts, seconds to import vllm)."""
     from dockflow.models import build_char_tokenizer
 
-    torch.set_num_threads(threads)
+    torch.set_num_threads(threads)  # before the first vLLM engine, which makes set_num_threads a no-op
     tokenizer = build_char_tokenizer()
     built = {name: build_model(name, tokenizer) for name in models}
     sizes: dict[str, Any] = {name: param_count(m) for name, m in built.items()}
@@ -198,18 +214,16 @@ def run(models: list[str], workload: dict[str, int], threads: int) -> tuple[list
         sizes["large_over_demo"] = round(sizes["large"] / sizes["demo"], 2)
     print("parameters: " + ", ".join(f"{k} {v:,}" if isinstance(v, int) else f"{k} {v}x" for k, v in sizes.items()),
           flush=True)
-    prompts = arithmetic_prompts(workload["prompts"], workload["seed"])
-    params = SamplingParams(max_new_tokens=workload["new_tokens"], temperature=1.0, n=workload["samples"])
-    hf, hf_greedy = run_hf(built, tokenizer, prompts, params, workload["seed"], workload["repeats"])
-    vllm, vllm_greedy = run_vllm(built, tokenizer, prompts, params, workload["seed"], workload["repeats"])
-    for record in vllm:
-        record["greedy_agreement"] = round(greedy_agreement(hf_greedy[record["model"]], vllm_greedy[record["model"]]), 4)
-    by_model = {(r["model"], r["engine"]): r for r in hf + vllm}
-    records = add_speedups([by_model[(m, e)] for m in models for e in ENGINES])
-    return records, sizes
+    started = time.perf_counter()
+    from vllm import LLM  # noqa: F401 - imported once here, so that no engine's build_s includes it
+
+    import_s = round(time.perf_counter() - started, 2)
+    records = [r for name, model in built.items() for r in run_model(name, model, tokenizer, workload)]
+    return add_speedups(records), {"params": sizes, "vllm_import_s": import_s}
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse the arguments, run, write the JSON, print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--quick", action="store_true", help="smoke run: demo only, 16 prompts, 2 samples, 1 repeat")
@@ -231,18 +245,21 @@ def main(argv: list[str] | None = None) -> int:
     workload = {"prompts": args.prompts, "samples": args.samples, "new_tokens": args.new_tokens,
                 "repeats": args.repeats, "seed": args.seed}
     started = time.perf_counter()
-    records, sizes = run(models, workload, args.threads)
+    records, facts = run(models, workload, args.threads)
     import vllm
 
     write_results(args.out, records, command=" ".join([os.path.basename(sys.executable), "-m", "benchmarks.generation",
                                                        *(sys.argv[1:] if argv is None else argv)]),
                   date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
                   torch=torch.__version__, vllm=vllm.__version__, transformers=transformers.__version__,
-                  device="cpu", threads=args.threads, params=sizes, workload=workload, quick=args.quick,
+                  device="cpu", threads=args.threads, workload=workload, quick=args.quick, **facts,
                   vllm_engine={**VLLM_SETTINGS, "in_process": True, "tensor_parallel_size": 1},
-                  threads_note="HF: torch.set_num_threads(threads), all HF runs first. vLLM's CPU backend binds its own "
-                  "OpenMP threads only in its multiprocess executor; here it runs in process and computes on torch's "
-                  "threads (torch_threads per vLLM record), and it disables torch.set_num_threads once started.",
+                  threads_note="torch.set_num_threads(threads) before the first vLLM engine starts (its CPU worker "
+                  "then makes torch.set_num_threads a no-op). vLLM's CPU backend binds its own OpenMP threads only in "
+                  "its multiprocess executor; here it runs in process (tensor parallel 1) and computes on torch's "
+                  "threads, as the HF engine does: torch_threads per record.",
+                  order_note="per model: HF and vLLM calls alternate (warm-up each, then repeats rounds of one "
+                  "call each); load_avg_1m per record: 1-minute load average before and after the timed calls",
                   speedup_note="vLLM gen tokens/s over HF gen tokens/s on the same model",
                   wall_s=round(time.perf_counter() - started, 1))
     print_table(records)
