@@ -100,7 +100,7 @@ class ActorWorker(ModelWorker):
             logp = self.train_engine.infer(batch.data)
             self.dock.put(batch.indices, TensorDict({"old_log_prob": logp}, batch_size=[len(batch)]))
             current = torch.as_tensor(batch.meta["policy_version"]) == self.policy_version
-            if "rollout_log_prob" in batch.data.keys() and bool(current.any()):
+            if bool(current.any()):
                 drift.add(batch.data["rollout_log_prob"][current], logp[current], batch.data["response_mask"][current])
         return {"timing/old_log_prob_s": time.perf_counter() - start, "timing/old_log_prob_wait_s": waited.seconds,
                 **drift.metrics()}
