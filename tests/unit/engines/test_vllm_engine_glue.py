@@ -28,6 +28,8 @@ class StandInLLM:
 
     def __init__(self, **kwargs):
         self.kwargs = kwargs
+        os.environ["LD_PRELOAD"] = "libgomp.so.1"  # what vLLM's CPU platform sets for its worker processes
+        os.environ["VLLM_DIST_IDENT"] = "ident"  # one of vLLM's own runtime settings
         self.events: list[str] = []
         self.loaded: dict[str, torch.Tensor] = {}
         config = SimpleNamespace(model_config=SimpleNamespace(max_model_len=128))
@@ -70,6 +72,9 @@ def stand_in_vllm(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     monkeypatch.delenv("VLLM_ASCEND_ENABLE_NZ", raising=False)
+    for key in ("LD_PRELOAD", "VLLM_DIST_IDENT"):  # set, then removed: the test's values are undone after it
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
     emptied: list[str] = []
     monkeypatch.setattr("dockflow.engines.vllm_generation.empty_device_cache", emptied.append)
     return emptied
@@ -133,6 +138,13 @@ def test_tensor_parallel_uses_worker_processes_and_host_tensors(stand_in_vllm):
     assert sorted(engine.llm.loaded) == sorted(dict(checkpoint_weights(model.named_parameters(), True)))
     engine.sleep()
     assert "sleep2" not in engine.llm.events
+
+
+def test_settings_for_vllms_children_do_not_leak_into_the_workers(stand_in_vllm):
+    """What vLLM writes into os.environ for the processes it spawns is undone once it has started, so a process
+    the worker starts later (a torch.distributed spawn, a reward sandbox) does not preload its libgomp."""
+    _setup(colocated=False)
+    assert "LD_PRELOAD" not in os.environ and os.environ["VLLM_DIST_IDENT"] == "ident"
 
 
 def test_ascend_turns_off_the_nz_weight_format(stand_in_vllm, monkeypatch):
