@@ -169,6 +169,7 @@ class VLLMGenerationEngine(GenerationEngine):
         self.device = cfg.engine.device
         self.sleep_level = sleep_level(cfg.engine) if colocated else 0
         self.bucket_bytes = int(self.vc.weight_bucket_mb * 2**20)
+        self.rpc_timeout_s = float(cfg.train.stage_timeout_s)
         self.tie_word_embeddings = bool(getattr(model.config, "tie_word_embeddings", False))
         self.loads = 0  # the initial load, then weight syncs 1, 2, ... (as the actor's sync check counts them)
         if self.vc.tensor_parallel_size == 1:
@@ -268,12 +269,12 @@ class VLLMGenerationEngine(GenerationEngine):
             self.llm.wake_up(tags=["weights"])
             self.asleep.remove("weights")
         to_cpu = self.vc.tensor_parallel_size > 1  # worker processes get serialized host tensors
-        self.llm.collective_rpc("begin_weight_sync")
+        self._rpc("begin_weight_sync", label)
         for bucket in weight_buckets(checkpoint_weights(weights, self.tie_word_embeddings), self.bucket_bytes):
             if to_cpu:
                 bucket = [(n, t.detach().to("cpu")) for n, t in bucket]
-            self.llm.collective_rpc("load_weight_bucket", args=(bucket,))
-        missing = sorted({name for report in self.llm.collective_rpc("finish_weight_sync") for name in report["missing"]})
+            self._rpc("load_weight_bucket", label, bucket)
+        missing = sorted({name for report in self._rpc("finish_weight_sync", label) for name in report["missing"]})
         if missing:
             shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
             raise WeightSyncError(f"{label} did not take: vLLM got no new values for {shown}; the training "
@@ -284,6 +285,15 @@ class VLLMGenerationEngine(GenerationEngine):
                                   "would serve KV computed with the old weights")
         self._source = None
         self.loads += 1
+
+    def _rpc(self, method: str, label: str, *args: Any) -> list[Any]:
+        """One weight-sync method on every vLLM worker, bounded by ``train.stage_timeout_s`` (a TP worker process
+        that died or hangs would otherwise hold the sync forever)."""
+        try:
+            return self.llm.collective_rpc(method, timeout=self.rpc_timeout_s, args=args)
+        except TimeoutError:
+            raise WeightSyncError(f"{label}: vLLM's workers did not finish {method} within {self.rpc_timeout_s:g} s "
+                                  "(train.stage_timeout_s)") from None
 
     def mark_stale(self, source: WeightSource) -> None:
         """The policy changed outside a sync (a checkpoint was restored): load from ``source`` before sampling."""

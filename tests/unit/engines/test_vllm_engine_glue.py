@@ -164,3 +164,19 @@ def test_a_rank_that_missed_a_parameter_fails_the_sync(stand_in_vllm, monkeypatc
                         lambda method, args=(), **_: reports if method == "finish_weight_sync" else [2, 2])
     with pytest.raises(WeightSyncError, match=r"weight sync 1 did not take: .*model.layers.0.mlp.down_proj.weight"):
         engine.load_weights(model.named_parameters())
+
+
+def test_a_worker_that_does_not_answer_fails_the_sync_after_the_stage_timeout(stand_in_vllm, monkeypatch):
+    from dockflow.engines.sync_check import WeightSyncError
+
+    _, model, engine = _setup(tp=2, colocated=False)
+    seen = []
+
+    def hung(method, timeout=None, args=(), kwargs=None):
+        seen.append(timeout)
+        raise TimeoutError  # what vLLM's multiprocess executor raises past the timeout
+
+    monkeypatch.setattr(engine.llm, "collective_rpc", hung)
+    with pytest.raises(WeightSyncError, match=r"did not finish begin_weight_sync within 1800 s \(train.stage_timeout_s\)"):
+        engine.load_weights(model.named_parameters())
+    assert seen == [1800.0]
