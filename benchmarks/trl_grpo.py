@@ -26,7 +26,7 @@ import torch
 
 from dockflow.config import Config
 from dockflow.data import PromptFormat, load_task
-from dockflow.data.sampler import iteration_sampler
+from dockflow.data.prompt_order import iteration_sampler
 from dockflow.eval import evaluate_policy
 from dockflow.models import load_model_and_tokenizer
 from dockflow.rewards import verify

@@ -1,5 +1,5 @@
 """KFP v2 lightweight components, one per RL stage plus setup, finish and teardown; each is a thin wrapper over
-``dockflow.flow.tasks``.
+``dockflow.flow.pipeline_tasks``.
 
 The function bodies run inside the DockFlow image (``pipelines.platform.DEFAULT_IMAGE``, built by the
 top-level Dockerfile), which already holds kfp and dockflow, so no package is installed at run time.

@@ -18,7 +18,7 @@ def finish(
     than ``registry.champion_margin``. ``metrics`` and ``report`` say the scores and the decision."""
     import json
 
-    from dockflow.flow.tasks import finish_run, kfp_metrics, run_report
+    from dockflow.flow.pipeline_tasks import finish_run, kfp_metrics, run_report
 
     summary = finish_run(namespace, run_name, ray_address)
     kfp_metrics({k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)

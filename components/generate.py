@@ -18,7 +18,7 @@ def generate(
     The loop runs in the run's supervisor actor; this task prints its progress, ends when it has done every
     iteration (or fails with its error; a retry restarts the run from its latest checkpoint), and writes the
     stage's metrics (mean per key over the iterations) to ``metrics``."""
-    from dockflow.flow.tasks import follow_stage, kfp_metrics
+    from dockflow.flow.pipeline_tasks import follow_stage, kfp_metrics
 
     out = follow_stage("generate", namespace, run_name, ray_address)
     kfp_metrics(out["metrics"], metrics)

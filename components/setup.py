@@ -33,8 +33,8 @@ def setup(
     MLflow run, start the run's supervisor on the Ray cluster at ``ray_address`` (empty: ``$RAY_ADDRESS``), and
     write a Markdown link to the MLflow run. Empty ``mlflow_uri``, ``s3_endpoint``, ``s3_bucket`` keep the env
     or the config; ``s3_bucket`` puts checkpoints under ``s3://<bucket>/<run name>``."""
-    from dockflow.flow.tasks import RunParams, mlflow_link
-    from dockflow.flow.tasks import setup as setup_run
+    from dockflow.flow.pipeline_tasks import RunParams, mlflow_link
+    from dockflow.flow.pipeline_tasks import setup as setup_run
 
     params = RunParams(run_name=run_name, job_id=job_id, iterations=iterations, max_staleness=max_staleness,
                        eval_every=eval_every, checkpoint_every=checkpoint_every, continue_from=continue_from,

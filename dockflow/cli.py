@@ -143,7 +143,7 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
     from pipelines import launch
 
     if args.action == "teardown":
-        from dockflow.flow.tasks import teardown
+        from dockflow.flow.pipeline_tasks import teardown
 
         teardown(args.namespace or f"dockflow-{args.run_name}", args.run_name, args.ray_address, succeeded=False)
         return 0

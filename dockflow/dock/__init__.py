@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     )
     from dockflow.dock.partition import balanced_partitions
     from dockflow.dock.request import DockRequest
-    from dockflow.dock.samplers import concat_batches, split_balanced, split_groups
 
 _EXPORTS = {
     "META_KEYS": "dockflow.dock.errors",
@@ -40,9 +39,6 @@ _EXPORTS = {
     "DockSpec": "dockflow.dock.api",
     "TransferDock": "dockflow.dock.api",
     "balanced_partitions": "dockflow.dock.partition",
-    "concat_batches": "dockflow.dock.samplers",
-    "split_balanced": "dockflow.dock.samplers",
-    "split_groups": "dockflow.dock.samplers",
 }
 
 
@@ -75,8 +71,5 @@ __all__ = [
     "DockUnavailable",
     "TransferDock",
     "balanced_partitions",
-    "concat_batches",
     "create_dock",
-    "split_balanced",
-    "split_groups",
 ]

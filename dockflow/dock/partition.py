@@ -1,7 +1,7 @@
 """Equal-count, near-equal-weight partitions of samples (sequence-length balancing across DP ranks).
 
 Pure Python: the dock's controllers import it (no torch there) to split a mini-batch among data-parallel
-ranks from metadata alone; ``samplers.split_balanced`` uses it on a batch already read.
+ranks from metadata alone.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from dockflow.config_engine import kv_cache_gb, sleep_level
+from dockflow.config.engine import kv_cache_gb, sleep_level
 from dockflow.engines.base import GenerationEngine, LossFn, SamplingParams, TrainingEngine
 from dockflow.engines.devices import empty_device_cache
 from dockflow.engines.hf_generation import decode_responses, left_pad_prompts, rollout_batch

@@ -16,8 +16,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from dockflow.config import Config
 from dockflow.data import Example, PromptFormat
+from dockflow.eval.greedy import greedy_accuracy
 from dockflow.eval.sampling import sampled_scores
-from dockflow.models.evaluation import greedy_accuracy
 from dockflow.rewards.verifier import task_verifier
 
 

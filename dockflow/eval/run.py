@@ -19,7 +19,7 @@ from dockflow.data.loaders import Columns, load_examples
 from dockflow.eval.policy import metric_key, score_examples
 from dockflow.models import load_model_and_tokenizer
 from dockflow.storage import run_store
-from dockflow.storage.objects import fetch_model, is_remote
+from dockflow.storage.objects import fetch_model, is_s3_uri
 from dockflow.tracking import Tracker
 
 
@@ -27,7 +27,7 @@ def _model_dir(cfg: Config, config_path: str, model: str | None) -> Path:
     given = model is not None
     if model is None:  # the run's final model, staged in its checkpoint store (a directory or s3://)
         model = f"{run_store(cfg).location()}/final_model"
-    if is_remote(model):  # s3://bucket/prefix: fetched (checked) into this node's cache
+    if is_s3_uri(model):  # s3://bucket/prefix: fetched (checked) into this node's cache
         return fetch_model(str(model), cfg.checkpoint)
     model_dir = Path(model)
     if not model_dir.is_dir():

@@ -1,6 +1,6 @@
 """pass@k and avg@k of a causal LM: k sampled responses per prompt, each scored by the task's verifier.
 
-Generation goes through the same path as greedy accuracy (``dockflow.models.evaluation``), so prompts are
+Generation goes through the same path as greedy accuracy (``dockflow.eval.greedy``), so prompts are
 templated, padded and stopped exactly as in RL rollouts.
 
     sampled_scores(model, tok, task.test[:100], k=8, temperature=1.0, top_p=1.0, max_new_tokens=8,
@@ -15,8 +15,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from dockflow.data import Example, PromptFormat
 from dockflow.engines import SamplingParams
+from dockflow.eval.greedy import generate_responses
 from dockflow.eval.metrics import sample_scores
-from dockflow.models.evaluation import generate_responses
 from dockflow.rewards.verifier import Verifier, verify_answer
 
 

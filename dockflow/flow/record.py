@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from dockflow.config import Config
-from dockflow.flow import stages
+from dockflow.flow import worker_calls
 from dockflow.flow.waiting import wait_stages
 from dockflow.workers import Workers
 
@@ -54,7 +54,7 @@ def record_eval(state: dict[str, Any], step: int, scores: dict[str, float]) -> N
 
 def record_iteration(cfg: Config, state: dict[str, Any], step: int, metrics: dict[str, float]) -> None:
     """Iteration ``step`` is done: history, samples trained (adds ``train/samples``). The position in the data is
-    the iteration itself: the prompt order is a function of it (``data/sampler.py``)."""
+    the iteration itself: the prompt order is a function of it (``data/prompt_order.py``)."""
     state["history"].append({k: metrics[k] for k in HISTORY_KEYS if k in metrics})
     state["iteration"] = step
     state["samples"] += cfg.train_batch
@@ -65,7 +65,7 @@ def stateful(workers: Workers) -> dict[str, Any]:
     """Workers whose state a checkpoint holds (each writes its own part; the actor ranks save and load together,
     rank 0 writes the "actor" part, every rank reads it)."""
     named = {"actor": workers.actor, "critic": workers.critic}
-    named.update({f"actor-{k}": a for k, a in enumerate(stages.actor_ranks(workers)) if k > 0})
+    named.update({f"actor-{k}": a for k, a in enumerate(worker_calls.actor_ranks(workers)) if k > 0})
     return {k: v for k, v in named.items() if v is not None}
 
 

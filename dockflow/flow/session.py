@@ -21,16 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from dockflow.config import Config
-from dockflow.data.sampler import iteration_sampler
+from dockflow.data.prompt_order import iteration_sampler
 from dockflow.flow import record
 from dockflow.flow.finish import finish
-from dockflow.flow.stage_tasks import ProgressFn, RunTasks
+from dockflow.flow.iteration import ProgressFn, RunTasks
 from dockflow.flow.streaming import Plan, StageLoops
 from dockflow.flow.waiting import StageError, wait_stages
 from dockflow.tracking import Tracker
 from dockflow.workers import Workers, create_workers, kill_workers
 from dockflow.workers.cluster import run_namespace
-from dockflow.workers.columns import create_run_dock
+from dockflow.workers.run_dock import create_run_dock
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ ready, so scoring and inference stream behind generation. When reshard(i) is don
 done, the iteration closes (``record``: metrics, MLflow, progress) and a due checkpoint is written; it holds
 the generations already done ahead (``dockflow.flow.inflight``), so a resumed run repeats and loses no sample.
 
-A stage's work is a coroutine (``stage_tasks``): it yields ``{name: ObjectRef}`` and receives the results, so
+A stage's work is a coroutine (``dockflow.flow.iteration``): it yields ``{name: ObjectRef}`` and receives the results, so
 DAPO's sampling rounds are one generate task. Every running task has a deadline (``train.stage_timeout_s``);
 a failure stops every loop and raises ``StageError`` naming the stage, the iteration and the cause.
 """

@@ -43,7 +43,7 @@ def supervisor_name(run_name: str) -> str:
 
 
 class RunSupervisor:
-    """Create with ``ray.remote(RunSupervisor)``, detached, threaded (see ``dockflow.flow.tasks.setup``)."""
+    """Create with ``ray.remote(RunSupervisor)``, detached, threaded (see ``dockflow.flow.pipeline_tasks.setup``)."""
 
     def __init__(self, config: dict[str, Any], model_uri: str, init_metrics: dict[str, float], mlflow_run_id: str,
                  run_dir: str) -> None:

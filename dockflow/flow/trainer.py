@@ -20,8 +20,8 @@ import yaml
 from dockflow.config import Config, ConfigError
 from dockflow.flow import record
 from dockflow.flow.initial_model import prepare_initial_model
+from dockflow.flow.iteration import ProgressFn
 from dockflow.flow.session import RunSession
-from dockflow.flow.stage_tasks import ProgressFn
 from dockflow.storage import run_store
 from dockflow.tracking import Tracker, run_tags
 from dockflow.workers.cluster import connect, disconnect, run_namespace, run_runtime_env

@@ -28,11 +28,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from dockflow.config import Config
 from dockflow.data import Example, PromptFormat, load_task
-from dockflow.models.evaluation import greedy_accuracy
+from dockflow.eval.greedy import greedy_accuracy
 from dockflow.models.factory import build_tiny_model, load_model_and_tokenizer, save_pretrained_dir
 from dockflow.models.tokenizer import build_task_tokenizer
 from dockflow.rewards.verifier import task_verifier
-from dockflow.storage.objects import fetch_model, file_fingerprint, is_remote, model_fingerprint
+from dockflow.storage.objects import fetch_model, file_fingerprint, is_s3_uri, model_fingerprint
 
 # Bump when the training procedure changes, so old cache entries are not reused.
 SFT_VERSION = 1
@@ -54,7 +54,7 @@ def sft_cache_key(cfg: Config) -> str:
     URI and manifest digest (or its objects' ETags), ``s3://`` data files by the sha256 in their metadata (or
     their ETag): nothing is downloaded here."""
     model = cfg.model.model_dump()
-    if cfg.model.path and is_remote(cfg.model.path):
+    if cfg.model.path and is_s3_uri(cfg.model.path):
         model["path"] = cfg.model.path.rstrip("/")
         model["content"] = model_fingerprint(cfg.model.path, cfg.checkpoint)
         model.pop("tiny")
@@ -81,7 +81,7 @@ def sft_cache_key(cfg: Config) -> str:
 def _initial_model(cfg: Config) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """``model.path`` (an ``s3://`` one fetched, checked, into the node's cache), else a fresh tiny model."""
     if cfg.model.path:
-        path = fetch_model(cfg.model.path, cfg.checkpoint) if is_remote(cfg.model.path) else cfg.model.path
+        path = fetch_model(cfg.model.path, cfg.checkpoint) if is_s3_uri(cfg.model.path) else cfg.model.path
         return load_model_and_tokenizer(path, dtype=cfg.model.dtype)
     tokenizer = build_task_tokenizer(cfg)
     return build_tiny_model(cfg.model.tiny, tokenizer, seed=cfg.run.seed, dtype=cfg.model.dtype), tokenizer

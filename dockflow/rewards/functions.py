@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dockflow.config_reward import RewardConfig, RewardFunctionConfig
+    from dockflow.config.reward import RewardConfig, RewardFunctionConfig
 
 
 class RewardError(RuntimeError):

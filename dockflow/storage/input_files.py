@@ -18,7 +18,7 @@ from dockflow.config import CheckpointConfig
 from dockflow.storage.cache import cache_root, cached_entry, entry_name
 from dockflow.storage.dir_manifest import is_model_file
 from dockflow.storage.manifest import CheckpointError, sha256_file
-from dockflow.storage.remote import is_remote, open_bucket, text_digest
+from dockflow.storage.remote import is_s3_uri, open_bucket, text_digest
 from dockflow.storage.s3_bucket import SHA256_HEADER, S3Bucket
 from dockflow.storage.s3_client import parse_s3_url
 
@@ -73,7 +73,7 @@ def _download_file(remote: _RemoteFile, path: Path) -> None:
 def fetch_file(uri: str | Path, ckpt: CheckpointConfig, cache_dir: str | Path | None = None) -> Path:
     """A local path of the file at ``uri``: a local path as is (not checked), an ``s3://bucket/key`` downloaded
     (checked) into the node's cache under its own name, or its cached copy."""
-    if not is_remote(uri):
+    if not is_s3_uri(uri):
         return Path(uri)
     remote = _open_file(str(uri), ckpt)
     filename = remote.key.rsplit("/", 1)[-1]
@@ -95,7 +95,7 @@ def file_fingerprint(uri: str | Path | None, ckpt: CheckpointConfig) -> str | No
     ETag and size; for a local file, its sha256 (None when there is no such file)."""
     if not uri:
         return None
-    if is_remote(uri):
+    if is_s3_uri(uri):
         return _open_file(str(uri), ckpt).fingerprint
     p = Path(uri)
     return sha256_file(p)[1] if p.is_file() else None

@@ -46,7 +46,7 @@ from dockflow.storage.dir_manifest import (
 )
 from dockflow.storage.input_files import fetch_file, file_fingerprint
 from dockflow.storage.manifest import CheckpointError
-from dockflow.storage.remote import is_remote, open_bucket, text_digest
+from dockflow.storage.remote import is_s3_uri, open_bucket, text_digest
 from dockflow.storage.s3_bucket import SHA256_HEADER, Downloaded, S3Bucket
 from dockflow.storage.s3_client import parse_s3_url
 
@@ -173,7 +173,7 @@ def _local_model(p: Path) -> Path:
 def fetch_model(uri: str | Path, ckpt: CheckpointConfig, cache_dir: str | Path | None = None) -> Path:
     """A local directory holding the model at ``uri``: a local path as is (sizes checked against its manifest,
     if any), an ``s3://bucket/prefix`` downloaded (checked) into the node's cache, or its cached copy."""
-    if not is_remote(uri):
+    if not is_s3_uri(uri):
         return _local_model(Path(uri))
     remote = _open_model(str(uri), ckpt)
 
@@ -200,7 +200,7 @@ def fetch_model(uri: str | Path, ckpt: CheckpointConfig, cache_dir: str | Path |
 def model_fingerprint(uri: str | Path, ckpt: CheckpointConfig) -> str:
     """What identifies the model's bytes without downloading them: for ``s3://``, its manifest's digest (or a
     digest of its objects' names, sizes and ETags); for a local path, the resolved path."""
-    if not is_remote(uri):
+    if not is_s3_uri(uri):
         return str(Path(uri).resolve())
     return _open_model(str(uri), ckpt).fingerprint
 
@@ -208,7 +208,7 @@ def model_fingerprint(uri: str | Path, ckpt: CheckpointConfig) -> str:
 def staged_model_exists(dest: str | Path, ckpt: CheckpointConfig) -> bool:
     """Whether ``dest`` (a local directory or ``s3://bucket/prefix``) holds a staged model: its manifest exists
     (and parses). Nothing is downloaded but the manifest."""
-    if not is_remote(dest):
+    if not is_s3_uri(dest):
         return read_dir_manifest(Path(dest)) is not None
     bucket, prefix = parse_s3_url(str(dest), "model destination")
     url = f"s3://{bucket}/{prefix}".rstrip("/")
@@ -287,7 +287,7 @@ def stage_model(local_dir: str | Path, dest: str | Path, ckpt: CheckpointConfig)
     manifest = scan_dir(src)
     if not manifest.files:
         raise CheckpointError(f"cannot stage model '{src}': it holds no files")
-    out = _stage_s3(src, manifest, str(dest), ckpt) if is_remote(dest) else _stage_local(src, manifest, Path(dest))
+    out = _stage_s3(src, manifest, str(dest), ckpt) if is_s3_uri(dest) else _stage_local(src, manifest, Path(dest))
     log.info("staged %s at %s (%d files) in %.1f s", src, out, len(manifest.files), time.monotonic() - t0)
     return out
 
@@ -297,7 +297,7 @@ __all__ = [
     "fetch_file",
     "fetch_model",
     "file_fingerprint",
-    "is_remote",
+    "is_s3_uri",
     "model_fingerprint",
     "stage_model",
     "staged_model_exists",

@@ -13,7 +13,7 @@ READ_PERMISSIONS = "s3:ListBucket and s3:GetObject"
 WRITE_PERMISSIONS = "s3:ListBucket, s3:GetObject and s3:PutObject"
 
 
-def is_remote(uri: str | Path | None) -> bool:
+def is_s3_uri(uri: str | Path | None) -> bool:
     """Whether ``uri`` names an object store location (``s3://``) rather than a local path."""
     return isinstance(uri, str) and uri.startswith("s3://")
 

@@ -71,7 +71,7 @@ def default_artifact_location(uri: str) -> str | None:
     return (db.parent / "mlartifacts").absolute().as_uri()
 
 
-def is_remote(uri: str) -> bool:
+def is_tracking_server(uri: str) -> bool:
     return uri.startswith(("http://", "https://"))
 
 
@@ -91,7 +91,7 @@ def explain(uri: str, exc: BaseException) -> TrackingError:
             f"MLflow at {uri} rejected the request ({exc.error_code}: {reason}): fix the value it names "
             "(MLflow limits key names, lengths and batch sizes)"
         )
-    if is_remote(uri):
+    if is_tracking_server(uri):
         timeout = os.environ.get("MLFLOW_HTTP_REQUEST_TIMEOUT", "?")
         retries = os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "?")
         return TrackingError(

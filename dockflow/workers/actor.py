@@ -21,7 +21,7 @@ from tensordict import TensorDict
 from dockflow.algos import sequence_log_probs
 from dockflow.algos.recipes.dpo import MARGIN
 from dockflow.config import Config
-from dockflow.config_engine import sync_tolerance
+from dockflow.config.engine import sync_tolerance
 from dockflow.data import PromptFormat, load_task
 from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import create_engines
@@ -30,11 +30,11 @@ from dockflow.engines.sync_check import SYNC_CHECK, LogProbDrift, SyncChecker
 from dockflow.eval import evaluate_policy
 from dockflow.models import load_model_and_tokenizer
 from dockflow.storage.objects import fetch_model
-from dockflow.workers.columns import consumers
 from dockflow.workers.consume import WaitClock, consume
 from dockflow.workers.dp_group import join_dp_group
 from dockflow.workers.rollout import generate_into_dock
 from dockflow.workers.rollout_queue import staleness_bound
+from dockflow.workers.run_dock import consumers
 from dockflow.workers.runtime import ModelWorker
 from dockflow.workers.staleness import StalenessCounter
 from dockflow.workers.training import length_sorted, train_epochs

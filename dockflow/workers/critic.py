@@ -17,8 +17,8 @@ from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import create_critic_engine
 from dockflow.models import load_critic
 from dockflow.storage.objects import fetch_model
-from dockflow.workers.columns import consumers
 from dockflow.workers.consume import consume
+from dockflow.workers.run_dock import consumers
 from dockflow.workers.runtime import ModelWorker
 from dockflow.workers.training import length_sorted, train_epochs
 

@@ -18,10 +18,10 @@ from dockflow.engines import create_generation_engine
 from dockflow.engines.sync_check import SYNC_CHECK
 from dockflow.models import load_model_and_tokenizer
 from dockflow.storage.objects import fetch_model
-from dockflow.workers.columns import SNAPSHOT_CONSUMER
 from dockflow.workers.partial_rollout import PromptTable, generate_partial_into_dock
 from dockflow.workers.rollout import generate_into_dock, queue_call
 from dockflow.workers.rollout_queue import RolloutQueue, rollout_queue
+from dockflow.workers.run_dock import SNAPSHOT_CONSUMER
 from dockflow.workers.runtime import init_worker_process
 
 

@@ -20,8 +20,8 @@ from dockflow.dock import TransferDock
 from dockflow.engines import encode_rollouts
 from dockflow.models import load_tokenizer
 from dockflow.storage.objects import fetch_model
-from dockflow.workers.columns import ROLLOUT_COLUMNS
 from dockflow.workers.rollout import rollout_metrics
+from dockflow.workers.run_dock import ROLLOUT_COLUMNS
 
 
 class PairSource:

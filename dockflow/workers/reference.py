@@ -11,8 +11,8 @@ from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import batched_log_probs, check_worker_device
 from dockflow.models import load_model_and_tokenizer
 from dockflow.storage.objects import fetch_model
-from dockflow.workers.columns import consumers
 from dockflow.workers.consume import consume
+from dockflow.workers.run_dock import consumers
 from dockflow.workers.runtime import init_worker_process
 
 

@@ -27,8 +27,8 @@ from dockflow.rewards.functions import combine, function_path
 from dockflow.rewards.runner import RewardBatch, RewardRunner, RunState
 from dockflow.rewards.verifier import task_verifier
 from dockflow.storage.objects import fetch_model
-from dockflow.workers.columns import consumers
 from dockflow.workers.consume import consume
+from dockflow.workers.run_dock import consumers
 
 
 def filtration_seed(run_seed: int, iteration: int) -> int:

@@ -1,7 +1,7 @@
 """The reward-model worker: scores each rollout with every ``reward.models`` entry, into ``rm_scores``.
 
 Consumer state ``reward_model``: reads the rollout columns, decodes the response with the policy's tokenizer,
-scores the pairs with each reward model (``dockflow.rewards.reward_model``) and writes ``rm_scores`` ``[B, M]``
+scores the pairs with each reward model (``dockflow.rewards.sequence_classifier``) and writes ``rm_scores`` ``[B, M]``
 (raw scores, M in the config's order). A reward model with a chat template reads the task's own prompt (looked
 up by the dock's ``prompt_id``) in its template, after ``data.system_prompt``: never the policy's chat markup
 wrapped again. One without reads the prompt as the policy saw it (decoded), then the response. The reward
@@ -23,10 +23,10 @@ from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import decode_responses
 from dockflow.engines.devices import check_worker_device
 from dockflow.models import load_tokenizer
-from dockflow.rewards.reward_model import RewardModel
+from dockflow.rewards.sequence_classifier import RewardModel
 from dockflow.storage.objects import fetch_model
-from dockflow.workers.columns import REWARD_MODEL_CONSUMER, consumers
 from dockflow.workers.consume import consume
+from dockflow.workers.run_dock import REWARD_MODEL_CONSUMER, consumers
 from dockflow.workers.runtime import init_worker_process
 
 

@@ -265,7 +265,7 @@ def rollout_queue(cfg: Config) -> RolloutQueue:
 
 def queue_args(cfg: Config) -> tuple[Any, ...]:
     """:class:`RolloutQueue`'s arguments for this config (the prompt sampler as look-ahead with partial rollout)."""
-    from dockflow.data.sampler import iteration_sampler
+    from dockflow.data.prompt_order import iteration_sampler
 
     ro, partial = cfg.rollout, cfg.rollout.partial
     if partial.token_budget is None:

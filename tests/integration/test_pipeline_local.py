@@ -183,7 +183,7 @@ def test_a_run_no_task_attaches_to_stops_itself(cluster, mlflow_server, tiny_ove
     """KFP terminated the run before any stage task attached (its exit handler did not run either): no iteration
     runs unobserved, and after ``fault_tolerance.attach_grace_s`` the MLflow run is KILLED and the run's actors
     are gone."""
-    from dockflow.flow.tasks import RunParams, setup
+    from dockflow.flow.pipeline_tasks import RunParams, setup
 
     overrides = tiny_overrides("orphan", 200, tracking__uri=mlflow_server, dock__backend="centralized",
                                fault_tolerance__attach_grace_s=3)

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from dockflow.flow.trainer import train
-from dockflow.models.reward_model import build_tiny_reward_model
+from dockflow.models.tiny_reward_model import build_tiny_reward_model
 from dockflow.tracking import read_metric_history, resolve_tracking_uri
 
 pytestmark = pytest.mark.slow

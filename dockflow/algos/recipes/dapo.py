@@ -4,7 +4,7 @@ One iteration: like GRPO (``recipes/grpo.py``), except that
 
 - generate runs in rounds (``rounds``): each round generates and scores G prompts, and the reward worker gives
   advantages only to informative groups (rewards not all equal) until the iteration has G of them; the last
-  round fills the batch with any groups (``workers/reward.py``, ``stage_tasks.py: _sampling_rounds``);
+  round fills the batch with any groups (``workers/reward.py``, ``iteration.py: _sampling_rounds``);
 - a response that reaches ``max_new_tokens`` loses up to ``overlong_penalty`` reward over the last
   ``overlong_buffer`` tokens (``shape_rewards``, ``algos/dapo.py: overlong_penalty``);
 - the ratio clip is ``[1 - clip_eps, 1 + clip_eps_high]`` (clip-higher, ``clip_eps_high``).
@@ -18,7 +18,7 @@ from pydantic import Field
 
 from dockflow.algos.recipe import Algorithm, GroupNormSection
 from dockflow.algos.recipes.grpo import group_normalised
-from dockflow.config_base import Section
+from dockflow.config.base import Section
 
 if TYPE_CHECKING:
     import torch

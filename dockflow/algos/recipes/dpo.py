@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field
 
 from dockflow.algos.recipe import ROLLOUT, Algorithm, AlgorithmSection
-from dockflow.config_base import Section
+from dockflow.config.base import Section
 
 if TYPE_CHECKING:
     import torch

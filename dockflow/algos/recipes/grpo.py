@@ -1,6 +1,6 @@
 """GRPO (Shao et al., 2024, DeepSeekMath): group-relative advantages, no critic.
 
-One iteration, stage by stage (``dockflow/flow/stage_tasks.py``):
+One iteration, stage by stage (``dockflow/flow/iteration.py``):
 
 1. generate: N responses for each of G prompts into the iteration's dock window (``workers/rollout.py``).
 2. infer: the reward worker scores every response with the task's verifier (``workers/reward.py``) and

@@ -20,7 +20,7 @@ from pydantic import Field
 
 from dockflow.algos.recipe import Algorithm, GroupNormSection
 from dockflow.algos.recipes.grpo import group_normalised
-from dockflow.config_base import Section
+from dockflow.config.base import Section
 
 if TYPE_CHECKING:
     import torch

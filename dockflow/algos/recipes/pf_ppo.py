@@ -13,7 +13,7 @@ from pydantic import Field
 
 from dockflow.algos.recipe import Algorithm, PolicyGradientSection
 from dockflow.algos.recipes.ppo import PPOConfig, gae
-from dockflow.config_base import Section
+from dockflow.config.base import Section
 
 if TYPE_CHECKING:
     import torch

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field
 
 from dockflow.algos.recipe import Algorithm, PolicyGradientSection
-from dockflow.config_base import Section
+from dockflow.config.base import Section
 
 if TYPE_CHECKING:
     import torch

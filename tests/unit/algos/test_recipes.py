@@ -7,7 +7,7 @@ from tensordict import TensorDict
 
 from dockflow.algos.recipes import RECIPES, recipe_of
 from dockflow.config import ConfigError, load_config
-from dockflow.workers.columns import consumers
+from dockflow.workers.run_dock import consumers
 
 MASK = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]])
 REWARDS = torch.tensor([1.0, 0.0, 1.0, 1.0])

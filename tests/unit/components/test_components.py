@@ -1,5 +1,5 @@
 """Each component: a typed lightweight component on the DockFlow image, with a docstring, that installs nothing
-at run time and calls the ``dockflow.flow.tasks`` function of its step (the kfp.local runs are in
+at run time and calls the ``dockflow.flow.pipeline_tasks`` function of its step (the kfp.local runs are in
 ``tests/integration/test_pipeline_local.py``)."""
 
 import inspect
@@ -33,7 +33,7 @@ def test_stage_component_attaches_to_its_loop(name):
         "metrics": "system.Metrics@0.0.1", "mlflow_run_id": "String", "checkpoint_uri": "String"
     }
     source = inspect.getsource(comp.python_func)
-    assert f'follow_stage("{name}"' in source and "from dockflow.flow.tasks import" in source
+    assert f'follow_stage("{name}"' in source and "from dockflow.flow.pipeline_tasks import" in source
 
 
 def test_setup_finish_and_teardown_interfaces():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dockflow.config import ConfigError, load_config
-from dockflow.config_engine import sleep_level
+from dockflow.config.engine import sleep_level
 from dockflow.engines import DeviceError, create_engines
 from dockflow.engines.devices import (
     accelerator_module,
@@ -51,7 +51,7 @@ def test_devices_needed_counts_every_model_worker():
 
 
 def test_reward_model_worker_takes_accelerators_of_the_runs_kind(tmp_path):
-    from dockflow.models.reward_model import build_tiny_reward_model
+    from dockflow.models.tiny_reward_model import build_tiny_reward_model
 
     rm = tmp_path / "rm"
     build_tiny_reward_model(rm)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dockflow.config import Config
-from dockflow.config_engine import sync_tolerance
+from dockflow.config.engine import sync_tolerance
 from dockflow.engines import HFGenerationEngine
 from dockflow.engines.sync_check import (
     LogProbDrift,

@@ -3,7 +3,7 @@ import pytest
 from dockflow.config import ConfigError, load_config
 from dockflow.flow.idle import IdleTracker
 from dockflow.flow.metrics import pop_generated
-from dockflow.flow.stages import shares
+from dockflow.flow.worker_calls import shares
 
 
 def test_shares_split_prompts_contiguously_and_nearly_evenly():

@@ -1,6 +1,6 @@
 """Property: whatever the relative speeds of generators and trainer, every sample the update trains on is at
 most ``train.max_staleness`` policy versions old, and exactly that once the pipeline is full. The real stage
-loops (``streaming.StageLoops`` running ``stage_tasks.RunTasks``) drive fake actors with Ray's ordering rules
+loops (``streaming.StageLoops`` running ``iteration.RunTasks``) drive fake actors with Ray's ordering rules
 (``fake_ray``); the fake update checks ages with the real ``StalenessCounter``."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from fake_ray import FakeActor, World
 from tensordict import TensorDict
 
 from dockflow.config import Config, load_config
-from dockflow.data.sampler import PromptSampler
+from dockflow.data.prompt_order import PromptSampler
 from dockflow.flow import record
-from dockflow.flow.stage_tasks import RunTasks
+from dockflow.flow.iteration import RunTasks
 from dockflow.flow.streaming import Plan, StageLoops
 from dockflow.workers.rollout_queue import RolloutQueue
 from dockflow.workers.staleness import StalenessCounter

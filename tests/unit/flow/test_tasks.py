@@ -3,7 +3,7 @@ parameters make, the KFP outputs, and the lines a stage task prints."""
 
 import pytest
 
-from dockflow.flow.tasks import (
+from dockflow.flow.pipeline_tasks import (
     PipelineError,
     RunParams,
     kfp_metrics,

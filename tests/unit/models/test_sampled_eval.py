@@ -9,8 +9,8 @@ from dockflow.config import load_config
 from dockflow.data import Example, PromptFormat, apply_template
 from dockflow.engines import SamplingParams
 from dockflow.eval import evaluate_policy, sample_scores, sampled_scores
+from dockflow.eval.greedy import generate_responses
 from dockflow.models import build_tiny_model
-from dockflow.models.evaluation import generate_responses
 from dockflow.rewards import verify
 
 TEMPLATE = "{prompt}\nAnswer: "

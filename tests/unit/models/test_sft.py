@@ -10,8 +10,8 @@ import torch
 
 from dockflow.config import Config, load_config
 from dockflow.data import Example, PromptFormat, apply_template
+from dockflow.eval.greedy import greedy_accuracy, greedy_responses
 from dockflow.models import build_tiny_model, load_model_and_tokenizer
-from dockflow.models.evaluation import greedy_accuracy, greedy_responses
 from dockflow.models.sft import encode_sft_batch, sft_cache_key, sft_warm_start, train_sft
 
 SMALL = [

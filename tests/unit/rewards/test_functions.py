@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dockflow.config import ConfigError, load_config
-from dockflow.config_reward import RewardConfig, RewardFunctionConfig
+from dockflow.config.reward import RewardConfig, RewardFunctionConfig
 from dockflow.rewards.builtins import math_verify
 from dockflow.rewards.functions import RewardError, checked_output, combine, function_path, shipped_modules
 

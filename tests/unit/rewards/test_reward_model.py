@@ -8,8 +8,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassifi
 
 from dockflow.config import load_config
 from dockflow.models import build_char_tokenizer, load_tokenizer, save_pretrained_dir
-from dockflow.models.reward_model import build_tiny_reward_model, main
-from dockflow.rewards.reward_model import RewardModel, RewardModelError
+from dockflow.models.tiny_reward_model import build_tiny_reward_model, main
+from dockflow.rewards.sequence_classifier import RewardModel, RewardModelError
 from dockflow.storage.objects import stage_model
 
 PROMPTS = ["What is 2 + 3?\nAnswer: ", "What is 7 + 1?\nAnswer: ", "Hi", "What is 12 + 30, please?\nAnswer: "]

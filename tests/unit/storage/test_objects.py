@@ -20,7 +20,7 @@ from dockflow.storage import (
     fetch_file,
     fetch_model,
     file_fingerprint,
-    is_remote,
+    is_s3_uri,
     model_fingerprint,
     stage_model,
     staged_model_exists,
@@ -81,7 +81,7 @@ def test_stage_then_fetch_a_tiny_model(s3_checkpoint_dir: str, tmp_path: Path) -
     (src / "extra" / "deep").mkdir(parents=True)
     (src / "extra" / "deep" / "notes.txt").write_text("nested\n")
     dest = f"{s3_checkpoint_dir}/initial_model/"
-    assert is_remote(dest) and not is_remote(str(src)) and not staged_model_exists(dest, CKPT)
+    assert is_s3_uri(dest) and not is_s3_uri(str(src)) and not staged_model_exists(dest, CKPT)
     uri = stage_model(src, dest, CKPT)
     assert uri == f"{s3_checkpoint_dir}/initial_model" and staged_model_exists(uri, CKPT)
     local = fetch_model(uri, CKPT, cache_dir=tmp_path / "cache")

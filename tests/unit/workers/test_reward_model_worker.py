@@ -9,10 +9,10 @@ from dockflow.dock import DockBatch, DockRequest
 from dockflow.engines.hf_generation import encode_rollouts
 from dockflow.flow.record import devices
 from dockflow.models import build_char_tokenizer
-from dockflow.models.reward_model import build_tiny_reward_model
-from dockflow.rewards.reward_model import RewardModel
-from dockflow.workers.columns import COLUMNS, consumers
+from dockflow.models.tiny_reward_model import build_tiny_reward_model
+from dockflow.rewards.sequence_classifier import RewardModel
 from dockflow.workers.reward_model import RewardModelWorker
+from dockflow.workers.run_dock import COLUMNS, consumers
 from dockflow.workers.runtime import rng_state, set_rng_state
 
 PROMPTS = ["What is 2 + 3?\nAnswer: ", "What is 2 + 3?\nAnswer: ", "What is 14 + 1?\nAnswer: ", "What is 14 + 1?\nAnswer: "]

@@ -6,8 +6,8 @@ import torch
 from tensordict import TensorDict
 
 from dockflow.config import ConfigError, load_config
-from dockflow.workers.columns import consumers
 from dockflow.workers.rollout import dock_columns
+from dockflow.workers.run_dock import consumers
 
 
 def _rollout() -> TensorDict:

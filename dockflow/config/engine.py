@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from dockflow.config_base import Section
+from dockflow.config.base import Section
 
 
 class CostModelConfig(Section):

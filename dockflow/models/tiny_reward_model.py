@@ -3,11 +3,11 @@
 For tests, docs and trying ``reward.models`` without downloading anything; its scores are those of a randomly
 initialised head, so it exercises the machinery, not a preference::
 
-    from dockflow.models.reward_model import build_tiny_reward_model
+    from dockflow.models.tiny_reward_model import build_tiny_reward_model
     build_tiny_reward_model("models/tiny-rm")                    # character tokenizer
     build_tiny_reward_model("models/tiny-rm", "runs/x/model")    # the tokenizer of a model directory
 
-or from a shell: ``python -m dockflow.models.reward_model models/tiny-rm``.
+or from a shell: ``python -m dockflow.models.tiny_reward_model models/tiny-rm``.
 """
 
 from __future__ import annotations

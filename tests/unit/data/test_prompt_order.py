@@ -1,6 +1,6 @@
 """The prompt sampler is a pure function of the iteration: epochs are permutations, resume is exact."""
 
-from dockflow.data.sampler import PromptSampler
+from dockflow.data.prompt_order import PromptSampler
 
 
 def test_each_epoch_visits_every_prompt_once():
@@ -23,7 +23,7 @@ def test_batch_larger_than_dataset_wraps_epochs():
 
 def test_recurring_runs_draw_prompts_in_their_own_order_and_a_resumed_run_in_the_same():
     from dockflow.config import load_config
-    from dockflow.data.sampler import shuffle_seed
+    from dockflow.data.prompt_order import shuffle_seed
 
     base = load_config("configs/grpo_arith.yaml")
     assert shuffle_seed(base) == base.run.seed

@@ -23,7 +23,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification
 from dockflow.config import CheckpointConfig
 from dockflow.models.factory import _dtype, load_tokenizer, missing_model_files
 from dockflow.storage.objects import fetch_model
-from dockflow.storage.remote import is_remote
+from dockflow.storage.remote import is_s3_uri
 
 MAX_LENGTH = 4096  # when neither the tokenizer nor the config bounds the length
 
@@ -68,7 +68,7 @@ class RewardModel:
         self.max_length = min(bounds, default=MAX_LENGTH)
 
     def _local_dir(self, storage_cfg: CheckpointConfig) -> Path:
-        if not is_remote(self.path) and not Path(self.path).is_dir():
+        if not is_s3_uri(self.path) and not Path(self.path).is_dir():
             raise RewardModelError(
                 f"reward model '{self.path}' does not exist: set reward.models[].path to a local Hugging Face "
                 "model directory or an s3://bucket/prefix URI"

@@ -1,6 +1,6 @@
 """Typed run configuration: pydantic models, YAML loading and dotted command-line overrides.
 
-A config is one YAML file (see ``configs/``) whose keys mirror ``Config``'s sections (``config_sections.py``;
+A config is one YAML file (see ``configs/``) whose keys mirror ``Config``'s sections (``dockflow.config.sections``;
 the ``algorithm:`` section is the chosen algorithm's own, from its recipe in ``dockflow.algos.recipes``). Every
 key that a run needs is written in the example YAML; the defaults only fill keys that a user may leave out.
 Unknown or mistyped keys are errors that name the key and the nearest valid one; the checks across sections
@@ -23,10 +23,10 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from dockflow.algos.recipes import AlgorithmConfig
 from dockflow.algos.recipes.grpo import GRPOSection
-from dockflow.config_base import Section
-from dockflow.config_engine import CostModelConfig, EngineConfig, VLLMConfig
-from dockflow.config_reward import RewardConfig, RewardFunctionConfig, RewardModelConfig
-from dockflow.config_sections import (
+from dockflow.config.base import Section
+from dockflow.config.engine import CostModelConfig, EngineConfig, VLLMConfig
+from dockflow.config.reward import RewardConfig, RewardFunctionConfig, RewardModelConfig
+from dockflow.config.sections import (
     ArithmeticConfig,
     CheckpointConfig,
     DataConfig,

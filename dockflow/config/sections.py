@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from dockflow.config_base import Section
+from dockflow.config.base import Section
 
 
 class RunConfig(Section):

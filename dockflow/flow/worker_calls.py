@@ -1,7 +1,7 @@
 """The RL stages: generate, score, infer, update, reshard, evaluate.
 
 Each stage function launches its work on the run's workers and returns ``{name: ObjectRef}``; it never
-touches sample data, only iteration numbers and prompt indices. The stage loops (``dockflow.flow.stage_tasks``)
+touches sample data, only iteration numbers and prompt indices. The stage loops (``dockflow.flow.iteration``)
 call these, in ``dockflow train`` and in a pipeline run alike; which driver runs them is invisible here. A stage
 asks only the workers the algorithm has (``Workers`` fields are None otherwise).
 """

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 from dockflow.config import Config
-from dockflow.data.sampler import PromptSampler
+from dockflow.data.prompt_order import PromptSampler
 from dockflow.dock import TransferDock
-from dockflow.flow import record, stages
+from dockflow.flow import record, worker_calls
 from dockflow.flow.idle import IdleTracker
 from dockflow.flow.metrics import iteration_throughput, merge_results, pop_generated, rollout_summary
 from dockflow.flow.streaming import AWAIT_ONLY, StageTask
@@ -53,7 +53,7 @@ class RunTasks:
         if cfg.rounds > 1:
             metrics, rounds = yield from self._sampling_rounds(i, prompt_ids)
         else:
-            results = yield stages.generate(self.workers, i, prompt_ids, offline=self.offline,
+            results = yield worker_calls.generate(self.workers, i, prompt_ids, offline=self.offline,
                                             group_size=cfg.rollout.group_size, weights=self._weights_for(i))
             rounds = [pop_generated(results)]
             metrics = merge_results(results)
@@ -68,9 +68,9 @@ class RunTasks:
         rounds: list[dict[str, float]] = []
         scored: dict[str, float] = {}
         for r in range(cfg.rounds):
-            refs = stages.generate(self.workers, i, prompt_ids[r * g: (r + 1) * g], first_index=r * cfg.global_batch,
+            refs = worker_calls.generate(self.workers, i, prompt_ids[r * g: (r + 1) * g], first_index=r * cfg.global_batch,
                                    group_size=cfg.rollout.group_size)
-            refs.update(stages.score(self.workers, i, r, r == cfg.rounds - 1))
+            refs.update(worker_calls.score(self.workers, i, r, r == cfg.rounds - 1))
             results = yield refs
             rounds.append(pop_generated(results))
             scored = merge_results(results)
@@ -87,19 +87,19 @@ class RunTasks:
 
     def _infer(self, i: int) -> StageTask:
         """Rewards and advantages (scored per round inside generate under DAPO), then the model inferences."""
-        refs = {} if self.cfg.rounds > 1 else stages.score(self.workers, i)
-        refs.update(stages.infer(self.workers, i, offline=self.offline))
+        refs = {} if self.cfg.rounds > 1 else worker_calls.score(self.workers, i)
+        refs.update(worker_calls.infer(self.workers, i, offline=self.offline))
         return merge_results((yield refs))
 
     def _update(self, i: int) -> StageTask:
-        return merge_results((yield stages.update(self.workers, i)))
+        return merge_results((yield worker_calls.update(self.workers, i)))
 
     def _reshard(self, i: int) -> StageTask:
         """Colocated: the actor's generation state takes the new weights. Disaggregated: the actor publishes them
         once to the object store, as policy version ``i + 1``; each generation takes the version it is due."""
         if not self.workers.generators:
-            return merge_results((yield stages.reshard(self.workers, i)))
-        meta, weights = stages.publish(self.workers)
+            return merge_results((yield worker_calls.reshard(self.workers, i)))
+        meta, weights = worker_calls.publish(self.workers)
         results = yield {"reshard": meta, f"{AWAIT_ONLY}weights": weights}
         version = int(results["reshard"].pop("policy_version"))
         self.published[version] = weights
@@ -109,7 +109,7 @@ class RunTasks:
 
     def _evaluate(self, step: int) -> StageTask:
         """Held-out scores of the policy after ``step`` iterations (0: before RL)."""
-        results = yield stages.evaluate(self.workers, self.cfg.eval.num_prompts)
+        results = yield worker_calls.evaluate(self.workers, self.cfg.eval.num_prompts)
         scores = {k: v for k, v in results["evaluate"].items() if k.startswith("eval/")}
         record.record_eval(self.state, step, scores)
         if step == self.start:

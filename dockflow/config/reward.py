@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from dockflow.config_base import Section
+from dockflow.config.base import Section
 
 
 class RewardFunctionConfig(Section):
