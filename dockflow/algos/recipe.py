@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field
 
+from dockflow.algos.plan import SNAPSHOT_CONSUMER, Role, RunPlan, Sampling, role
 from dockflow.config.base import Section
 
 if TYPE_CHECKING:
@@ -117,6 +118,59 @@ class Algorithm:
             update.append("rollout_log_prob")
         out["actor_update"] = update
         return out
+
+    # ---- the run plan ----
+
+    def critic_section(self, cfg: Config) -> Section | None:
+        """The critic's settings (value clip, learning rate, ...) when this algorithm has a critic worker."""
+        return None
+
+    def pairs_section(self, cfg: Config) -> Section | None:
+        """The preference pairs' settings (file, held-out count) when this algorithm trains offline on pairs."""
+        return None
+
+    def sampling(self, cfg: Config) -> Sampling:
+        """How an iteration's samples are drawn (one round of G prompts unless the algorithm selects groups)."""
+        return Sampling(rounds=1, quota=cfg.rollout.prompts_per_iter)
+
+    def plan(self, cfg: Config) -> RunPlan:
+        """The run plan of ``cfg``: its roles with counts, resources, dock columns and sections; its sampling."""
+        states = self.consumers(cfg)
+        generated = [*ROLLOUT, "response_mask", "rollout_log_prob"]
+        if cfg.train.old_log_prob == "rollout":
+            generated.append("old_log_prob")
+
+        def owned(*names: str) -> dict[str, tuple[str, ...]]:
+            return {n: tuple(states[n]) for n in names if n in states}
+
+        rl, ray, placement = not self.offline, cfg.ray, cfg.placement
+        generators = placement.generators if placement.mode == "disaggregated" else 0
+        roles = [
+            role(cfg, "actor", cfg.train.dp, ray.actor_cpus, reads=owned("actor_infer", "actor_update"),
+                 writes=("old_log_prob", *(generated if rl and not generators else ()))),
+            role(cfg, "generator", generators, placement.generator_cpus, writes=tuple(generated)),
+            role(cfg, "rollout_queue", 1 if generators > 1 else 0, 0.0),
+            role(cfg, "reference", int(self.uses_reference(cfg)), ray.reference_cpus, reads=owned("ref_infer"),
+                 writes=("ref_log_prob",)),
+            role(cfg, "critic", int(self.critic), ray.critic_cpus, reads=owned("critic_infer", "critic_update"),
+                 writes=("values",), section=self.critic_section(cfg)),
+            role(cfg, "reward", int(rl), 0.0, reads=owned("reward", "advantage"),
+                 writes=("rewards", "advantages", *(("returns",) if self.critic else ()))),
+            role(cfg, "reward_model", int(rl and bool(cfg.reward.models)), cfg.reward.model_cpus,
+                 reads={"reward_model": tuple(ROLLOUT + ["response_mask"])}, writes=("rm_scores",)),
+            role(cfg, "pairs", int(self.offline), 0.0, writes=(*ROLLOUT, "response_mask"),
+                 section=self.pairs_section(cfg)),
+        ]
+        planned = {r.name: r for r in roles if r.count > 0}
+        if "reward_model" in planned:  # the reward state waits for the reward models' scores
+            reward = planned["reward"]
+            reads = {**reward.reads, "reward": (*reward.reads["reward"], "rm_scores")}
+            planned["reward"] = Role(reward.name, reward.count, reward.cpus, reward.devices, reads, reward.writes)
+        extra = {}
+        if generators and cfg.train.max_staleness > 0:
+            extra[SNAPSHOT_CONSUMER] = tuple(generated)
+        return RunPlan(roles=planned, sampling=self.sampling(cfg), global_batch=cfg.global_batch,
+                       train_batch=self.train_batch(cfg), extra_consumers=extra)
 
     # ---- the math ----
 

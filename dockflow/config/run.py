@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
+from dockflow.algos.plan import RunPlan
 from dockflow.algos.recipes import AlgorithmConfig
 from dockflow.algos.recipes.grpo import GRPOSection
 from dockflow.config.base import Section
@@ -191,6 +192,11 @@ class Config(Section):
     def train_batch(self) -> int:
         """Samples the policy update consumes per iteration (the algorithm's: PF-PPO keeps only the filtered ones)."""
         return self.algorithm.recipe.train_batch(self)
+
+    @property
+    def plan(self) -> RunPlan:
+        """The run plan (``dockflow.algos.plan``): roles, resources, dock columns and sampling, from the recipe."""
+        return self.algorithm.recipe.plan(self)
 
     @property
     def rounds(self) -> int:
