@@ -28,6 +28,7 @@ ALGORITHMS = {
     "dapo": ("dapo/kept_groups", "dapo/rounds"),  # dynamic sampling: generate and score rounds in one generate task
     "gspo": ("train/seq_ratio_mean", "train/pg_loss"),  # the sequence-level ratio
     "rloo": ("train/pg_loss",),
+    "dr_grpo": ("train/pg_loss",),  # added through its recipe alone (issue 26)
 }
 
 

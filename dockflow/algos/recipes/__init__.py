@@ -15,6 +15,7 @@ from pydantic import Field
 from dockflow.algos.recipe import Algorithm
 from dockflow.algos.recipes.dapo import DAPO
 from dockflow.algos.recipes.dpo import DPO
+from dockflow.algos.recipes.dr_grpo import DrGRPO
 from dockflow.algos.recipes.grpo import GRPO
 from dockflow.algos.recipes.gspo import GSPO
 from dockflow.algos.recipes.pf_ppo import PFPPO
@@ -23,7 +24,7 @@ from dockflow.algos.recipes.reinforce_pp import ReinforcePP, ReinforcePPBaseline
 from dockflow.algos.recipes.rloo import RLOO
 
 RECIPES: dict[str, Algorithm] = {
-    r.name: r for r in (GRPO(), PPO(), DAPO(), PFPPO(), ReinforcePP(), ReinforcePPBaseline(), DPO(), GSPO(), RLOO())
+    r.name: r for r in (GRPO(), PPO(), DAPO(), PFPPO(), ReinforcePP(), ReinforcePPBaseline(), DPO(), GSPO(), RLOO(), DrGRPO())
 }
 
 # The config's ``algorithm:`` section: one model per algorithm, picked by ``name`` (pydantic's discriminated union).

@@ -85,7 +85,7 @@ def test_dynamic_sampling_scores_only_groups_that_got_advantages():
 
 
 def test_the_registry_knows_every_example_config_and_refuses_unknown_names():
-    assert set(RECIPES) == {"grpo", "ppo", "dapo", "pf_ppo", "reinforce_pp", "reinforce_pp_baseline", "dpo", "gspo", "rloo"}
+    assert set(RECIPES) == {"grpo", "ppo", "dapo", "pf_ppo", "reinforce_pp", "reinforce_pp_baseline", "dpo", "gspo", "rloo", "dr_grpo"}
     for name, recipe in RECIPES.items():
         assert recipe.name == name and recipe.section.model_fields["name"].default in (name, "reinforce_pp")
     with pytest.raises(ValueError, match="unknown algorithm 'trpo'"):
