@@ -16,6 +16,7 @@ from typing import Any
 
 from dockflow.config import Config
 from dockflow.flow import record
+from dockflow.flow.run_record import RunRecord
 from dockflow.flow.waiting import wait_stages
 from dockflow.tracking import Tracker, plot_curves
 from dockflow.workers import Workers
@@ -23,11 +24,11 @@ from dockflow.workers import Workers
 FINAL_MODEL = "final_model"
 
 
-def finish(cfg: Config, run_dir: Path, workers: Workers, store: Any, tracker: Tracker, state: dict[str, Any],
+def finish(cfg: Config, run_dir: Path, workers: Workers, store: Any, tracker: Tracker, state: RunRecord,
            model_uri: str, wall_s: float) -> dict[str, Any]:
     """Stage the final model, write ``summary.json``, log it with the curves and the config, register the model."""
     final = f"{store.location()}/{FINAL_MODEL}"
-    wait_stages({"save_final": workers.actor.save_final.remote(final)}, cfg.train.stage_timeout_s, state["iteration"])
+    wait_stages({"save_final": workers.actor.save_final.remote(final)}, cfg.train.stage_timeout_s, state.iteration)
     out = record.summary(cfg, state, tracker.run_id, wall_s)
     out.update({"final_model": final, "initial_model": model_uri, "checkpoints": store.location()})
     if cfg.registry.model_name:
@@ -40,12 +41,10 @@ def finish(cfg: Config, run_dir: Path, workers: Workers, store: Any, tracker: Tr
     return out
 
 
-def final_score(cfg: Config, state: dict[str, Any]) -> float:
+def final_score(cfg: Config, state: RunRecord) -> float:
     """The final evaluation's ``registry.score_metric`` (NaN when the run has none: it never wins)."""
-    scores = state.get("eval_scores") or []
-    if not scores or scores[-1][0] != state["iteration"]:
-        return math.nan
-    return float(scores[-1][1].get(cfg.registry.score_metric, math.nan))
+    scores = state.final_scores()
+    return math.nan if scores is None else float(scores.get(cfg.registry.score_metric, math.nan))
 
 
 def register(cfg: Config, tracker: Tracker, final_uri: str, score: float) -> dict[str, Any]:
@@ -65,11 +64,11 @@ def register(cfg: Config, tracker: Tracker, final_uri: str, score: float) -> dic
             "decision": decision.reason}
 
 
-def log_artifacts(tracker: Tracker, run_dir: Path, state: dict[str, Any]) -> None:
+def log_artifacts(tracker: Tracker, run_dir: Path, state: RunRecord) -> None:
     """summary.json, the config, and a PNG of reward and held-out accuracy against iteration."""
     curves = {
-        "reward/mean": [(i + 1, h["reward/mean"]) for i, h in enumerate(state["history"]) if "reward/mean" in h],
-        "eval/test_accuracy": [(i, a) for i, a in state["evals"]],
+        "reward/mean": [(i + 1, h["reward/mean"]) for i, h in enumerate(state.history) if "reward/mean" in h],
+        "eval/test_accuracy": state.accuracies,
     }
     plot = plot_curves(curves, run_dir / "curves.png", title=run_dir.name)
     for path in (run_dir / "summary.json", run_dir / "config.yaml", plot):

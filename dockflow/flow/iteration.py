@@ -19,6 +19,7 @@ from dockflow.dock import TransferDock
 from dockflow.flow import record, worker_calls
 from dockflow.flow.idle import IdleTracker
 from dockflow.flow.metrics import iteration_throughput, merge_results, pop_generated, rollout_summary
+from dockflow.flow.run_record import RunRecord
 from dockflow.flow.streaming import AWAIT_ONLY, StageTask
 from dockflow.tracking import Tracker
 from dockflow.workers import Workers
@@ -30,7 +31,7 @@ class RunTasks:
     """The stage work of one run (``streaming.Tasks``) over its workers, dock, checkpoint store and record."""
 
     def __init__(self, cfg: Config, workers: Workers, dock: TransferDock, sampler: PromptSampler, store: Any,
-                 state: dict[str, Any], tracker: Tracker, start: int, on_iteration: ProgressFn | None = None) -> None:
+                 state: RunRecord, tracker: Tracker, start: int, on_iteration: ProgressFn | None = None) -> None:
         self.cfg, self.workers, self.dock, self.sampler = cfg, workers, dock, sampler
         self.store, self.state, self.tracker, self.start = store, state, tracker, start
         self.on_iteration = on_iteration
@@ -111,7 +112,7 @@ class RunTasks:
         """Held-out scores of the policy after ``step`` iterations (0: before RL)."""
         results = yield worker_calls.evaluate(self.workers, self.cfg.eval.num_prompts)
         scores = {k: v for k, v in results["evaluate"].items() if k.startswith("eval/")}
-        record.record_eval(self.state, step, scores)
+        self.state.record_eval(step, scores)
         if step == self.start:
             self.tracker.log_metrics_or_defer(scores, step=step)  # later ones are logged with their iteration
         return scores
@@ -126,7 +127,7 @@ class RunTasks:
         metrics["timing/iteration_s"] = seconds
         metrics["perf/throughput_tps"] = iteration_throughput(metrics, self.devices, seconds)
         metrics.update(self.idle.add(metrics, seconds))
-        record.record_iteration(self.cfg, self.state, i + 1, metrics)
+        self.state.record_iteration(i + 1, metrics, self.cfg.train_batch)
         self.tracker.log_metrics_or_defer(metrics, step=i + 1)  # an MLflow outage must not stop training
         if self.on_iteration is not None:
             self.on_iteration(i + 1, metrics)
@@ -140,10 +141,8 @@ class RunTasks:
             refs["inflight"] = self.workers.generators[0].save_inflight.remote(
                 self.store, step, ahead, self.workers.rollout_queue)
         yield refs
-        state = {**self.state, "history": list(self.state["history"]), "evals": list(self.state["evals"]),
-                 "eval_scores": list(self.state.get("eval_scores", [])),
-                 "inflight": {j: self.generated[j] for j in ahead}}
-        record.commit_checkpoint(self.store, step, state, self.cfg)
+        saved = self.state.checkpoint_copy({j: self.generated[j] for j in ahead})
+        record.commit_checkpoint(self.store, step, saved, self.cfg)
         metrics = {"timing/checkpoint_s": time.perf_counter() - started}
         self.tracker.log_metrics_or_defer(metrics, step=step)  # after its iteration closed: logged on its own
         return metrics

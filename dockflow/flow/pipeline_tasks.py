@@ -166,6 +166,7 @@ def setup(config: str, overrides: list[str], params: RunParams, address: str | N
     import ray
 
     from dockflow.flow.initial_model import prepare_initial_model
+    from dockflow.flow.run_record import RunRecord
     from dockflow.flow.supervisor import RunSupervisor
     from dockflow.flow.trainer import run_dir_of
     from dockflow.storage import run_store
@@ -179,9 +180,9 @@ def setup(config: str, overrides: list[str], params: RunParams, address: str | N
         end_previous_attempt(cfg.run.name, namespace)
         store = run_store(cfg)
         step = store.latest()
-        state = store.read_part(step, "driver", weights_only=False) if step is not None else None
+        state = RunRecord.from_dict(store.read_part(step, "driver", weights_only=False)) if step is not None else None
         tracker = Tracker.start(cfg.tracking, cfg.run.output_dir, cfg.run.name, params=cfg.flat() if state is None else None,
-                                tags={**run_tags(cfg), "driver": "kfp"}, run_id=state.get("mlflow_run_id") if state else None)
+                                tags={**run_tags(cfg), "driver": "kfp"}, run_id=state.mlflow_run_id if state else None)
         try:
             with tempfile.TemporaryDirectory(prefix="dockflow-setup-") as work:  # gone before any worker loads
                 model_uri, init_metrics = prepare_initial_model(cfg, store, Path(work), tracker.tracking_uri)

@@ -25,6 +25,7 @@ from dockflow.data.prompt_order import iteration_sampler
 from dockflow.flow import record
 from dockflow.flow.finish import finish
 from dockflow.flow.iteration import ProgressFn, RunTasks
+from dockflow.flow.run_record import RunRecord
 from dockflow.flow.streaming import Plan, StageLoops
 from dockflow.flow.waiting import StageError, wait_stages
 from dockflow.tracking import Tracker
@@ -38,9 +39,10 @@ StageFn = Callable[[str, int, dict[str, float], float], None]
 
 
 class RunSession:
-    """A run's dock, workers, checkpoint store, MLflow run and record (``record.initial_state()`` or a checkpoint's)."""
+    """A run's dock, workers, checkpoint store, MLflow run and record (``state``: a fresh ``RunRecord`` or a
+    checkpoint's)."""
 
-    def __init__(self, cfg: Config, model_uri: str, store: Any, tracker: Tracker, state: dict[str, Any],
+    def __init__(self, cfg: Config, model_uri: str, store: Any, tracker: Tracker, state: RunRecord,
                  run_dir: Path) -> None:
         self.cfg, self.model_uri, self.store, self.tracker = cfg, model_uri, store, tracker
         self.state, self.run_dir = state, run_dir
@@ -52,7 +54,7 @@ class RunSession:
     def start(self) -> None:
         """Create the dock and the workers; restore them (and what was in flight) from the checkpoint the record
         came from, if any."""
-        cfg, step = self.cfg, self.state["iteration"] or None
+        cfg, step = self.cfg, self.state.iteration or None
         self.dock = create_run_dock(cfg, run_namespace(cfg))
         self.workers = create_workers(cfg, self.model_uri, self.dock, cfg.run.name)
         generated: dict[int, dict[str, float]] = {}
@@ -61,13 +63,13 @@ class RunSession:
             if self.workers.generators:  # their checkpoints always hold the part, empty when nothing was ahead
                 ref = self.workers.generators[0].load_inflight.remote(self.store, step, self.workers.rollout_queue)
                 wait_stages({"restore_inflight": ref}, cfg.train.stage_timeout_s, step)
-            generated = {int(j): m for j, m in (self.state.get("inflight") or {}).items()}
+            generated = {j: dict(m) for j, m in self.state.inflight.items()}
         self.plan = self._plan(step or 0, generated)
-        self.state["resumed_from"] = self.plan.start  # where this attempt started (0: from the beginning)
+        self.state.resumed_from = self.plan.start  # where this attempt started (0: from the beginning)
 
     def _plan(self, start: int, generated: dict[int, dict[str, float]]) -> Plan:
         cfg, end = self.cfg, self.cfg.train.iterations
-        evaluated = {s for s, _ in self.state["evals"]}
+        evaluated = self.state.evaluated_steps
         steps = range(start, end + 1)
         return Plan(
             start=start, end=end, max_staleness=cfg.train.max_staleness,
@@ -91,29 +93,19 @@ class RunSession:
                 return
             except StageError as exc:
                 ft = self.cfg.fault_tolerance
-                if not (exc.worker_died and ft.restart and self.state["restarts"] < ft.max_restarts):
+                if not (exc.worker_died and ft.restart and self.state.restarts < ft.max_restarts):
                     raise
                 self.restart(str(exc))
 
     def restart(self, reason: str) -> None:
         """Kill the workers and the dock, go back to the latest committed checkpoint (or the start, keeping the
         evaluation before RL) and start again; iterations after it run again and are counted once."""
-        restarts = self.state["restarts"] + 1
         self.close()
         step = self.store.latest()
-        if step is not None:
-            state = self.store.read_part(step, "driver", weights_only=False)
-        else:
-            state = record.initial_state()
-            state["evals"] = [e for e in self.state["evals"] if e[0] == 0]
-            state["eval_scores"] = [e for e in self.state.get("eval_scores", []) if e[0] == 0]
-            state["init_metrics"] = self.state.get("init_metrics", {})
-        state["mlflow_run_id"] = self.state["mlflow_run_id"]
-        state["restarts"] = restarts
-        self.state = state
+        self.state = self.state.restarted(record.read_record(self.store, step) if step is not None else None)
         log.warning("%s; restarting the run from %s", reason, f"checkpoint {step}" if step else "the initial model")
         self.start()
-        self.tracker.log_metrics_or_defer({"fault/restarts": restarts}, step=self.plan.start)
+        self.tracker.log_metrics_or_defer({"fault/restarts": self.state.restarts}, step=self.plan.start)
 
     def finish(self, wall_s: float) -> dict[str, Any]:
         """The run is done: final model (staged in the checkpoint store), ``summary.json``, MLflow artifacts, and the

@@ -76,6 +76,7 @@ class RunSupervisor:
 
     def _main(self, restart_reason: str | None) -> None:
         from dockflow.flow import record
+        from dockflow.flow.run_record import RunRecord
         from dockflow.flow.session import RunSession
         from dockflow.flow.streaming import RunStopped
         from dockflow.flow.trainer import write_run_config
@@ -86,9 +87,9 @@ class RunSupervisor:
             else:
                 write_run_config(self.cfg, self.run_dir)
                 step = self.store.latest()
-                state = record.initial_state(self.init_metrics) if step is None else \
-                    self.store.read_part(step, "driver", weights_only=False)
-                state["mlflow_run_id"] = self.tracker.run_id
+                state = RunRecord(init_metrics=dict(self.init_metrics)) if step is None else \
+                    record.read_record(self.store, step)
+                state.mlflow_run_id = self.tracker.run_id
                 self.session = RunSession(self.cfg, self.model_uri, self.store, self.tracker, state, self.run_dir)
                 self.session.start()
                 self._set_phase("ready")
@@ -133,8 +134,8 @@ class RunSupervisor:
 
     def status(self) -> dict[str, Any]:
         """Plain values only: unpickling them must not import torch in the task process."""
-        state = self.session.state if self.session is not None else {}
-        return {"phase": self.phase, "error": self.error, "epoch": self.epoch, "iteration": state.get("iteration", 0),
+        iteration = self.session.state.iteration if self.session is not None else 0
+        return {"phase": self.phase, "error": self.error, "epoch": self.epoch, "iteration": iteration,
                 "iterations": self.cfg.train.iterations, "mlflow_run_id": self.tracker.run_id,
                 "experiment_id": self.tracker.experiment_id, "tracking_uri": self.tracker.tracking_uri,
                 "checkpoint_uri": self.store.location(), "stage_timeout_s": self.cfg.train.stage_timeout_s}
@@ -173,7 +174,7 @@ class RunSupervisor:
             self.attached_at = time.monotonic()
             if self.phase != "failed" or self.epoch != epoch:
                 return self.status()
-            restarts = self.session.state["restarts"] if self.session is not None else 0
+            restarts = self.session.state.restarts if self.session is not None else 0
             if self.session is None or restarts >= self.cfg.fault_tolerance.max_restarts:
                 return self.status()
             reason, self.epoch, self.phase = self.error, self.epoch + 1, "starting"

@@ -21,6 +21,7 @@ from dockflow.config import Config, ConfigError
 from dockflow.flow import record
 from dockflow.flow.initial_model import prepare_initial_model
 from dockflow.flow.iteration import ProgressFn
+from dockflow.flow.run_record import RunRecord
 from dockflow.flow.session import RunSession
 from dockflow.storage import run_store
 from dockflow.tracking import Tracker, run_tags
@@ -38,7 +39,7 @@ def write_run_config(cfg: Config, run_dir: Path) -> None:
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
 
 
-def start_state(store: Any, resume: bool, run_name: str) -> dict[str, Any] | None:
+def start_state(store: Any, resume: bool, run_name: str) -> RunRecord | None:
     """The record to go on from: the latest committed checkpoint's when resuming (None: none yet); refuses to
     overwrite the checkpoints of a run that is not resumed."""
     step = store.latest()
@@ -51,7 +52,7 @@ def start_state(store: Any, resume: bool, run_name: str) -> dict[str, Any] | Non
             f"run '{run_name}' already has checkpoints at {store.location()} (latest: iteration {step}): pass "
             "--resume to continue it, or set another run.name"
         )
-    return store.read_part(step, "driver", weights_only=False)
+    return record.read_record(store, step)
 
 
 def check_devices(cfg: Config) -> None:
@@ -71,7 +72,7 @@ def train(cfg: Config, resume: bool = False, on_iteration: ProgressFn | None = N
     store = run_store(cfg)
     state = start_state(store, resume, cfg.run.name)
     tracker = Tracker.start(cfg.tracking, cfg.run.output_dir, cfg.run.name, params=cfg.flat(), tags=run_tags(cfg),
-                            run_id=state.get("mlflow_run_id") if state else None)
+                            run_id=state.mlflow_run_id if state else None)
     status = "FAILED"
     owns_ray = session = None
     try:
@@ -79,9 +80,9 @@ def train(cfg: Config, resume: bool = False, on_iteration: ProgressFn | None = N
         check_devices(cfg)  # a GPU / NPU asked for and missing fails here, before SFT and the workers
         model_uri, init_metrics = prepare_initial_model(cfg, store, run_dir, tracker.tracking_uri)
         if state is None:
-            state = record.initial_state(init_metrics)
+            state = RunRecord(init_metrics=dict(init_metrics))
             tracker.log_metrics(init_metrics, step=0)
-        state["mlflow_run_id"] = tracker.run_id
+        state.mlflow_run_id = tracker.run_id
         session = RunSession(cfg, model_uri, store, tracker, state, run_dir)
         session.start()
         session.run(on_iteration=on_iteration)

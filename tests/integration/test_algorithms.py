@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures.old_record import old_driver_dict, rewrite_driver_part
 from safetensors.torch import load_file
 
+from dockflow.flow.record import read_record
 from dockflow.flow.trainer import train
 from dockflow.storage import run_store
 from dockflow.tracking import read_metric_history, resolve_tracking_uri
@@ -123,6 +125,29 @@ def test_a_run_resumed_with_generations_in_flight_repeats_and_loses_no_sample(ra
     resumed = train(cfg, resume=True)
     assert resumed["resumed_from"] == 2 and resumed["samples_trained"] == 4 * cfg.train_batch
     assert resumed["reward_per_iteration"] == full["reward_per_iteration"]
+    after = load_file(str(Path(resumed["final_model"]) / "model.safetensors"))
+    assert all(torch.equal(final[k], after[k]) for k in final), "the resumed run's policy differs"
+
+
+def test_a_run_resumes_from_a_driver_part_in_the_format_before_run_record(ray_cluster, tiny_config):
+    """A checkpoint written before ``RunRecord`` (its driver part rewritten in the old shape, as in
+    ``tests/fixtures/old_driver_part``) resumes, finishes, and the run's summary is the uninterrupted run's."""
+    cfg = tiny_config("old-record", 3, checkpoint__keep=3, dock__backend="centralized")
+    full = train(cfg)
+    final = load_file(str(Path(full["final_model"]) / "model.safetensors"))
+    store = run_store(cfg)
+    assert store.list_steps() == [2, 3]
+    store.delete(3)
+    old = old_driver_dict(read_record(store, 2))
+    assert old["evals"] == [(0, full["accuracy_before"]), (2, full["evals"][1]["accuracy"])]
+    rewrite_driver_part(store, 2, old)
+    assert "record_format" not in store.read_part(2, "driver", weights_only=False)
+    resumed = train(cfg, resume=True)
+    assert resumed["resumed_from"] == 2
+    same = ("accuracy_before", "accuracy_after", "evals", "reward_per_iteration", "samples_trained", "iterations",
+            "restarts", "mlflow_run_id", "sft/val_accuracy")
+    assert {k: resumed[k] for k in same} == {k: full[k] for k in same}
+    assert read_record(store, 3).evaluated_steps == {0, 2, 3}  # the new checkpoint: this format, every evaluation
     after = load_file(str(Path(resumed["final_model"]) / "model.safetensors"))
     assert all(torch.equal(final[k], after[k]) for k in final), "the resumed run's policy differs"
 

@@ -29,6 +29,7 @@ from mlflow import MlflowClient
 from safetensors.torch import load_file
 
 from dockflow.config import load_config
+from dockflow.flow.record import read_record
 from dockflow.storage import run_store
 from dockflow.storage.objects import fetch_model, stage_model
 from dockflow.tracking import read_metric_history
@@ -144,7 +145,7 @@ def test_s3_run_survives_a_killed_stage_task_and_a_resumed_run_matches_it_bit_fo
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
     store = run_store(resumed_cfg)
-    first_run_id = store.read_part(store.latest(), "driver", weights_only=False)["mlflow_run_id"]
+    first_run_id = read_record(store, store.latest()).mlflow_run_id
     assert ray.get_actor("resubmitted-supervisor", namespace="dockflow-resubmitted")  # still alive
     resumed = run_local(CONFIG, overrides, resumed_cfg, options=quick, run_name="resubmitted")
     assert resumed["mlflow_run_id"] == first_run_id and resumed["samples_trained"] == 40 * cfg.train_batch

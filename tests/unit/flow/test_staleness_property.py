@@ -16,8 +16,8 @@ from tensordict import TensorDict
 
 from dockflow.config import Config, load_config
 from dockflow.data.prompt_order import PromptSampler
-from dockflow.flow import record
 from dockflow.flow.iteration import RunTasks
+from dockflow.flow.run_record import RunRecord
 from dockflow.flow.streaming import Plan, StageLoops
 from dockflow.workers.rollout_queue import RolloutQueue
 from dockflow.workers.staleness import StalenessCounter
@@ -122,13 +122,13 @@ def run_case(
     sampler = PromptSampler(1000, G, seed)
     start = rng.randint(0, 2)  # a resumed run starts past 0 with the restored version
     trainer.version = start
-    state = record.initial_state()
+    state = RunRecord()
     tracker = SimpleNamespace(log_metrics_or_defer=lambda metrics, step: True)
     tasks = RunTasks(cfg, workers, dock, sampler, None, state, tracker, start)
     plan = Plan(start=start, end=start + iterations, max_staleness=max_staleness, eval_steps=[],
                 checkpoint_steps=set(), publish_first=start > 0)
     StageLoops(plan, tasks, timeout_s=60.0, waiter=world).run()
-    assert len(state["history"]) == iterations
+    assert len(state.history) == iterations and state.iteration == start + iterations
     return trainer, gens
 
 
