@@ -7,7 +7,8 @@ A recipe holds everything that differs between algorithms, so no other room comp
 - the worker states it runs and the columns each reads (``consumers``): a critic, a reference, offline pairs;
 - how rewards are shaped (``shape_rewards``), its advantage estimator (``advantages``) and its policy loss
   (``policy_loss``);
-- how an iteration is sized: sampling rounds (``rounds``), samples trained (``train_batch``).
+- how an iteration is sized: its sampling (``sampling``: rounds, quota, group selector), samples trained
+  (``train_batch``).
 
 Recipe modules are light (pydantic only): they import their tensor functions inside the methods, so loading a
 config never imports torch. The tensor functions live in ``dockflow.algos`` (``grpo.py``, ``ppo.py``, ...).
@@ -73,10 +74,6 @@ class Algorithm:
 
     # ---- shape of an iteration ----
 
-    def rounds(self, cfg: Config) -> int:
-        """Generation rounds per iteration at most (dock slots = rounds x G x N)."""
-        return 1
-
     def train_batch(self, cfg: Config) -> int:
         """Samples the update trains on per iteration."""
         return cfg.global_batch
@@ -97,7 +94,7 @@ class Algorithm:
 
     def consumers(self, cfg: Config) -> dict[str, list[str]]:
         """Worker state -> the columns it reads (each one a controller of the dock)."""
-        infer = [*ROLLOUT, "advantages"] if self.rounds(cfg) > 1 else list(ROLLOUT)  # scored groups only
+        infer = [*ROLLOUT, "advantages"] if self.sampling(cfg).in_rounds else list(ROLLOUT)  # selected groups only
         advantage = ["rewards", "response_mask"]
         if self.critic:
             advantage.append("values")

@@ -114,7 +114,7 @@ class Config(Section):
         """What needs on-line generation (an algorithm that samples) or generator workers."""
         recipe, tc = self.algorithm.recipe, self.train
         offline = f"algorithm.name={self.algorithm.name} trains on offline pairs"
-        if self.placement.mode == "disaggregated" and (recipe.offline or self.rounds > 1):
+        if self.placement.mode == "disaggregated" and (recipe.offline or self.plan.sampling.in_rounds):
             why = offline if recipe.offline else f"algorithm.name={self.algorithm.name} samples in rounds (dynamic sampling)"
             raise ValueError(f"placement.mode=disaggregated generates ahead of the update, but {why}: run it colocated")
         if tc.old_log_prob == "rollout" and (recipe.offline or tc.tis_cap is not None):
@@ -199,18 +199,13 @@ class Config(Section):
         return self.algorithm.recipe.plan(self)
 
     @property
-    def rounds(self) -> int:
-        """Generation rounds per iteration at most (DAPO's dynamic sampling), so dock slots = rounds x G x N."""
-        return self.algorithm.recipe.rounds(self)
-
-    @property
     def dock_capacity(self) -> int:
-        """Samples the dock holds: 1 + max_staleness iterations of rounds x G x N."""
-        return (1 + self.train.max_staleness) * self.rounds * self.global_batch
+        """Samples the dock holds: 1 + max_staleness iterations of the plan's window (rounds x G x N)."""
+        return (1 + self.train.max_staleness) * self.plan.window
 
     def dock_window(self, iteration: int) -> tuple[int, int]:
         """The dock indices ``[lo, hi)`` of ``iteration``'s samples: iterations take turns over the windows."""
-        size = self.rounds * self.global_batch
+        size = self.plan.window
         lo = iteration % (1 + self.train.max_staleness) * size
         return lo, lo + size
 

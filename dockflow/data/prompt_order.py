@@ -38,8 +38,8 @@ class PromptSampler:
 
 
 def iteration_sampler(cfg: Config) -> PromptSampler:
-    """The run's sampler: G prompts (x DAPO's rounds) per iteration from the train split, or DPO's train pairs, in
-    the order of ``shuffle_seed(cfg)``."""
+    """The run's sampler: G prompts (x the plan's sampling rounds) per iteration from the train split, or DPO's
+    train pairs, in the order of ``shuffle_seed(cfg)``."""
     from dockflow.data import load_task
     from dockflow.data.preferences import preference_splits
 
@@ -48,7 +48,7 @@ def iteration_sampler(cfg: Config) -> PromptSampler:
         count = len(preference_splits(cfg.algorithm.dpo, task, cfg.run.seed, cfg.checkpoint)[0])
     else:
         count = len(task.train)
-    return PromptSampler(count, cfg.rollout.prompts_per_iter * cfg.rounds, shuffle_seed(cfg))
+    return PromptSampler(count, cfg.rollout.prompts_per_iter * cfg.plan.sampling.rounds, shuffle_seed(cfg))
 
 
 def shuffle_seed(cfg: Config) -> int:

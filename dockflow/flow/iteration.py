@@ -1,17 +1,18 @@
 """What each stage of one iteration sends to the workers: the coroutines the stage loops run (``streaming``).
 
-A reader follows an iteration here top to bottom: ``_generate`` (rollouts into the iteration's dock window; DAPO's
-sampling rounds score each round at once), ``_infer`` (rewards and advantages, old and reference log-probs,
-critic values), ``_update``, ``_reshard`` (the new weights to the generation layout, or published for the
-generator workers), ``_evaluate``; ``close`` records the iteration, ``checkpoint`` saves the run. Each coroutine
-yields ``{name: ObjectRef}`` and gets the results back; none of them touches sample data.
+A reader follows an iteration here top to bottom: ``_generate`` (rollouts into the iteration's dock window; when
+the run plan samples in rounds, ``_sampling_rounds`` scores each round at once), ``_infer`` (rewards and
+advantages, old and reference log-probs, critic values), ``_update``, ``_reshard`` (the new weights to the
+generation layout, or published for the generator workers), ``_evaluate``; ``close`` records the iteration,
+``checkpoint`` saves the run. Each coroutine yields ``{name: ObjectRef}`` and gets the results back; none of them
+touches sample data.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dockflow.config import Config
 from dockflow.data.prompt_order import PromptSampler
@@ -23,6 +24,10 @@ from dockflow.flow.run_record import RunRecord
 from dockflow.flow.streaming import AWAIT_ONLY, StageTask
 from dockflow.tracking import Tracker
 from dockflow.workers import Workers
+
+if TYPE_CHECKING:
+    from dockflow.algos.plan import Sampling
+    from dockflow.workers.advantage import RoundAdvantages
 
 ProgressFn = Callable[[int, dict[str, float]], None]
 
@@ -51,8 +56,9 @@ class RunTasks:
         cfg = self.cfg
         self.dock.reset(window=cfg.dock_window(i))  # the window's previous iteration was trained on
         prompt_ids = self.sampler.indices(i)
-        if cfg.rounds > 1:
-            metrics, rounds = yield from self._sampling_rounds(i, prompt_ids)
+        sampling = cfg.plan.sampling
+        if sampling.in_rounds:
+            metrics, rounds = yield from self._sampling_rounds(i, prompt_ids, sampling)
         else:
             results = yield worker_calls.generate(self.workers, i, prompt_ids, offline=self.offline,
                                             group_size=cfg.rollout.group_size, weights=self._weights_for(i))
@@ -62,22 +68,24 @@ class RunTasks:
         self.generated[i] = metrics
         return metrics
 
-    def _sampling_rounds(self, i: int, prompt_ids: list[int]) -> Any:
-        """DAPO's dynamic sampling: generate and score rounds of G prompts until G informative groups have
-        advantages (the last round fills the batch). Returns the last round's scores and every round's rollouts."""
+    def _sampling_rounds(self, i: int, prompt_ids: list[int], sampling: Sampling) -> Any:
+        """Generate and score rounds of G prompts until ``sampling.quota`` groups have advantages (the plan's
+        group selector picks them; the last round fills the batch). Returns the last round's scores with the
+        selector's metrics, and every round's rollouts."""
         cfg, g = self.cfg, self.cfg.rollout.prompts_per_iter
         rounds: list[dict[str, float]] = []
         scored: dict[str, float] = {}
-        for r in range(cfg.rounds):
+        for r in range(sampling.rounds):
             refs = worker_calls.generate(self.workers, i, prompt_ids[r * g: (r + 1) * g], first_index=r * cfg.global_batch,
                                    group_size=cfg.rollout.group_size)
-            refs.update(worker_calls.score(self.workers, i, r, r == cfg.rounds - 1))
+            refs.update(worker_calls.score(self.workers, i, r, r == sampling.rounds - 1))
             results = yield refs
             rounds.append(pop_generated(results))
-            scored = merge_results(results)
-            if scored["dapo/kept_groups"] >= g:
+            advantages: RoundAdvantages = results.pop("advantage")
+            scored = {**merge_results(results), **advantages.metrics}
+            if advantages.kept >= sampling.quota:
                 break
-        scored["dapo/rounds"] = float(len(rounds))
+        scored.update(sampling.selector.metrics(advantages.kept, advantages.filled, len(rounds)))
         return scored, rounds
 
     def _weights_for(self, i: int) -> Any:
@@ -87,10 +95,12 @@ class RunTasks:
         return self.published.get(max(i - self.cfg.train.max_staleness, self.start))
 
     def _infer(self, i: int) -> StageTask:
-        """Rewards and advantages (scored per round inside generate under DAPO), then the model inferences."""
-        refs = {} if self.cfg.rounds > 1 else worker_calls.score(self.workers, i)
+        """Rewards and advantages (unless generate scored them, round by round), then the model inferences."""
+        refs = {} if self.cfg.plan.sampling.in_rounds else worker_calls.score(self.workers, i)
         refs.update(worker_calls.infer(self.workers, i, offline=self.offline))
-        return merge_results((yield refs))
+        results = yield refs
+        advantages: RoundAdvantages | None = results.pop("advantage", None)
+        return {**merge_results(results), **(advantages.metrics if advantages is not None else {})}
 
     def _update(self, i: int) -> StageTask:
         return merge_results((yield worker_calls.update(self.workers, i)))

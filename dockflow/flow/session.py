@@ -75,7 +75,8 @@ class RunSession:
             start=start, end=end, max_staleness=cfg.train.max_staleness,
             eval_steps=[k for k in steps if (k == 0 or record.eval_due(cfg, k)) and k not in evaluated],
             checkpoint_steps={k for k in steps if k > start and record.ckpt_due(cfg, k)},
-            generated=generated, rounds=cfg.rounds, publish_first=bool(self.workers.generators) and start > 0,
+            generated=generated, in_rounds=cfg.plan.sampling.in_rounds,
+            publish_first=bool(self.workers.generators) and start > 0,
         )
 
     def run(self, on_iteration: ProgressFn | None = None, on_stage: StageFn | None = None,

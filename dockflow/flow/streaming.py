@@ -6,7 +6,7 @@ iterations, and stage ``S`` of iteration ``i`` starts as soon as its gate opens 
 
     generate(i)  reshard(i-1-s) is done: the policy is at version >= i - s (the staleness bound), and the
                  checkpoint of step i - s, when one is due, is written; evaluate(i - s) was sent
-    infer(i)     generate(i) was sent (done, under DAPO's rounds), reshard(i-1) and evaluate(i) were sent, and
+    infer(i)     generate(i) was sent (done, when it scores rounds), reshard(i-1) and evaluate(i) were sent, and
                  the checkpoint of step i, when one is due, is written
     update(i)    infer(i) was sent
     reshard(i)   update(i) was sent
@@ -19,9 +19,10 @@ ready, so scoring and inference stream behind generation. When reshard(i) is don
 done, the iteration closes (``record``: metrics, MLflow, progress) and a due checkpoint is written; it holds
 the generations already done ahead (``dockflow.flow.inflight``), so a resumed run repeats and loses no sample.
 
-A stage's work is a coroutine (``dockflow.flow.iteration``): it yields ``{name: ObjectRef}`` and receives the results, so
-DAPO's sampling rounds are one generate task. Every running task has a deadline (``train.stage_timeout_s``);
-a failure stops every loop and raises ``StageError`` naming the stage, the iteration and the cause.
+A stage's work is a coroutine (``dockflow.flow.iteration``): it yields ``{name: ObjectRef}`` and receives the
+results, so the sampling rounds of the run plan (DAPO's dynamic sampling) are one generate task. Every running
+task has a deadline (``train.stage_timeout_s``); a failure stops every loop and raises ``StageError`` naming the
+stage, the iteration and the cause.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ class Plan:
     eval_steps: list[int]  # steps whose policy is evaluated (0: before RL), ascending, all >= start
     checkpoint_steps: set[int]  # steps after which a checkpoint is written
     generated: dict[int, dict[str, float]] = field(default_factory=dict)  # restored in-flight generations
-    rounds: int = 1  # DAPO's sampling rounds: infer(i) then waits for the whole generate(i)
+    in_rounds: bool = False  # the run plan's sampling is in rounds, scored by generate: infer(i) waits for all of it
     publish_first: bool = False  # disaggregated: reshard(start - 1) publishes the restored policy first
 
 
@@ -152,7 +153,7 @@ class StageLoops:
                     (i - s not in self.plan.checkpoint_steps or i - s in done["checkpoint"], f"checkpoint {i - s}"),
                     (not self._due(i - s) or i - s in sent["evaluate"], f"evaluate {i - s} sent")]
         elif stage == "infer":
-            gen = done if self.plan.rounds > 1 else sent
+            gen = done if self.plan.in_rounds else sent
             need = [(i in gen["generate"], f"generate {i}"), (i - 1 in sent["reshard"], f"reshard {i - 1} sent"),
                     (not self._due(i) or i in sent["evaluate"], f"evaluate {i} sent"),
                     (i not in self.plan.checkpoint_steps or i in done["checkpoint"], f"checkpoint {i}")]

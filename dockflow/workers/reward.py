@@ -1,12 +1,12 @@
-"""The reward worker: scores responses with the run's reward functions (and reward models), then computes advantages.
+"""The reward worker: scores responses with the run's reward functions (and reward models); its advantage state
+(``workers/advantage.py``) then computes the advantages.
 
 It holds no model, only the tokenizer (to decode) and the task's train rows (looked up by the prompt id that the
 dock carries as metadata): their prompts, answers and other columns are what the reward functions get, in TRL's
 convention (``dockflow.rewards.functions``). The functions run in a child process under ``reward.timeout_s``
 (``dockflow.rewards.runner``); reward models' scores come from the dock (``rm_scores``, written by the
 reward-model worker). Light: it asks Ray for no CPU. The algorithm's recipe shapes the combined reward (DAPO:
-overlong responses) and estimates the advantages; under dynamic sampling (``rounds > 1``) only groups whose
-rewards differ get advantages, so the update consumes informative groups only.
+overlong responses); ``AdvantageState`` gives advantages to the groups the run plan's sampling selects.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import time
 import torch
 from tensordict import TensorDict
 
-from dockflow.algos import informative_groups
 from dockflow.config import Config
 from dockflow.data import Example, load_task
 from dockflow.dock import DockRequest, TransferDock
@@ -27,13 +26,9 @@ from dockflow.rewards.functions import combine, function_path
 from dockflow.rewards.runner import RewardBatch, RewardRunner, RunState
 from dockflow.rewards.verifier import task_verifier
 from dockflow.storage.objects import fetch_model
+from dockflow.workers.advantage import AdvantageState, RoundAdvantages
 from dockflow.workers.consume import consume
 from dockflow.workers.run_dock import consumers
-
-
-def filtration_seed(run_seed: int, iteration: int) -> int:
-    """Seed of PF-PPO's reward-weighted sampling in one iteration (resume-stable)."""
-    return (run_seed * 7_919 + iteration * 104_729) % 2**62
 
 
 def row_columns(examples: list[Example], answer_key: str = "answer") -> dict[str, list]:
@@ -67,9 +62,8 @@ class RewardWorker:
         self.runner.start()  # from the actor's own thread, whose end the child process follows
         self.labels = [f.label for f in rc.functions] + [m.label for m in rc.models]
         self.weights = [f.weight for f in rc.functions] + [m.weight for m in rc.models]
-        self.advantage_columns = consumers(cfg)["advantage"]
-        self.kept_groups = 0  # groups given advantages in this iteration (dynamic sampling's quota)
-        self.recipe = cfg.algorithm.recipe  # the algorithm: reward shaping, advantage estimator
+        self.recipe = cfg.algorithm.recipe  # the algorithm's reward shaping
+        self.advantage = AdvantageState(cfg, dock)
 
     def ready(self) -> bool:
         return True
@@ -128,46 +122,6 @@ class RewardWorker:
         metrics.update({name: sum(v) / len(v) for name, v in logged.items()})
         return {k: v for k, v in metrics.items() if not math.isnan(v)}  # a function that never applied logs nothing
 
-    def compute_advantages(self, iteration: int, round_index: int = 0, last_round: bool = True) -> dict[str, float]:
-        """Advantages of one generation round. Under dynamic sampling, groups with equal rewards are skipped
-        until the iteration has G groups; the last round fills what is still missing with any groups."""
-        start = time.perf_counter()
-        if round_index == 0:
-            self.kept_groups = 0
-        n = self.cfg.rollout.group_size
-        quota = self.cfg.rollout.prompts_per_iter
-        dynamic = self.cfg.rounds > 1
-        generator = torch.Generator().manual_seed(filtration_seed(self.cfg.run.seed, iteration))
-        zero_groups = groups = filled = 0
-        request = DockRequest("advantage", self.recipe.advantage_batch_size(self.cfg), tuple(self.advantage_columns),
-                              whole_groups=True, window=self.cfg.dock_window(iteration))
-        batches = consume(self.dock, request, self.cfg.global_batch)
-        for batch in batches:
-            data = batch.data
-            informative = informative_groups(data["rewards"], n)
-            groups += len(informative)
-            zero_groups += int((~informative).sum())
-            if dynamic:
-                # Informative groups first, then (last round only) uninformative ones to fill the batch.
-                order = [g for g in range(len(informative)) if informative[g]]
-                if last_round:
-                    order += [g for g in range(len(informative)) if not informative[g]]
-                take = sorted(order[: max(0, quota - self.kept_groups)])
-                filled += sum(1 for g in take if not informative[g])
-                self.kept_groups += len(take)
-                if not take:
-                    continue
-                rows = torch.cat([torch.arange(g * n, (g + 1) * n) for g in take])
-                data = data[rows]
-                indices = [batch.indices[int(r)] for r in rows]
-            else:
-                indices = batch.indices
-            kept, out = self.recipe.advantages(self.cfg, data, generator)
-            self.dock.put([indices[int(k)] for k in kept], out)
-        metrics = {
-            "reward/zero_adv_group_fraction": zero_groups / max(groups, 1),
-            "timing/advantage_s": time.perf_counter() - start,
-        }
-        if dynamic:
-            metrics.update({"dapo/kept_groups": float(self.kept_groups), "dapo/filled_groups": float(filled)})
-        return metrics
+    def compute_advantages(self, iteration: int, round_index: int = 0, last_round: bool = True) -> RoundAdvantages:
+        """Advantages of one generation round (``AdvantageState.compute``)."""
+        return self.advantage.compute(iteration, round_index, last_round)

@@ -3,8 +3,8 @@
 One iteration, stage by stage (``dockflow/flow/iteration.py``):
 
 1. generate: N responses for each of G prompts into the iteration's dock window (``workers/rollout.py``).
-2. infer: the reward worker scores every response with the task's verifier (``workers/reward.py``) and
-   computes advantages group by group: reward minus the group mean, divided by the group std
+2. infer: the reward worker scores every response with the task's verifier (``workers/reward.py``) and its
+   advantage state (``workers/advantage.py``) computes advantages group by group: reward minus the group mean, divided by the group std
    (``advantages`` below, ``algos/grpo.py: grpo_advantages``); the actor recomputes the old log-probs, and the
    reference worker its log-probs when ``kl_coef > 0``.
 3. update: the clipped surrogate on the per-token ratio plus ``kl_coef`` x KL to the reference, a token-level

@@ -1,9 +1,12 @@
-"""DAPO's soft overlong punishment and dynamic-sampling group filter, by hand."""
+"""DAPO's soft overlong punishment, dynamic-sampling group filter and group selector, by hand."""
 
 import pytest
 import torch
 
 from dockflow.algos import informative_groups, overlong_penalty
+from dockflow.algos.plan import GroupSelection
+from dockflow.algos.recipes.dapo import DynamicSampling
+from dockflow.config import load_config
 
 
 def test_overlong_penalty_by_hand():
@@ -28,3 +31,30 @@ def test_informative_groups():
     assert torch.equal(informative_groups(torch.tensor([0.0, 1.0]), 1), torch.tensor([False, False]))
     with pytest.raises(ValueError, match="group_size"):
         informative_groups(torch.ones(5), 2)
+
+
+def test_dynamic_sampling_takes_informative_groups_first_and_fills_only_on_the_last_round():
+    selector = DynamicSampling()
+    # groups: (1, 0) informative, (1, 1) not, (0, 0) not, (0, 1) informative
+    rewards = torch.tensor([1.0, 0, 1, 1, 0, 0, 0, 1])
+    assert selector.select(rewards, 2, wanted=4, last_round=False) == GroupSelection(groups=[0, 3], filled=0)
+    assert selector.select(rewards, 2, wanted=1, last_round=False) == GroupSelection(groups=[0], filled=0)
+    # last round: the informative ones, then the others in order, at most ``wanted``, in ascending position
+    assert selector.select(rewards, 2, wanted=3, last_round=True) == GroupSelection(groups=[0, 1, 3], filled=1)
+    assert selector.select(rewards, 2, wanted=4, last_round=True) == GroupSelection(groups=[0, 1, 2, 3], filled=2)
+    assert selector.select(rewards, 2, wanted=0, last_round=True) == GroupSelection(groups=[], filled=0)
+    assert selector.select(rewards, 2, wanted=-1, last_round=True).groups == []
+
+
+def test_dynamic_sampling_metrics_and_the_recipes_sampling():
+    assert DynamicSampling().metrics(kept=30, filled=2, rounds=3) == {
+        "dapo/kept_groups": 30.0, "dapo/filled_groups": 2.0, "dapo/rounds": 3.0}
+    cfg = load_config("configs/dapo_arith.yaml", ["algorithm.dapo.max_rounds=4"])
+    sampling = cfg.plan.sampling
+    assert (sampling.rounds, sampling.quota, sampling.in_rounds) == (4, cfg.rollout.prompts_per_iter, True)
+    assert isinstance(sampling.selector, DynamicSampling)
+    assert cfg.dock_window(1) == (0, 4 * cfg.global_batch) and cfg.dock_capacity == 4 * cfg.global_batch
+    off = load_config("configs/dapo_arith.yaml", ["algorithm.dapo.dynamic_sampling=false"]).plan.sampling
+    assert (off.rounds, off.selector, off.in_rounds) == (1, None, False)
+    grpo = load_config("configs/grpo_arith.yaml")
+    assert not grpo.plan.sampling.in_rounds and grpo.dock_capacity == grpo.global_batch
