@@ -28,7 +28,6 @@ from dockflow.rewards.runner import RewardBatch, RewardRunner, RunState
 from dockflow.rewards.verifier import task_verifier
 from dockflow.storage.objects import fetch_model
 from dockflow.workers.consume import consume
-from dockflow.workers.run_dock import consumers
 
 
 def filtration_seed(run_seed: int, iteration: int) -> int:
@@ -67,7 +66,8 @@ class RewardWorker:
         self.runner.start()  # from the actor's own thread, whose end the child process follows
         self.labels = [f.label for f in rc.functions] + [m.label for m in rc.models]
         self.weights = [f.weight for f in rc.functions] + [m.weight for m in rc.models]
-        self.advantage_columns = consumers(cfg)["advantage"]
+        self.columns = cfg.plan.role("reward").reads  # its states' dock columns: reward, advantage
+        self.advantage_columns = self.columns["advantage"]
         self.kept_groups = 0  # groups given advantages in this iteration (dynamic sampling's quota)
         self.recipe = cfg.algorithm.recipe  # the algorithm: reward shaping, advantage estimator
 
@@ -104,7 +104,7 @@ class RewardWorker:
         logged: dict[str, list[float]] = {}
         correct = unscorable = 0
         bs = self.cfg.train.infer_batch_size
-        columns = tuple(consumers(self.cfg)["reward"])
+        columns = self.columns["reward"]
         request = DockRequest("reward", bs, columns, window=self.cfg.dock_window(iteration))
         for batch in consume(self.dock, request, self.cfg.global_batch):
             texts = decode_responses(self.tokenizer, batch.data["responses"], batch.data["response_mask"])
