@@ -53,7 +53,6 @@ from benchmarks.cpu_load import CpuLoad, Snapshot  # noqa: E402
 from benchmarks.modes import mode_overrides  # noqa: E402
 from benchmarks.trl_grpo import IterationStats, run_trl  # noqa: E402
 from dockflow.config import Config, TinyModelConfig, load_config  # noqa: E402
-from dockflow.flow import record  # noqa: E402
 from dockflow.flow.throughput import throughput_tps  # noqa: E402
 from dockflow.flow.trainer import run_dir_of, train  # noqa: E402
 from dockflow.models.sft import sft_warm_start  # noqa: E402
@@ -239,7 +238,7 @@ def run_dockflow(setup: Setup, mode: str, iterations: int, runs_dir: str, extra:
         marks, mark = marker(load)
         summary = train(cfg, on_iteration=lambda step, m: (iters.append(dockflow_iteration(m)), mark()))
     extra_keys = {**common, "max_staleness": cfg.train.max_staleness, **cpu_record(load, marks)}
-    return summarize("dockflow", setup.name, iters, record.devices(cfg), summary["accuracy_before"],
+    return summarize("dockflow", setup.name, iters, cfg.plan.model_cpus(), summary["accuracy_before"],
                      summary["accuracy_after"], time.perf_counter() - start, extra_keys, mode)
 
 

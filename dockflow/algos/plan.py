@@ -16,7 +16,7 @@ Pure data (dataclasses, no torch, no Ray), picklable: workers receive their own 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     import torch
@@ -27,7 +27,9 @@ if TYPE_CHECKING:
 # The worker roles a run may have. A role owns one or more worker states of the dock (``Role.reads``).
 ROLES = ("actor", "generator", "reference", "critic", "reward", "reward_model", "pairs", "rollout_queue")
 MODEL_ROLES = ("actor", "generator", "reference", "critic")  # hold a policy-sized model: one accelerator each
+REWARD_MODEL_CONSUMER = "reward_model"  # with reward.models: reads rollouts, writes rm_scores (workers/reward_model.py)
 SNAPSHOT_CONSUMER = "snapshot"  # reads what generation wrote ahead into a checkpoint (disaggregated, max_staleness > 0)
+S = TypeVar("S", bound="Section")
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,13 @@ class RunPlan:
             return self.roles[name]
         except KeyError:
             raise KeyError(f"this run has no {name!r} worker (its roles: {sorted(self.roles)})") from None
+
+    def section(self, name: str, kind: type[S]) -> S:
+        """The settings role ``name`` reads (``Role.section``), which must be a ``kind``."""
+        section = self.role(name).section
+        if not isinstance(section, kind):
+            raise TypeError(f"the {name} worker reads {type(section).__name__}, not {kind.__name__}")
+        return section
 
     def consumers(self) -> dict[str, list[str]]:
         """Dock consumer state -> the columns it reads: every role's states, then the others (the snapshot)."""

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field
 
-from dockflow.algos.plan import SNAPSHOT_CONSUMER, Role, RunPlan, Sampling, role
+from dockflow.algos.plan import REWARD_MODEL_CONSUMER, SNAPSHOT_CONSUMER, Role, RunPlan, Sampling, role
 from dockflow.config.base import Section
 
 if TYPE_CHECKING:
@@ -59,6 +59,33 @@ class GroupNormSection(PolicyGradientSection):
 
     norm_adv_by_std: bool = Field(True, description="Divide group-centred rewards by the group std.")
     adv_eps: float = Field(1e-6, gt=0.0, description="Added to the std when normalising advantages.")
+
+
+class RoleSection(Section):
+    """Settings a worker role reads through the plan (``Role.section``), not by the algorithm's name; ``key`` is
+    where they sit in a config, so that a message names the key to change."""
+
+    key: ClassVar[str]
+
+    def key_of(self, field: str) -> str:
+        """The dotted config key of one of these settings (``algorithm.dpo.pairs_path``)."""
+        return f"{self.key}.{field}"
+
+
+class CriticSection(RoleSection):
+    """What the critic worker reads: its value clip and learning rate."""
+
+    value_clip: float = Field(0.2, gt=0.0, description="Clip range of the value update around the old values.")
+    critic_lr: float = Field(1e-3, gt=0.0, description="Critic learning rate (AdamW).")
+
+
+class PreferenceSection(RoleSection):
+    """What the pair source reads: the preference pairs' file and the held-out count."""
+
+    pairs_path: str | None = Field(
+        None, description="JSONL of {prompt, chosen, rejected} (a local path or s3://); null = synthetic pairs from the task."
+    )
+    num_eval_pairs: int = Field(200, ge=1, description="Held-out pairs (from the test split) for the margin metric.")
 
 
 class Algorithm:
@@ -118,11 +145,11 @@ class Algorithm:
 
     # ---- the run plan ----
 
-    def critic_section(self, cfg: Config) -> Section | None:
+    def critic_section(self, cfg: Config) -> CriticSection | None:
         """The critic's settings (value clip, learning rate, ...) when this algorithm has a critic worker."""
         return None
 
-    def pairs_section(self, cfg: Config) -> Section | None:
+    def pairs_section(self, cfg: Config) -> PreferenceSection | None:
         """The preference pairs' settings (file, held-out count) when this algorithm trains offline on pairs."""
         return None
 
@@ -154,7 +181,7 @@ class Algorithm:
             role(cfg, "reward", int(rl), 0.0, reads=owned("reward", "advantage"),
                  writes=("rewards", "advantages", *(("returns",) if self.critic else ()))),
             role(cfg, "reward_model", int(rl and bool(cfg.reward.models)), cfg.reward.model_cpus,
-                 reads={"reward_model": tuple(ROLLOUT + ["response_mask"])}, writes=("rm_scores",)),
+                 reads={REWARD_MODEL_CONSUMER: tuple(ROLLOUT + ["response_mask"])}, writes=("rm_scores",)),
             role(cfg, "pairs", int(self.offline), 0.0, writes=(*ROLLOUT, "response_mask"),
                  section=self.pairs_section(cfg)),
         ]

@@ -1,4 +1,4 @@
-"""Preference pairs for DPO: a JSONL loader and a synthetic set built from a verifiable task.
+"""Preference pairs for offline algorithms (DPO): a JSONL loader and a synthetic set built from a verifiable task.
 
 A pair is a prompt with a preferred (``chosen``) and a dispreferred (``rejected``) response. User files
 hold one JSON object per line with those three string fields; a bad row fails the load with the file and
@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from dockflow.algos.recipes.dpo import DPOConfig
+from dockflow.algos.recipe import PreferenceSection
 from dockflow.config import CheckpointConfig
 from dockflow.data.example import Example, TaskData
 from dockflow.data.loaders import DatasetError, local_copy
@@ -43,13 +43,16 @@ def _pair(row: object, where: str) -> PreferencePair:
     return PreferencePair(row["prompt"], row["chosen"].strip(), row["rejected"].strip())
 
 
-def load_preference_pairs(path: str | Path, storage: CheckpointConfig | None = None) -> list[PreferencePair]:
+def load_preference_pairs(
+    path: str | Path, storage: CheckpointConfig | None = None, key: str = "the pairs file's path"
+) -> list[PreferencePair]:
     """Pairs from a JSONL file (a local path, or ``s3://bucket/key`` fetched with the S3 settings of ``storage``,
-    the run's ``cfg.checkpoint``; None: the environment only); blank lines are skipped."""
+    the run's ``cfg.checkpoint``; None: the environment only); blank lines are skipped. ``key``: the config key
+    that names the file, for the message when it is missing."""
     name = str(path)
     p = local_copy(path, storage)
     if not p.is_file():
-        raise DatasetError(f"preference file '{p}' not found: check algorithm.dpo.pairs_path")
+        raise DatasetError(f"preference file '{p}' not found: check {key}")
     out = []
     with p.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
@@ -81,16 +84,16 @@ def synthetic_preferences(examples: list[Example], seed: int) -> list[Preference
 
 
 def preference_splits(
-    cfg: DPOConfig, task: TaskData, seed: int, storage: CheckpointConfig | None = None
+    cfg: PreferenceSection, task: TaskData, seed: int, storage: CheckpointConfig | None = None
 ) -> tuple[list[PreferencePair], list[PreferencePair]]:
     """(train pairs, held-out pairs). From ``cfg.pairs_path`` (local or ``s3://``, fetched with ``storage``'s S3
     settings) the first ``num_eval_pairs`` rows are held out; otherwise synthetic pairs are built from the
     task's train split and, for evaluation, its test split."""
     if cfg.pairs_path:
-        rows = load_preference_pairs(cfg.pairs_path, storage)
+        rows = load_preference_pairs(cfg.pairs_path, storage, cfg.key_of("pairs_path"))
         if len(rows) <= cfg.num_eval_pairs:
             raise DatasetError(
-                f"{cfg.pairs_path} has {len(rows)} pairs, not more than algorithm.dpo.num_eval_pairs="
+                f"{cfg.pairs_path} has {len(rows)} pairs, not more than {cfg.key_of('num_eval_pairs')}="
                 f"{cfg.num_eval_pairs}: lower it so that training pairs remain"
             )
         return rows[cfg.num_eval_pairs :], rows[: cfg.num_eval_pairs]

@@ -38,14 +38,16 @@ class PromptSampler:
 
 
 def iteration_sampler(cfg: Config) -> PromptSampler:
-    """The run's sampler: G prompts (x the plan's sampling rounds) per iteration from the train split, or DPO's
-    train pairs, in the order of ``shuffle_seed(cfg)``."""
+    """The run's sampler: G prompts (x the plan's sampling rounds) per iteration from the train split, or the
+    pair source's train pairs, in the order of ``shuffle_seed(cfg)``."""
+    from dockflow.algos.recipe import PreferenceSection
     from dockflow.data import load_task
     from dockflow.data.preferences import preference_splits
 
     task = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint)
-    if cfg.algorithm.recipe.offline:  # it trains on preference pairs
-        count = len(preference_splits(cfg.algorithm.dpo, task, cfg.run.seed, cfg.checkpoint)[0])
+    if cfg.plan.has("pairs"):  # it trains on preference pairs
+        pairs = cfg.plan.section("pairs", PreferenceSection)
+        count = len(preference_splits(pairs, task, cfg.run.seed, cfg.checkpoint)[0])
     else:
         count = len(task.train)
     return PromptSampler(count, cfg.rollout.prompts_per_iter * cfg.plan.sampling.rounds, shuffle_seed(cfg))

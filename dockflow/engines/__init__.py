@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from dockflow.algos.recipe import CriticSection
 from dockflow.engines.base import GenerationEngine, LossFn, SamplingParams, TrainingEngine
 from dockflow.engines.devices import DeviceError, check_worker_device
 from dockflow.engines.hf_generation import (
@@ -93,13 +94,14 @@ def create_generation_engine(
 
 
 def create_critic_engine(cfg, model: nn.Module, device: str | None = None) -> TrainingEngine:
-    """Training engine of a critic: the same trainer, with the value head's outputs instead of log-probs.
+    """Training engine of a critic: the same trainer, with the value head's outputs instead of log-probs, at the
+    critic role's learning rate (``CriticSection.critic_lr``).
     ``device``: None = ``engine.device``, checked here."""
     if device is None:
         device = str(check_worker_device(cfg.engine.device))
     return TorchTrainingEngine(
         model,
-        lr=cfg.algorithm.ppo.critic_lr,
+        lr=cfg.plan.section("critic", CriticSection).critic_lr,
         weight_decay=cfg.train.weight_decay,
         grad_clip=cfg.train.grad_clip,
         infer_batch_size=cfg.train.infer_batch_size,

@@ -26,8 +26,6 @@ INSTALL = {
     "npu": "torch_npu (Ascend/pytorch, the build matching torch) and the CANN toolkit (and vllm-ascend for "
     "engine.backend=vllm) on nodes with Ascend NPUs",
 }
-MODEL_ROLES = ("actor", "generator", "reference", "critic")  # the workers that hold a policy-sized model
-REWARD_MODEL_ROLE = "reward-model"  # holds reward.models on reward.model_devices accelerators (0: on CPU)
 
 
 class DeviceError(RuntimeError):
@@ -39,52 +37,24 @@ def process_group_backend(device: str) -> str:
     return PROCESS_GROUP_BACKEND[device]
 
 
-def devices_per_worker(cfg: Any, role: str) -> float:
-    """Accelerators one worker of ``role`` holds: a generating worker (actor, generator) on the vLLM backend
-    holds ``engine.vllm.tensor_parallel_size`` (the generation layout's TP; training uses the first); the
-    reward-model worker ``reward.model_devices`` (a fraction shares one); other model workers 1."""
-    if cfg.engine.device == "cpu":
-        return 0
-    if role == REWARD_MODEL_ROLE:
-        return cfg.reward.model_devices
-    if role not in MODEL_ROLES:
-        return 0
-    if role in ("actor", "generator") and cfg.engine.backend == "vllm":
-        return int(cfg.engine.vllm.tensor_parallel_size)
-    return 1
-
-
-def device_resources(cfg: Any, role: str) -> dict[str, Any]:
-    """Ray actor options for the device of one worker of ``role``: ``num_gpus`` for CUDA, the custom ``NPU``
-    resource for Ascend, nothing on CPU."""
-    n = devices_per_worker(cfg, role)
-    if n == 0:
+def device_resources(device: str, count: float) -> dict[str, Any]:
+    """Ray actor options for a worker holding ``count`` accelerators of ``device`` (``Role.devices``):
+    ``num_gpus`` for CUDA, the custom ``NPU`` resource for Ascend, nothing on CPU or for none."""
+    if device == "cpu" or count == 0:
         return {}
-    if cfg.engine.device == "cuda":
-        return {"num_gpus": n}
-    return {"resources": {RAY_RESOURCE["npu"]: n}}
-
-
-def devices_needed(cfg: Any) -> dict[str, float]:
-    """Accelerators the run's model workers ask for, by worker kind (the ones that hold any)."""
-    recipe = cfg.algorithm.recipe
-    counts = {
-        "actor": cfg.train.dp,
-        "generator": cfg.placement.generators if cfg.placement.mode == "disaggregated" else 0,
-        "reference": 1 if recipe.uses_reference(cfg) else 0,
-        "critic": 1 if recipe.critic else 0,
-        REWARD_MODEL_ROLE: 1 if cfg.reward.models and not recipe.offline else 0,
-    }
-    return {role: k * devices_per_worker(cfg, role) for role, k in counts.items() if k * devices_per_worker(cfg, role)}
+    if device == "cuda":
+        return {"num_gpus": count}
+    return {"resources": {RAY_RESOURCE["npu"]: count}}
 
 
 def check_cluster_devices(cfg: Any, resources: Mapping[str, float]) -> None:
     """Driver side, before any worker starts: the cluster (``ray.cluster_resources()``) has the accelerators
-    ``engine.device`` asks for. Raises :class:`DeviceError` with one line otherwise."""
+    the run plan's workers ask for (``cfg.plan.devices()``, of ``engine.device``'s kind). Raises
+    :class:`DeviceError` with one line otherwise."""
     device = cfg.engine.device
     if device == "cpu":
         return
-    needed = devices_needed(cfg)
+    needed = cfg.plan.devices()
     name = RAY_RESOURCE[device]
     have = float(resources.get(name, 0.0))
     total = sum(needed.values())

@@ -40,8 +40,8 @@ class RunTasks:
         self.cfg, self.workers, self.dock, self.sampler = cfg, workers, dock, sampler
         self.store, self.state, self.tracker, self.start = store, state, tracker, start
         self.on_iteration = on_iteration
-        self.offline = cfg.algorithm.recipe.offline  # preference pairs, not rollouts
-        self.devices = record.devices(cfg)
+        self.offline = cfg.plan.has("pairs")  # preference pairs, not rollouts
+        self.devices = cfg.plan.model_cpus()  # ND of Eq. (5)
         self.idle = IdleTracker.for_placement(cfg)
         self.published: dict[int, Any] = {}  # policy version -> its weights in the object store (generators)
         self.generated: dict[int, dict[str, float]] = {}  # generate's metrics until the iteration closes

@@ -15,19 +15,6 @@ from dockflow.flow.waiting import wait_stages
 from dockflow.workers import Workers
 
 
-def devices(cfg: Config) -> float:
-    """ND of Eq. (5): the cores reserved by model workers (generator workers included)."""
-    ray, placement = cfg.ray, cfg.placement
-    generators = placement.generators * placement.generator_cpus if placement.mode == "disaggregated" else 0.0
-    return (
-        ray.actor_cpus * cfg.train.dp
-        + (ray.reference_cpus if cfg.algorithm.recipe.uses_reference(cfg) else 0.0)
-        + (ray.critic_cpus if cfg.algorithm.recipe.critic else 0.0)
-        + (cfg.reward.model_cpus if cfg.reward.models and not cfg.algorithm.recipe.offline else 0.0)
-        + generators
-    )
-
-
 def eval_due(cfg: Config, step: int) -> bool:
     every = cfg.eval.every
     return step == cfg.train.iterations or (every > 0 and step % every == 0)

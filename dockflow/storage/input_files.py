@@ -22,7 +22,7 @@ from dockflow.storage.remote import is_s3_uri, open_bucket, text_digest
 from dockflow.storage.s3_bucket import SHA256_HEADER, S3Bucket
 from dockflow.storage.s3_client import parse_s3_url
 
-_DATA_KEYS = "data.train_path, data.test_path or algorithm.dpo.pairs_path"
+_DATA_KEYS = "data.train_path, data.test_path or the algorithm's pairs_path"
 
 
 @dataclass

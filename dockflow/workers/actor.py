@@ -34,7 +34,6 @@ from dockflow.workers.consume import WaitClock, consume
 from dockflow.workers.dp_group import join_dp_group
 from dockflow.workers.rollout import generate_into_dock
 from dockflow.workers.rollout_queue import staleness_bound
-from dockflow.workers.run_dock import consumers
 from dockflow.workers.runtime import ModelWorker
 from dockflow.workers.staleness import StalenessCounter
 from dockflow.workers.training import length_sorted, train_epochs
@@ -66,7 +65,7 @@ class ActorWorker(ModelWorker):
         self.engine = self.train_engine  # the checkpointed one
         self.task = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint)
         self.prompts = PromptFormat.of(cfg.data).render_all([ex.prompt for ex in self.task.train], self.tokenizer)
-        self.columns = consumers(cfg)
+        self.columns = cfg.plan.role("actor").reads  # its states' dock columns
         self.policy_version = 0
         self.recipe = cfg.algorithm.recipe  # the algorithm: its loss, how its rows are batched
         self.sync_checker = sync_checker(cfg)

@@ -18,7 +18,6 @@ from dockflow.algos import informative_groups
 from dockflow.config import Config
 from dockflow.dock import DockRequest, TransferDock
 from dockflow.workers.consume import consume
-from dockflow.workers.run_dock import consumers
 
 
 def filtration_seed(run_seed: int, iteration: int) -> int:
@@ -42,7 +41,7 @@ class AdvantageState:
         self.cfg, self.dock = cfg, dock
         self.recipe = cfg.algorithm.recipe  # the advantage estimator
         self.sampling = cfg.plan.sampling
-        self.columns = tuple(consumers(cfg)["advantage"])
+        self.columns = cfg.plan.role("reward").reads["advantage"]
         self.kept = self.filled = 0  # this iteration's, over its rounds
 
     def compute(self, iteration: int, round_index: int = 0, last_round: bool = True) -> RoundAdvantages:

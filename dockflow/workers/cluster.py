@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from dockflow.algos.recipe import PreferenceSection
 from dockflow.config import Config, RayConfig
 
 
@@ -80,8 +81,9 @@ def local_inputs(cfg: Config) -> dict[str, str]:
     """The config's inputs and outputs that are paths on one machine's disk (not s3:// or a server)."""
     out: dict[str, str] = {}
     paths = {"model.path": cfg.model.path}
-    if getattr(cfg.algorithm, "dpo", None) is not None:  # an offline algorithm's pairs file
-        paths["algorithm.dpo.pairs_path"] = cfg.algorithm.dpo.pairs_path
+    if cfg.plan.has("pairs"):  # an offline algorithm's pairs file
+        pairs = cfg.plan.section("pairs", PreferenceSection)
+        paths[pairs.key_of("pairs_path")] = pairs.pairs_path
     if cfg.data.source == "file":
         paths.update({"data.train_path": cfg.data.train_path, "data.test_path": cfg.data.test_path})
     for key, value in paths.items():

@@ -12,13 +12,13 @@ import torch
 from tensordict import TensorDict
 
 from dockflow.algos import clipped_value_loss
+from dockflow.algos.recipe import CriticSection
 from dockflow.config import Config
 from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import create_critic_engine
 from dockflow.models import load_critic
 from dockflow.storage.objects import fetch_model
 from dockflow.workers.consume import consume
-from dockflow.workers.run_dock import consumers
 from dockflow.workers.runtime import ModelWorker
 from dockflow.workers.training import length_sorted, train_epochs
 
@@ -31,7 +31,8 @@ class CriticWorker(ModelWorker):
     def __init__(self, cfg: Config, model_dir: str, dock: TransferDock):
         super().__init__(cfg, dock)
         self.engine = create_critic_engine(cfg, load_critic(fetch_model(model_dir, cfg.checkpoint), dtype=cfg.model.dtype))
-        self.columns = consumers(cfg)
+        self.columns = cfg.plan.role("critic").reads  # its states' dock columns
+        self.section = cfg.plan.section("critic", CriticSection)  # the algorithm's critic settings
 
     def ready(self) -> bool:
         return True
@@ -39,7 +40,7 @@ class CriticWorker(ModelWorker):
     def compute_values(self, iteration: int) -> dict[str, float]:
         start = time.perf_counter()
         bs = self.cfg.train.infer_batch_size
-        request = DockRequest("critic_infer", bs, tuple(self.columns["critic_infer"]), window=self.cfg.dock_window(iteration))
+        request = DockRequest("critic_infer", bs, self.columns["critic_infer"], window=self.cfg.dock_window(iteration))
         for batch in consume(self.dock, request, self.cfg.global_batch):
             values = self.engine.infer(batch.data)
             self.dock.put(batch.indices, TensorDict({"values": values}, batch_size=[len(batch)]))
@@ -51,7 +52,7 @@ class CriticWorker(ModelWorker):
             micro["values"],
             micro["returns"],
             micro["response_mask"],
-            self.cfg.algorithm.ppo.value_clip,
+            self.section.value_clip,
             token_denom=tokens,
         )
         mask = micro["response_mask"].bool()
@@ -66,7 +67,7 @@ class CriticWorker(ModelWorker):
     def update(self, iteration: int) -> dict[str, float]:
         start = time.perf_counter()
         tc = self.cfg.train
-        request = DockRequest("critic_update", tc.mini_batch_size, tuple(self.columns["critic_update"]),
+        request = DockRequest("critic_update", tc.mini_batch_size, self.columns["critic_update"],
                               window=self.cfg.dock_window(iteration))
         batches = consume(self.dock, request, self.cfg.train_batch)
         mini_batches = (length_sorted(b.data, tc.micro_batch_size) if tc.seqlen_balance else b.data for b in batches)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from dockflow.algos.plan import SNAPSHOT_CONSUMER
 from dockflow.config import Config
 from dockflow.data import PromptFormat, load_task
 from dockflow.dock import DockRequest, TransferDock
@@ -21,7 +22,6 @@ from dockflow.storage.objects import fetch_model
 from dockflow.workers.partial_rollout import PromptTable, generate_partial_into_dock
 from dockflow.workers.rollout import generate_into_dock, queue_call
 from dockflow.workers.rollout_queue import RolloutQueue, rollout_queue
-from dockflow.workers.run_dock import SNAPSHOT_CONSUMER
 from dockflow.workers.runtime import init_worker_process
 
 

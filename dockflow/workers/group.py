@@ -1,4 +1,4 @@
-"""Create the run's workers as named Ray actors and wait, with a timeout, until they are up."""
+"""Create the run plan's workers (``cfg.plan.roles``) as named Ray actors and wait, with a timeout, until they are up."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from dockflow.algos.plan import Role, RunPlan
 from dockflow.config import Config
 from dockflow.dock import TransferDock
-from dockflow.engines.devices import REWARD_MODEL_ROLE, check_cluster_devices, device_resources
+from dockflow.engines.devices import check_cluster_devices, device_resources
 from dockflow.workers.actor import ActorWorker
 from dockflow.workers.critic import CriticWorker
 from dockflow.workers.generator import GeneratorWorker
@@ -18,6 +19,12 @@ from dockflow.workers.reference import ReferenceWorker
 from dockflow.workers.reward import RewardWorker
 from dockflow.workers.reward_model import RewardModelWorker
 from dockflow.workers.rollout_queue import RolloutQueue, queue_args
+
+# the class each role of the plan runs (``dockflow.algos.plan.ROLES``)
+WORKER_CLASSES: dict[str, type] = {
+    "actor": ActorWorker, "generator": GeneratorWorker, "rollout_queue": RolloutQueue, "reference": ReferenceWorker,
+    "critic": CriticWorker, "reward": RewardWorker, "reward_model": RewardModelWorker, "pairs": PairSource,
+}
 
 
 class WorkerStartError(RuntimeError):
@@ -53,54 +60,63 @@ class Workers:
         return {k: v for k, v in named.items() if v is not None}
 
 
-def create_workers(cfg: Config, model_dir: str, dock: TransferDock, name: str) -> Workers:
-    """Start the workers the algorithm uses, from the model at ``model_dir`` (a local directory or s3:// URI, which
-    each worker fetches itself); fail fast if they cannot be placed. They belong to the calling process (a pipeline
-    run's supervisor actor): they die with it."""
+def worker_label(role: str, k: int) -> str:
+    """The actor-name suffix of worker ``k`` of ``role`` (the plan's ``reward_model`` is ``reward-model``):
+    generators are numbered from 0, other roles' first worker is unnumbered (``actor``, ``actor-1``, ...)."""
+    base = role.replace("_", "-")
+    return f"{base}-{k}" if k or role == "generator" else base
+
+
+def worker_cpus(plan: RunPlan) -> dict[str, float]:
+    """Worker label -> the Ray CPUs it asks for, for every worker of the plan (the start-up timeout's table)."""
+    return {worker_label(r.name, k): r.cpus for r in plan.roles.values() for k in range(r.count)}
+
+
+def _spawn(cfg: Config, role: Role, k: int, prefix: str, args: tuple[Any, ...]) -> Any:
+    """Worker ``k`` of ``role`` as the named Ray actor ``<prefix>-<label>`` with the plan's CPUs and devices."""
     import ray
 
-    check_cluster_devices(cfg, ray.cluster_resources())  # engine.device: fail here, not in a worker
+    options = {"name": f"{prefix}-{worker_label(role.name, k)}", "num_cpus": role.cpus, "max_concurrency": 1,
+               **device_resources(cfg.engine.device, role.devices)}
+    return ray.remote(WORKER_CLASSES[role.name]).options(**options).remote(*args)
 
-    def spawn(cls, label: str, cpus: float, *extra):
-        # the role is the label's first word (actor-1 -> actor): engine.device's GPU / NPU for model workers
-        options = {"name": f"{name}-{label}", "num_cpus": cpus, "max_concurrency": 1,
-                   **device_resources(cfg, label.split("-")[0])}
-        return ray.remote(cls).options(**options).remote(cfg, model_dir, dock, *extra)
 
-    dp_key = f"{name}-{uuid.uuid4().hex}"  # where actor rank 0 publishes its process group's address
-    actors = [spawn(ActorWorker, "actor" if k == 0 else f"actor-{k}", cfg.ray.actor_cpus, k, dp_key)
-              for k in range(cfg.train.dp)]
-    recipe = cfg.algorithm.recipe
-    workers = Workers(
-        actor=actors[0],
-        actors=actors,
-        reward=spawn(RewardWorker, "reward", 0) if not recipe.offline else None,
-        reference=spawn(ReferenceWorker, "reference", cfg.ray.reference_cpus) if recipe.uses_reference(cfg) else None,
-        critic=spawn(CriticWorker, "critic", cfg.ray.critic_cpus) if recipe.critic else None,
-        pairs=spawn(PairSource, "pairs", 0) if recipe.offline else None,
-        generators=[
-            spawn(GeneratorWorker, f"generator-{k}", cfg.placement.generator_cpus)
-            for k in range(cfg.placement.generators if cfg.placement.mode == "disaggregated" else 0)
-        ],
-        prefix=name,
-    )
-    if len(workers.generators) > 1:
-        options = {"name": f"{name}-rollout-queue", "num_cpus": 0, "max_concurrency": 1}
-        workers.rollout_queue = ray.remote(RolloutQueue).options(**options).remote(*queue_args(cfg))
-    if cfg.reward.models and not recipe.offline:
-        options = {"name": f"{name}-{REWARD_MODEL_ROLE}", "num_cpus": cfg.reward.model_cpus, "max_concurrency": 1,
-                   **device_resources(cfg, REWARD_MODEL_ROLE)}
-        workers.reward_model = ray.remote(RewardModelWorker).options(**options).remote(cfg, model_dir, dock)
-    handles = workers.all()
+def _start_roles(cfg: Config, model_dir: str, dock: TransferDock, prefix: str) -> dict[str, list[Any]]:
+    """Role name -> the handles of its workers, started in the plan's order."""
+    dp_key = f"{prefix}-{uuid.uuid4().hex}"  # where actor rank 0 publishes its process group's address
+    started: dict[str, list[Any]] = {}
+    for role in cfg.plan.roles.values():
+        started[role.name] = []
+        for k in range(role.count):
+            if role.name == "rollout_queue":
+                args: tuple[Any, ...] = queue_args(cfg)
+            elif role.name == "actor":
+                args = (cfg, model_dir, dock, k, dp_key)  # rank k of train.dp
+            else:
+                args = (cfg, model_dir, dock)
+            started[role.name].append(_spawn(cfg, role, k, prefix, args))
+    return started
+
+
+def _workers(started: dict[str, list[Any]], prefix: str) -> Workers:
+    def one(role: str) -> Any | None:
+        return started[role][0] if started.get(role) else None
+
+    return Workers(actor=started["actor"][0], actors=started["actor"], reward=one("reward"),
+                   reference=one("reference"), critic=one("critic"), reward_model=one("reward_model"),
+                   pairs=one("pairs"), generators=started.get("generator", []), rollout_queue=one("rollout_queue"),
+                   prefix=prefix)
+
+
+def _wait_ready(cfg: Config, handles: dict[str, Any]) -> None:
+    """Wait up to ``ray.init_timeout_s`` for every worker's ``ready``; raise naming the late or failed ones."""
+    import ray
+
     refs = {label: h.ready.remote() for label, h in handles.items()}
-    ready, pending = ray.wait(list(refs.values()), num_returns=len(refs), timeout=cfg.ray.init_timeout_s)
+    _, pending = ray.wait(list(refs.values()), num_returns=len(refs), timeout=cfg.ray.init_timeout_s)
     if pending:
         waiting = [label for label, r in refs.items() if r in pending]
-        need = {"actor": cfg.ray.actor_cpus, "reference": cfg.ray.reference_cpus, "critic": cfg.ray.critic_cpus, "reward": 0,
-                "rollout-queue": 0, "pairs": 0}
-        need.update({g: cfg.placement.generator_cpus for g in refs if g.startswith("generator-")})
-        need.update({a: cfg.ray.actor_cpus for a in refs if a.startswith("actor-")})
-        need[REWARD_MODEL_ROLE] = cfg.reward.model_cpus
+        need = worker_cpus(cfg.plan)
         raise WorkerStartError(
             f"workers {waiting} did not start within ray.init_timeout_s={cfg.ray.init_timeout_s}s. They ask for "
             f"{ {w: need[w] for w in waiting} } CPUs; the cluster has {ray.available_resources().get('CPU', 0)} free. "
@@ -112,6 +128,17 @@ def create_workers(cfg: Config, model_dir: str, dock: TransferDock, name: str) -
             ray.get(r)
         except Exception as exc:  # noqa: BLE001 - surface the worker's own error with its name
             raise WorkerStartError(f"the {label} worker failed to start: {exc}") from None
+
+
+def create_workers(cfg: Config, model_dir: str, dock: TransferDock, name: str) -> Workers:
+    """Start the workers of the run plan (``cfg.plan.roles``: how many of each, their CPUs and devices), from the
+    model at ``model_dir`` (a local directory or s3:// URI, which each worker fetches itself); fail fast if they
+    cannot be placed. They belong to the calling process (a pipeline run's supervisor actor): they die with it."""
+    import ray
+
+    check_cluster_devices(cfg, ray.cluster_resources())  # engine.device: fail here, not in a worker
+    workers = _workers(_start_roles(cfg, model_dir, dock, name), name)
+    _wait_ready(cfg, workers.all())
     return workers
 
 

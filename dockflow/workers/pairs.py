@@ -13,6 +13,7 @@ import time
 import torch
 from tensordict import TensorDict
 
+from dockflow.algos.recipe import PreferenceSection
 from dockflow.config import Config
 from dockflow.data import PromptFormat, load_task
 from dockflow.data.preferences import PreferencePair, preference_splits
@@ -21,7 +22,6 @@ from dockflow.engines import encode_rollouts
 from dockflow.models import load_tokenizer
 from dockflow.storage.objects import fetch_model
 from dockflow.workers.rollout import rollout_metrics
-from dockflow.workers.run_dock import ROLLOUT_COLUMNS
 
 
 class PairSource:
@@ -31,7 +31,9 @@ class PairSource:
         self.cfg, self.dock = cfg, dock
         self.tokenizer = load_tokenizer(fetch_model(model_dir, cfg.checkpoint))
         task = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint)
-        self.pairs, self.held_out = preference_splits(cfg.algorithm.dpo, task, cfg.run.seed, cfg.checkpoint)
+        self.writes = cfg.plan.role("pairs").writes  # the rollout columns
+        section = cfg.plan.section("pairs", PreferenceSection)
+        self.pairs, self.held_out = preference_splits(section, task, cfg.run.seed, cfg.checkpoint)
 
     def ready(self) -> bool:
         return True
@@ -49,7 +51,7 @@ class PairSource:
         out = self.encode([self.pairs[i] for i in pair_ids])
         meta = {"prompt_id": torch.tensor(pair_ids).repeat_interleave(2), "response_length": out["response_length"]}
         lo = self.cfg.dock_window(iteration)[0]
-        self.dock.put(list(range(lo, lo + len(out))), out.select(*ROLLOUT_COLUMNS), meta)
+        self.dock.put(list(range(lo, lo + len(out))), out.select(*self.writes), meta)
         return rollout_metrics(int(out["prompt_length"].sum()), int(out["response_length"].sum()), len(out), start)
 
     def eval_pairs(self) -> TensorDict:

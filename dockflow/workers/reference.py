@@ -12,7 +12,6 @@ from dockflow.engines import batched_log_probs, check_worker_device
 from dockflow.models import load_model_and_tokenizer
 from dockflow.storage.objects import fetch_model
 from dockflow.workers.consume import consume
-from dockflow.workers.run_dock import consumers
 from dockflow.workers.runtime import init_worker_process
 
 
@@ -23,6 +22,7 @@ class ReferenceWorker:
         init_worker_process(cfg.ray.torch_threads, cfg.run.seed)
         self.cfg = cfg
         self.dock = dock
+        self.columns = cfg.plan.role("reference").reads["ref_infer"]
         self.model, _ = load_model_and_tokenizer(fetch_model(model_dir, cfg.checkpoint), dtype=cfg.model.dtype)
         self.model.requires_grad_(False).to(check_worker_device(cfg.engine.device))  # engine.device, checked
 
@@ -31,9 +31,8 @@ class ReferenceWorker:
 
     def compute_ref_log_prob(self, iteration: int) -> dict[str, float]:
         start = time.perf_counter()
-        cols = consumers(self.cfg)["ref_infer"]
         bs = self.cfg.train.infer_batch_size
-        request = DockRequest("ref_infer", bs, tuple(cols), window=self.cfg.dock_window(iteration))
+        request = DockRequest("ref_infer", bs, self.columns, window=self.cfg.dock_window(iteration))
         for batch in consume(self.dock, request, self.cfg.global_batch):
             logp = batched_log_probs(self.model, batch.data, bs, self.cfg.rollout.temperature)
             self.dock.put(batch.indices, TensorDict({"ref_log_prob": logp}, batch_size=[len(batch)]))

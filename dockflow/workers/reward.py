@@ -28,7 +28,6 @@ from dockflow.rewards.verifier import task_verifier
 from dockflow.storage.objects import fetch_model
 from dockflow.workers.advantage import AdvantageState, RoundAdvantages
 from dockflow.workers.consume import consume
-from dockflow.workers.run_dock import consumers
 
 
 def row_columns(examples: list[Example], answer_key: str = "answer") -> dict[str, list]:
@@ -62,6 +61,7 @@ class RewardWorker:
         self.runner.start()  # from the actor's own thread, whose end the child process follows
         self.labels = [f.label for f in rc.functions] + [m.label for m in rc.models]
         self.weights = [f.weight for f in rc.functions] + [m.weight for m in rc.models]
+        self.columns = cfg.plan.role("reward").reads  # its states' dock columns: reward, advantage
         self.recipe = cfg.algorithm.recipe  # the algorithm's reward shaping
         self.advantage = AdvantageState(cfg, dock)
 
@@ -98,7 +98,7 @@ class RewardWorker:
         logged: dict[str, list[float]] = {}
         correct = unscorable = 0
         bs = self.cfg.train.infer_batch_size
-        columns = tuple(consumers(self.cfg)["reward"])
+        columns = self.columns["reward"]
         request = DockRequest("reward", bs, columns, window=self.cfg.dock_window(iteration))
         for batch in consume(self.dock, request, self.cfg.global_batch):
             texts = decode_responses(self.tokenizer, batch.data["responses"], batch.data["response_mask"])

@@ -17,6 +17,7 @@ import time
 import torch
 from tensordict import TensorDict
 
+from dockflow.algos.plan import REWARD_MODEL_CONSUMER
 from dockflow.config import Config
 from dockflow.data import load_task
 from dockflow.dock import DockRequest, TransferDock
@@ -26,7 +27,6 @@ from dockflow.models import load_tokenizer
 from dockflow.rewards.sequence_classifier import RewardModel
 from dockflow.storage.objects import fetch_model
 from dockflow.workers.consume import consume
-from dockflow.workers.run_dock import REWARD_MODEL_CONSUMER, consumers
 from dockflow.workers.runtime import init_worker_process
 
 
@@ -52,7 +52,7 @@ class RewardModelWorker:
         ]
         any_chat = any(rm.chat for rm in self.models)
         self.examples = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint).train if any_chat else []
-        self.columns = tuple(consumers(cfg)[REWARD_MODEL_CONSUMER])
+        self.columns = cfg.plan.role("reward_model").reads[REWARD_MODEL_CONSUMER]
 
     def ready(self) -> bool:
         return True

@@ -1,7 +1,8 @@
-"""The dock's column schema and its consumers: the worker states the run's algorithm uses.
+"""The dock's column schema and the run's dock, with the run plan's consumers registered.
 
-Each consumer is one worker state (the paper's controllers, one per state); which states an algorithm runs
-and which columns each reads is its recipe's (``dockflow.algos.recipe.Algorithm.consumers``):
+Each consumer is one worker state (the paper's controllers, one per state); which states a run has and which
+columns each reads is the run plan's (``cfg.plan.consumers()``: each role's ``reads``, from the algorithm's
+recipe, ``dockflow.algos.recipe.Algorithm.consumers``, plus the reward-model and snapshot states):
 
     state          writes                         algorithms
     reward_model   rm_scores                      all that sample, with reward.models
@@ -12,6 +13,7 @@ and which columns each reads is its recipe's (``dockflow.algos.recipe.Algorithm.
     critic_infer   values                         PPO, PF-PPO
     actor_update   (the policy)                   all
     critic_update  (the critic)                   PPO, PF-PPO
+    snapshot       (a checkpoint's in-flight part) disaggregated, with train.max_staleness > 0
 """
 
 from __future__ import annotations
@@ -41,28 +43,6 @@ COLUMNS: dict[str, torch.dtype] = {
 }
 
 ROLLOUT_COLUMNS = ("input_ids", "attention_mask", "responses", "response_mask")
-REWARD_MODEL_CONSUMER = "reward_model"  # with reward.models: writes rm_scores (workers/reward_model.py)
-SNAPSHOT_CONSUMER = "snapshot"  # reads what generation wrote ahead into a checkpoint (disaggregated, max_staleness > 0)
-
-
-def generated_columns(cfg: Config) -> list[str]:
-    """What generation writes into the dock (``workers.rollout.dock_columns``)."""
-    cols = [*ROLLOUT_COLUMNS, "rollout_log_prob"]
-    if cfg.train.old_log_prob == "rollout":
-        cols.append("old_log_prob")
-    return cols
-
-
-def consumers(cfg: Config) -> dict[str, list[str]]:
-    """Consumer name -> columns it reads: the algorithm's worker states (its recipe's ``consumers``), the
-    reward-model state (with ``reward.models``), and the checkpoint's snapshot of generations done ahead."""
-    out = cfg.algorithm.recipe.consumers(cfg)
-    if cfg.reward.models and "reward" in out:  # the reward state waits for the reward models' scores
-        out[REWARD_MODEL_CONSUMER] = list(ROLLOUT_COLUMNS)
-        out["reward"] = [*out["reward"], "rm_scores"]
-    if cfg.placement.mode == "disaggregated" and cfg.train.max_staleness > 0:
-        out[SNAPSHOT_CONSUMER] = generated_columns(cfg)
-    return out
 
 
 def create_run_dock(cfg: Config, namespace: str) -> TransferDock:
@@ -75,7 +55,7 @@ def create_run_dock(cfg: Config, namespace: str) -> TransferDock:
         get_timeout_s=cfg.dock.get_timeout_s,
     ))
     try:
-        for consumer, cols in consumers(cfg).items():
+        for consumer, cols in cfg.plan.consumers().items():
             dock.register_consumer(consumer, cols)
     except BaseException:
         dock.shutdown()

@@ -76,7 +76,7 @@ class DAPO(Algorithm):
     def sampling(self, cfg: Config) -> Sampling:
         """Dynamic sampling: up to ``max_rounds`` rounds of G prompts until G groups are selected."""
         dapo, g = cfg.algorithm.dapo, cfg.rollout.prompts_per_iter
-        if not dapo.dynamic_sampling:
+        if not dapo.dynamic_sampling or dapo.max_rounds == 1:  # one round keeps every group: nothing to select
             return Sampling(rounds=1, quota=g)
         return Sampling(rounds=dapo.max_rounds, quota=g, selector=DynamicSampling())
 

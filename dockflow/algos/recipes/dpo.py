@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from dockflow.algos.recipe import ROLLOUT, Algorithm, AlgorithmSection
-from dockflow.config.base import Section
+from dockflow.algos.recipe import ROLLOUT, Algorithm, AlgorithmSection, PreferenceSection
 
 if TYPE_CHECKING:
     import torch
@@ -29,15 +28,12 @@ if TYPE_CHECKING:
 MARGIN = "eval/preference_margin"  # what an evaluation with held-out pairs adds
 
 
-class DPOConfig(Section):
+class DPOConfig(PreferenceSection):
     """DPO's temperature and its pairs."""
 
+    key = "algorithm.dpo"
     beta: float = Field(0.1, gt=0.0, description="Inverse temperature of the implicit reward.")
     label_smoothing: float = Field(0.0, ge=0.0, lt=0.5, description="Conservative DPO: assumed label-noise rate.")
-    pairs_path: str | None = Field(
-        None, description="JSONL of {prompt, chosen, rejected} (a local path or s3://); null = synthetic pairs from the task."
-    )
-    num_eval_pairs: int = Field(200, ge=1, description="Held-out pairs (from the test split) for the margin metric.")
 
 
 class DPOSection(AlgorithmSection):
@@ -62,6 +58,9 @@ class DPO(Algorithm):
 
     def uses_reference(self, cfg: Config) -> bool:
         return True
+
+    def pairs_section(self, cfg: Config) -> DPOConfig:
+        return cfg.algorithm.dpo
 
     def consumers(self, cfg: Config) -> dict[str, list[str]]:
         return {"ref_infer": list(ROLLOUT), "actor_update": [*ROLLOUT, "response_mask", "ref_log_prob"]}

@@ -47,6 +47,9 @@ class PFPPO(Algorithm):
     kl = "reward"
     group_advantages = False
 
+    def critic_section(self, cfg: Config) -> PPOConfig:
+        return cfg.algorithm.ppo
+
     def train_batch(self, cfg: Config) -> int:
         return cfg.rollout.prompts_per_iter * cfg.algorithm.pf_ppo.keep
 

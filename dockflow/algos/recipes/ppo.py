@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from dockflow.algos.recipe import Algorithm, PolicyGradientSection
-from dockflow.config.base import Section
+from dockflow.algos.recipe import Algorithm, CriticSection, PolicyGradientSection
 
 if TYPE_CHECKING:
     import torch
@@ -28,13 +27,12 @@ if TYPE_CHECKING:
     from dockflow.config import Config
 
 
-class PPOConfig(Section):
+class PPOConfig(CriticSection):
     """PPO's critic and GAE (also used by PF-PPO)."""
 
+    key = "algorithm.ppo"
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount over response tokens.")
     lam: float = Field(0.95, ge=0.0, le=1.0, description="GAE lambda (bias/variance trade-off).")
-    value_clip: float = Field(0.2, gt=0.0, description="Clip range of the value update around the old values.")
-    critic_lr: float = Field(1e-3, gt=0.0, description="Critic learning rate (AdamW).")
     whiten_advantages: bool = Field(True, description="Normalise GAE advantages over the batch's tokens.")
 
 
@@ -71,6 +69,9 @@ class PPO(Algorithm):
     critic = True
     kl = "reward"
     group_advantages = False  # whitening spans the batch
+
+    def critic_section(self, cfg: Config) -> PPOConfig:
+        return cfg.algorithm.ppo
 
     def advantages(self, cfg: Config, data: TensorDict, generator: Any = None) -> tuple[torch.Tensor, TensorDict]:
         import torch

@@ -7,7 +7,6 @@ from tensordict import TensorDict
 
 from dockflow.algos.recipes import RECIPES, recipe_of
 from dockflow.config import ConfigError, load_config
-from dockflow.workers.run_dock import consumers
 
 MASK = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]])
 REWARDS = torch.tensor([1.0, 0.0, 1.0, 1.0])
@@ -74,13 +73,13 @@ def test_reinforce_pp_normalises_over_the_whole_batch():
 def test_each_algorithm_runs_only_its_worker_states(name, reads):
     overrides = ["rollout.group_size=2"] if name == "dpo" else []
     cfg = load_config(f"configs/{name}_arith.yaml", overrides)
-    assert set(consumers(cfg)) == reads
+    assert set(cfg.plan.consumers()) == reads
 
 
 def test_dynamic_sampling_scores_only_groups_that_got_advantages():
-    cols = consumers(load_config("configs/dapo_arith.yaml"))
+    cols = load_config("configs/dapo_arith.yaml").plan.consumers()
     assert "advantages" in cols["actor_infer"]
-    no_ds = consumers(load_config("configs/dapo_arith.yaml", ["algorithm.dapo.dynamic_sampling=false"]))
+    no_ds = load_config("configs/dapo_arith.yaml", ["algorithm.dapo.dynamic_sampling=false"]).plan.consumers()
     assert "advantages" not in no_ds["actor_infer"]
 
 
@@ -124,7 +123,7 @@ def test_rloo_puts_the_summed_kl_into_the_reward():
     # kl_coef 0.5, k1 KL = old - ref log-probs = 0.2 per real token: response 0 (2 tokens) loses 0.2,
     # response 1 (1 token) 0.1 -> rewards 0.8, -0.1 -> advantages 0.9, -0.9
     cfg = cfg_for("rloo", "algorithm.kl_coef=0.5", "algorithm.kl_estimator=k1")
-    assert cfg.algorithm.recipe.kl_in_reward(cfg) and "ref_log_prob" in consumers(cfg)["advantage"]
+    assert cfg.algorithm.recipe.kl_in_reward(cfg) and "ref_log_prob" in cfg.plan.consumers()["advantage"]
     data = batch(old_log_prob=torch.full((4, 3), -1.0), ref_log_prob=torch.full((4, 3), -1.2))
     _, out = compute_advantages(cfg, data)
     assert torch.allclose(out["advantages"][:2, 0], torch.tensor([0.9, -0.9]))

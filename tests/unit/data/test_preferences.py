@@ -41,5 +41,7 @@ def test_file_pairs_hold_out_the_first_rows(tmp_path):
     task = TaskData(train=[], labeled=[], val=[], test=[])
     train, held_out = preference_splits(cfg, task, seed=0)
     assert [p.prompt for p in held_out] == ["p0", "p1"] and len(train) == 3
-    with pytest.raises(DatasetError, match="lower it"):
+    with pytest.raises(DatasetError, match=r"not more than algorithm\.dpo\.num_eval_pairs=5: lower it"):
         preference_splits(DPOConfig(pairs_path=cfg.pairs_path, num_eval_pairs=5), task, seed=0)
+    with pytest.raises(DatasetError, match=r"not found: check algorithm\.dpo\.pairs_path$"):
+        preference_splits(DPOConfig(pairs_path=str(tmp_path / "missing.jsonl")), task, seed=0)

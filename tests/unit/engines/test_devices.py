@@ -15,7 +15,6 @@ from dockflow.engines.devices import (
     check_cluster_devices,
     check_worker_device,
     device_resources,
-    devices_needed,
     memory_reading,
     process_group_backend,
 )
@@ -30,24 +29,24 @@ def test_process_group_backend_per_device():
 
 
 def test_ray_resources_per_worker():
-    cpu = load_config(GRPO)
-    assert device_resources(cpu, "actor") == {}
-    cuda = load_config(GRPO, ["engine.device=cuda"])
-    assert device_resources(cuda, "actor") == {"num_gpus": 1}
-    assert device_resources(cuda, "reward") == {} and device_resources(cuda, "pairs") == {}
-    npu_vllm = load_config(GRPO, ["engine.device=npu", "engine.backend=vllm", "engine.vllm.tensor_parallel_size=2"])
-    assert device_resources(npu_vllm, "actor") == {"resources": {"NPU": 2}}
-    assert device_resources(npu_vllm, "generator") == {"resources": {"NPU": 2}}
-    assert device_resources(npu_vllm, "reference") == {"resources": {"NPU": 1}}
+    assert device_resources("cpu", 0) == {} and device_resources("cuda", 0) == {}
+    assert device_resources("cuda", 1) == {"num_gpus": 1} and device_resources("npu", 2) == {"resources": {"NPU": 2}}
+    cuda = load_config(GRPO, ["engine.device=cuda"]).plan
+    assert cuda.role("actor").devices == 1 and cuda.role("reward").devices == 0
+    npu_vllm = load_config(GRPO, ["engine.device=npu", "engine.backend=vllm", "engine.vllm.tensor_parallel_size=2",
+                                  "placement.mode=disaggregated", "algorithm.kl_coef=0.1"]).plan
+    assert [npu_vllm.role(r).devices for r in ("actor", "generator", "reference")] == [2, 2, 1]
+    assert device_resources("npu", npu_vllm.role("generator").devices) == {"resources": {"NPU": 2}}
+    assert load_config(GRPO).plan.role("actor").devices == 0  # engine.device=cpu
 
 
-def test_devices_needed_counts_every_model_worker():
+def test_the_plan_counts_the_devices_of_every_model_worker():
     ppo = load_config(PPO, ["engine.device=cuda", "engine.backend=vllm", "engine.vllm.tensor_parallel_size=2",
                             "train.dp=2"])
-    assert devices_needed(ppo)["actor"] == 4 and devices_needed(ppo)["critic"] == 1
+    assert ppo.plan.devices() == {"actor": 4, "critic": 1}
     disagg = load_config("configs/grpo_arith_async.yaml", ["engine.device=cuda"])
-    assert devices_needed(disagg)["generator"] == disagg.placement.generators
-    assert devices_needed(load_config(GRPO)) == {}
+    assert disagg.plan.devices()["generator"] == disagg.placement.generators
+    assert load_config(GRPO).plan.devices() == {}
 
 
 def test_reward_model_worker_takes_accelerators_of_the_runs_kind(tmp_path):
@@ -56,12 +55,11 @@ def test_reward_model_worker_takes_accelerators_of_the_runs_kind(tmp_path):
     rm = tmp_path / "rm"
     build_tiny_reward_model(rm)
     npu = load_config(GRPO, ["engine.device=npu", f"reward.models=[{{path: {rm}}}]", "reward.model_devices=0.5"])
-    assert device_resources(npu, "reward-model") == {"resources": {"NPU": 0.5}}
-    assert devices_needed(npu)["reward-model"] == 0.5
-    with pytest.raises(DeviceError, match=r"needs 1.5 NPU \(actor 1, reward-model 0.5\) but the Ray cluster has 1"):
+    assert npu.plan.role("reward_model").devices == 0.5 and npu.plan.devices()["reward_model"] == 0.5
+    with pytest.raises(DeviceError, match=r"needs 1.5 NPU \(actor 1, reward_model 0.5\) but the Ray cluster has 1"):
         check_cluster_devices(npu, {"NPU": 1.0})
     on_cpu = load_config(GRPO, ["engine.device=cuda", f"reward.models=[{{path: {rm}}}]"])
-    assert device_resources(on_cpu, "reward-model") == {} and "reward-model" not in devices_needed(on_cpu)
+    assert on_cpu.plan.role("reward_model").devices == 0 and "reward_model" not in on_cpu.plan.devices()
     with pytest.raises(ConfigError, match="reward.model_devices=1 needs engine.device=cuda or npu"):
         load_config(GRPO, ["reward.model_devices=1"])
 

@@ -7,12 +7,11 @@ import torch
 from dockflow.config import ConfigError, load_config
 from dockflow.dock import DockBatch, DockRequest
 from dockflow.engines.hf_generation import encode_rollouts
-from dockflow.flow.record import devices
 from dockflow.models import build_char_tokenizer
 from dockflow.models.tiny_reward_model import build_tiny_reward_model
 from dockflow.rewards.sequence_classifier import RewardModel
 from dockflow.workers.reward_model import RewardModelWorker
-from dockflow.workers.run_dock import COLUMNS, consumers
+from dockflow.workers.run_dock import COLUMNS
 from dockflow.workers.runtime import rng_state, set_rng_state
 
 PROMPTS = ["What is 2 + 3?\nAnswer: ", "What is 2 + 3?\nAnswer: ", "What is 14 + 1?\nAnswer: ", "What is 14 + 1?\nAnswer: "]
@@ -55,13 +54,13 @@ def _config(paths, **extra):
 
 def test_consumers_add_the_reward_model_state_and_make_the_reward_state_wait_for_its_scores(tmp_path):
     plain = load_config("configs/grpo_arith.yaml")
-    assert "reward_model" not in consumers(plain) and "rm_scores" not in consumers(plain)["reward"]
+    assert "reward_model" not in plain.plan.consumers() and "rm_scores" not in plain.plan.consumers()["reward"]
     cfg = _config([tmp_path])
-    assert consumers(cfg)["reward_model"] == ["input_ids", "attention_mask", "responses", "response_mask"]
-    assert consumers(cfg)["reward"][-1] == "rm_scores" and COLUMNS["rm_scores"] == torch.float32
+    assert cfg.plan.consumers()["reward_model"] == ["input_ids", "attention_mask", "responses", "response_mask"]
+    assert cfg.plan.consumers()["reward"][-1] == "rm_scores" and COLUMNS["rm_scores"] == torch.float32
     with pytest.raises(ConfigError, match="dpo trains on offline pairs and scores nothing: set reward.models: "):
         load_config("configs/dpo_arith.yaml", [f"reward.models=[{{path: {tmp_path}}}]"])
-    assert devices(cfg) == devices(plain) + cfg.reward.model_cpus  # its cores count in Eq. (5)'s ND
+    assert cfg.plan.model_cpus() == plain.plan.model_cpus() + cfg.reward.model_cpus  # its cores count in Eq. (5)'s ND
 
 
 def test_the_worker_writes_each_models_score_of_the_decoded_prompt_and_response(tmp_path, process_state):
