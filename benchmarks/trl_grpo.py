@@ -186,7 +186,11 @@ def verifier_reward(meter: _Meter) -> Callable[..., list[float]]:
 
 def _timed_trainer(meter: _Meter):
     """A ``GRPOTrainer`` whose phases (generation, scoring, forward/backward, optimizer step) are timed."""
-    from transformers import TrainerCallback
+    return _timed_trainer_class(meter), _iteration_callback(meter)
+
+
+def _timed_trainer_class(meter: _Meter):
+    """``GRPOTrainer`` with its generation, scoring and train-step phases timed into ``meter``."""
     from trl import GRPOTrainer
 
     def timed(phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -212,6 +216,13 @@ def _timed_trainer(meter: _Meter):
         def training_step(self, *args: Any, **kwargs: Any) -> Any:
             return timed("train_step", super().training_step)(*args, **kwargs)
 
+    return TimedGRPOTrainer
+
+
+def _iteration_callback(meter: _Meter):
+    """A callback that times the optimizer step and opens/closes the meter's iterations."""
+    from transformers import TrainerCallback
+
     class IterationCallback(TrainerCallback):
         """Opens an iteration before its first optimizer step, closes it after its last (updates included)."""
 
@@ -229,7 +240,7 @@ def _timed_trainer(meter: _Meter):
             if state.global_step % meter.steps_per_iteration == 0:
                 meter.close()
 
-    return TimedGRPOTrainer, IterationCallback()
+    return IterationCallback()
 
 
 def held_out_accuracy(model: Any, tokenizer: Any, cfg: Config) -> float:

@@ -52,6 +52,7 @@ def clipped_policy_loss(
     old_logp: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
+    *,
     clip_eps: float = 0.2,
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,

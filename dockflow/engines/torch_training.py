@@ -25,6 +25,7 @@ class TorchTrainingEngine(TrainingEngine):
     def __init__(
         self,
         model: nn.Module,
+        *,
         lr: float,
         weight_decay: float = 0.0,
         grad_clip: float = 1.0,

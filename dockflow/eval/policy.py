@@ -36,7 +36,8 @@ def score_examples(
     if ev.pass_k > 1:
         k, seed = ev.pass_k, cfg.run.seed
         scores |= sampled_scores(
-            model, tokenizer, examples, k, ev.temperature, ev.top_p, max_new, fmt, ev.batch_size, seed, verifier
+            model, tokenizer, examples, k=k, temperature=ev.temperature, top_p=ev.top_p, max_new_tokens=max_new,
+            fmt=fmt, batch_size=ev.batch_size, seed=seed, verifier=verifier,
         )
     return scores
 

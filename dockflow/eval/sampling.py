@@ -24,6 +24,7 @@ def sampled_scores(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     examples: Sequence[Example],
+    *,
     k: int,
     temperature: float,
     top_p: float,

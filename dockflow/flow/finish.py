@@ -24,7 +24,7 @@ from dockflow.workers import Workers
 FINAL_MODEL = "final_model"
 
 
-def finish(cfg: Config, run_dir: Path, workers: Workers, store: Any, tracker: Tracker, state: RunRecord,
+def finish(cfg: Config, run_dir: Path, workers: Workers, store: Any, tracker: Tracker, state: RunRecord, *,
            model_uri: str, wall_s: float) -> dict[str, Any]:
     """Stage the final model, write ``summary.json``, log it with the curves and the config, register the model."""
     final = f"{store.location()}/{FINAL_MODEL}"

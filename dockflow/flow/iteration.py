@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dockflow.config import Config
@@ -32,13 +33,26 @@ if TYPE_CHECKING:
 ProgressFn = Callable[[int, dict[str, float]], None]
 
 
+@dataclass(frozen=True)
+class RunParts:
+    """What one attempt of a run works on (built by ``RunSession`` for each attempt: a restart replaces them)."""
+
+    cfg: Config
+    workers: Workers
+    dock: TransferDock
+    sampler: PromptSampler
+    store: Any  # the checkpoint store
+    tracker: Tracker
+    state: RunRecord  # the run's record
+
+
 class RunTasks:
     """The stage work of one run (``streaming.Tasks``) over its workers, dock, checkpoint store and record."""
 
-    def __init__(self, cfg: Config, workers: Workers, dock: TransferDock, sampler: PromptSampler, store: Any,
-                 state: RunRecord, tracker: Tracker, start: int, on_iteration: ProgressFn | None = None) -> None:
-        self.cfg, self.workers, self.dock, self.sampler = cfg, workers, dock, sampler
-        self.store, self.state, self.tracker, self.start = store, state, tracker, start
+    def __init__(self, parts: RunParts, start: int, on_iteration: ProgressFn | None = None) -> None:
+        cfg = parts.cfg
+        self.cfg, self.workers, self.dock, self.sampler = cfg, parts.workers, parts.dock, parts.sampler
+        self.store, self.state, self.tracker, self.start = parts.store, parts.state, parts.tracker, start
         self.on_iteration = on_iteration
         self.offline = cfg.plan.has("pairs")  # preference pairs, not rollouts
         self.devices = cfg.plan.model_cpus()  # ND of Eq. (5)

@@ -24,7 +24,7 @@ from dockflow.config import Config
 from dockflow.data.prompt_order import iteration_sampler
 from dockflow.flow import record
 from dockflow.flow.finish import finish
-from dockflow.flow.iteration import ProgressFn, RunTasks
+from dockflow.flow.iteration import ProgressFn, RunParts, RunTasks
 from dockflow.flow.run_record import RunRecord
 from dockflow.flow.streaming import Plan, StageLoops
 from dockflow.flow.waiting import StageError, wait_stages
@@ -84,8 +84,7 @@ class RunSession:
         """The stage loops, from the record's iteration to the end. With ``fault_tolerance.restart`` a worker that
         dies restarts the run from the latest checkpoint (up to ``max_restarts`` times); any other failure raises."""
         while True:
-            tasks = RunTasks(self.cfg, self.workers, self.dock, self.sampler, self.store, self.state, self.tracker,
-                             self.plan.start, on_iteration)
+            tasks = RunTasks(self.parts(), self.plan.start, on_iteration)
             tasks.generated.update(self.plan.generated)
             loops = StageLoops(self.plan, tasks, self.cfg.train.stage_timeout_s, on_stage=on_stage,
                                on_complete=on_complete, stop=stop)
@@ -97,6 +96,11 @@ class RunSession:
                 if not (exc.worker_died and ft.restart and self.state.restarts < ft.max_restarts):
                     raise
                 self.restart(str(exc))
+
+    def parts(self) -> RunParts:
+        """This attempt's workers, dock and record, with the run's config, prompt order, store and tracker."""
+        return RunParts(cfg=self.cfg, workers=self.workers, dock=self.dock, sampler=self.sampler, store=self.store,
+                        tracker=self.tracker, state=self.state)
 
     def restart(self, reason: str) -> None:
         """Kill the workers and the dock, go back to the latest committed checkpoint (or the start, keeping the
@@ -111,8 +115,8 @@ class RunSession:
     def finish(self, wall_s: float) -> dict[str, Any]:
         """The run is done: final model (staged in the checkpoint store), ``summary.json``, MLflow artifacts, and the
         final model registered (with the champion decision) when ``registry.model_name`` is set."""
-        return finish(self.cfg, self.run_dir, self.workers, self.store, self.tracker, self.state, self.model_uri,
-                      wall_s)
+        return finish(self.cfg, self.run_dir, self.workers, self.store, self.tracker, self.state,
+                      model_uri=self.model_uri, wall_s=wall_s)
 
     def close(self) -> None:
         """Kill the workers and the dock (idempotent)."""

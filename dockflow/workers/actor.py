@@ -32,7 +32,7 @@ from dockflow.models import load_model_and_tokenizer
 from dockflow.storage.objects import fetch_model
 from dockflow.workers.consume import WaitClock, consume
 from dockflow.workers.dp_group import join_dp_group
-from dockflow.workers.rollout import generate_into_dock
+from dockflow.workers.rollout import PromptTable, generate_into_dock
 from dockflow.workers.rollout_queue import staleness_bound
 from dockflow.workers.runtime import ModelWorker
 from dockflow.workers.staleness import StalenessCounter
@@ -64,7 +64,9 @@ class ActorWorker(ModelWorker):
         self.train_engine, self.gen_engine = create_engines(cfg, model, self.tokenizer, cpus=cfg.ray.actor_cpus)
         self.engine = self.train_engine  # the checkpointed one
         self.task = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint)
-        self.prompts = PromptFormat.of(cfg.data).render_all([ex.prompt for ex in self.task.train], self.tokenizer)
+        self.prompts = PromptTable(
+            PromptFormat.of(cfg.data).render_all([ex.prompt for ex in self.task.train], self.tokenizer), self.gen_engine
+        )
         self.columns = cfg.plan.role("actor").reads  # its states' dock columns
         self.policy_version = 0
         self.recipe = cfg.algorithm.recipe  # the algorithm: its loss, how its rows are batched
@@ -82,7 +84,8 @@ class ActorWorker(ModelWorker):
         """Sample N responses for each prompt and stream them into the dock, group by group, from dock index
         ``first_index`` on (later rounds of dynamic sampling write after the earlier ones)."""
         return generate_into_dock(
-            self.cfg, self.gen_engine, self.dock, self.prompts, iteration, prompt_ids, first_index, self.policy_version
+            self.cfg, self.gen_engine, self.dock, self.prompts, iteration=iteration, prompt_ids=prompt_ids,
+            first_index=first_index, policy_version=self.policy_version,
         )
 
     def compute_old_log_prob(self, iteration: int) -> dict[str, float]:

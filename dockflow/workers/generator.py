@@ -19,8 +19,8 @@ from dockflow.engines import create_generation_engine
 from dockflow.engines.sync_check import SYNC_CHECK
 from dockflow.models import load_model_and_tokenizer
 from dockflow.storage.objects import fetch_model
-from dockflow.workers.partial_rollout import PromptTable, generate_partial_into_dock
-from dockflow.workers.rollout import generate_into_dock, queue_call
+from dockflow.workers.partial_rollout import generate_partial_into_dock
+from dockflow.workers.rollout import PromptTable, QueueClient, generate_into_dock
 from dockflow.workers.rollout_queue import RolloutQueue, rollout_queue
 from dockflow.workers.runtime import init_worker_process
 
@@ -39,8 +39,8 @@ class GeneratorWorker:
         self.tokenizer = tokenizer
         self.queue: RolloutQueue = rollout_queue(cfg)  # used alone (one generator); parked groups live here
         train = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint).train
-        self.train_prompts = PromptFormat.of(cfg.data).render_all([ex.prompt for ex in train], tokenizer)
-        self.prompt_table: PromptTable | None = None  # partial rollout: built at its first use
+        self.prompts = PromptTable(PromptFormat.of(cfg.data).render_all([ex.prompt for ex in train], tokenizer),
+                                   self.engine)
         self.policy_version = 0
 
     def ready(self) -> bool:
@@ -59,21 +59,25 @@ class GeneratorWorker:
         if queue is None:
             queue = self.queue
             queue.open(iteration, prompt_ids)
+        client = self._client(queue)
         if self.cfg.rollout.partial.token_budget is not None:
-            if self.prompt_table is None:
-                self.prompt_table = PromptTable(self.tokenizer, self.train_prompts)
             out = generate_partial_into_dock(
-                self.cfg, self.engine, self.tokenizer, self.dock, self.prompt_table, queue, iteration,
-                self.policy_version, rank,
+                self.cfg, self.engine, self.tokenizer, self.dock, self.prompts, client, iteration=iteration,
+                policy_version=self.policy_version, rank=rank,
             )
         else:
             out = generate_into_dock(
-                self.cfg, self.engine, self.dock, self.train_prompts, iteration, prompt_ids, first_index,
-                self.policy_version, queue, rank,
+                self.cfg, self.engine, self.dock, self.prompts, iteration=iteration, prompt_ids=prompt_ids,
+                first_index=first_index, policy_version=self.policy_version, queue=client, rank=rank,
             )
         out["rollout/policy_version"] = float(self.policy_version)
         out.update(loaded)
         return out
+
+    def _client(self, queue: Any) -> QueueClient:
+        """The generators' shared queue actor (or, None, this worker's own queue), waited on for at most
+        ``train.stage_timeout_s`` per call."""
+        return QueueClient(self.queue if queue is None else queue, self.cfg.train.stage_timeout_s)
 
     def _take(self, weights: dict[str, Any] | None) -> dict[str, float]:
         """Load bit-exact copies of the published policy's tensors when they are newer than ours."""
@@ -94,8 +98,7 @@ class GeneratorWorker:
         for j in iterations:
             batch = self.dock.get(DockRequest(SNAPSHOT_CONSUMER, self.cfg.global_batch, window=self.cfg.dock_window(j)))
             windows[j] = {"indices": batch.indices, "data": batch.data, "meta": batch.meta}
-        state = queue_call(queue, "state_dict", timeout_s=self.cfg.train.stage_timeout_s) if queue is not None \
-            else self.queue.state_dict()
+        state = self._client(queue).state_dict()
         store.write_part(step, "inflight", {"windows": windows, "queue": state})
 
     def load_inflight(self, store: Any, step: int, queue: Any = None) -> list[int]:
@@ -105,8 +108,5 @@ class GeneratorWorker:
         for j, w in part["windows"].items():
             self.dock.reset(window=self.cfg.dock_window(j))
             self.dock.put(w["indices"], w["data"], w["meta"])
-        if queue is not None:
-            queue_call(queue, "load_state_dict", part["queue"], timeout_s=self.cfg.train.stage_timeout_s)
-        else:
-            self.queue.load_state_dict(part["queue"])
+        self._client(queue).load_state_dict(part["queue"])
         return sorted(part["windows"])

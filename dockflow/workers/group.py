@@ -18,7 +18,7 @@ from dockflow.workers.pairs import PairSource
 from dockflow.workers.reference import ReferenceWorker
 from dockflow.workers.reward import RewardWorker
 from dockflow.workers.reward_model import RewardModelWorker
-from dockflow.workers.rollout_queue import RolloutQueue, queue_args
+from dockflow.workers.rollout_queue import RolloutQueue, queue_settings
 
 # the class each role of the plan runs (``dockflow.algos.plan.ROLES``)
 WORKER_CLASSES: dict[str, type] = {
@@ -89,7 +89,7 @@ def _start_roles(cfg: Config, model_dir: str, dock: TransferDock, prefix: str) -
         started[role.name] = []
         for k in range(role.count):
             if role.name == "rollout_queue":
-                args: tuple[Any, ...] = queue_args(cfg)
+                args: tuple[Any, ...] = (queue_settings(cfg),)
             elif role.name == "actor":
                 args = (cfg, model_dir, dock, k, dp_key)  # rank k of train.dp
             else:

@@ -23,20 +23,11 @@ from dockflow.dock import TransferDock
 from dockflow.engines import SamplingParams
 from dockflow.engines.hf_generation import left_pad_prompts
 from dockflow.engines.partial import continue_rollouts, empty_rollouts, unfinished
-from dockflow.workers.rollout import dock_columns, generation_seed, queue_call, rollout_metrics
-from dockflow.workers.rollout_queue import ParkedGroup, Work
+from dockflow.workers.rollout import PromptTable, QueueClient, dock_columns, generation_seed, rollout_metrics
+from dockflow.workers.rollout_queue import FinishedWork, ParkedGroup, Work
 
 COLUMNS = ("input_ids", "attention_mask", "responses", "response_mask", "prompt_length", "response_length",
            "rollout_log_prob")
-
-
-class PromptTable:
-    """The train prompts, formatted (``PromptFormat``), and one prompt width for the run (parked groups join later
-    iterations, so every rollout is padded alike). Built once per generator worker."""
-
-    def __init__(self, tokenizer: Any, train_prompts: list[str]) -> None:
-        self.templated = train_prompts
-        self.width = max(len(tokenizer(p)["input_ids"]) for p in self.templated)
 
 
 def _start(work: Work, cfg: Config, tokenizer: Any, table: PromptTable) -> tuple[TensorDict, list[int], list[int]]:
@@ -52,8 +43,8 @@ def _start(work: Work, cfg: Config, tokenizer: Any, table: PromptTable) -> tuple
 
 
 def generate_partial_into_dock(
-    cfg: Config, engine: Any, tokenizer: Any, dock: TransferDock, table: PromptTable, queue: Any, iteration: int,
-    policy_version: int, rank: int = 0,
+    cfg: Config, engine: Any, tokenizer: Any, dock: TransferDock, table: PromptTable, queue: QueueClient, *,
+    iteration: int, policy_version: int, rank: int = 0,
 ) -> dict[str, float]:
     """Take work for ``iteration`` from ``queue`` until none is left; write finished groups, park the rest."""
     start = time.perf_counter()
@@ -64,7 +55,7 @@ def generate_partial_into_dock(
     counts = dict.fromkeys(
         ("chunks", "new", "parked", "resumed", "overflow", "samples", "prompt_tokens", "response_tokens"), 0
     )
-    while (work := queue_call(queue, "take", iteration, rank, timeout_s=cfg.train.stage_timeout_s)) is not None:
+    while (work := queue.take(iteration, rank)) is not None:
         data, versions, ages = _start(work, cfg, tokenizer, table)
         counts["resumed"] += len(work.parked)
         counts["new"] += 0 if work.parked else len(work.prompt_ids)
@@ -81,10 +72,10 @@ def generate_partial_into_dock(
         for p in parked:
             p.age += 1
         counts["parked"] += len(parked)
-        slot, granted = queue_call(queue, "finish", iteration, len(groups), len(done), parked, work.budget is not None,
-                             not work.parked, timeout_s=cfg.train.stage_timeout_s)
+        slot, granted = queue.finish(FinishedWork(iteration, len(groups), len(done), parked,
+                                                  budget=work.budget is not None, new=not work.parked))
         if granted < len(done):  # the window is full: the rest wait, finished, for the next one
-            queue_call(queue, "park", [groups[g] for g in done[granted:]], timeout_s=cfg.train.stage_timeout_s)
+            queue.park([groups[g] for g in done[granted:]])
             counts["overflow"] += len(done) - granted
             done = done[:granted]
         if done:
@@ -105,7 +96,7 @@ def generate_partial_into_dock(
     metrics[f"flow/chunks_generator_{rank}"] = float(counts["chunks"])
     metrics["flow/parked_groups"] = float(counts["parked"])
     metrics["flow/resumed_groups"] = float(counts["resumed"])
-    stats = queue_call(queue, "stats", iteration, timeout_s=cfg.train.stage_timeout_s)
+    stats = queue.stats(iteration)
     metrics["flow/overflow_groups"] = float(counts["overflow"])
     metrics["flow/new_groups"] = float(counts["new"])
     metrics["flow/parked_groups_waiting_total"] = float(stats["parked"])

@@ -5,6 +5,8 @@ and put into the iteration's dock window as soon as it is done, so scoring strea
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -13,18 +15,21 @@ from tensordict import TensorDict
 from dockflow.config import Config
 from dockflow.dock import TransferDock
 from dockflow.engines import GenerationEngine, SamplingParams
-from dockflow.workers.rollout_queue import RolloutQueue
-
-_RUN_WIDTH: tuple[list[str], int] | None = None
+from dockflow.workers.rollout_queue import FinishedWork, Grant, ParkedGroup, QueueSettings, RolloutQueue, Work
 
 
-def run_prompt_width(engine: GenerationEngine, train_prompts: list[str]) -> int:
-    """One prompt width for the whole run (computed once per prompt list): the dock fixes a column's per-sample
-    shape until it is fully reset, so prompts of varying length must be padded alike in every iteration."""
-    global _RUN_WIDTH
-    if _RUN_WIDTH is None or _RUN_WIDTH[0] is not train_prompts:
-        _RUN_WIDTH = (train_prompts, engine.prompt_width(train_prompts))
-    return _RUN_WIDTH[1]
+class PromptTable:
+    """The train prompts, formatted (``PromptFormat``), and one prompt width for the run, measured at first use.
+    The dock fixes a column's per-sample shape until it is fully reset, and parked groups join later iterations,
+    so every rollout is padded alike. One per worker."""
+
+    def __init__(self, templated: list[str], engine: GenerationEngine) -> None:
+        self.templated = templated
+        self._engine = engine
+
+    @cached_property
+    def width(self) -> int:
+        return self._engine.prompt_width(self.templated)
 
 
 def generation_seed(run_seed: int, iteration: int) -> int:
@@ -58,33 +63,59 @@ class RolloutQueueTimeout(RuntimeError):
     """The generators' shared rollout queue did not answer in time."""
 
 
-def queue_call(queue: Any, method: str, *args: Any, timeout_s: float = 60.0) -> Any:
-    """Call ``method`` on a local :class:`RolloutQueue` or on its Ray actor, waiting at most ``timeout_s``."""
-    fn = getattr(queue, method)
-    if not hasattr(fn, "remote"):
-        return fn(*args)
-    import ray
+class QueueClient:
+    """A :class:`RolloutQueue` in this process, or its Ray actor (several generators), called alike; an actor that
+    does not answer within ``timeout_s`` (``train.stage_timeout_s``) raises :class:`RolloutQueueTimeout`."""
 
-    try:
-        return ray.get(fn.remote(*args), timeout=timeout_s)
-    except ray.exceptions.GetTimeoutError:
-        which = f" for iteration {args[0]}" if args and isinstance(args[0], int) else ""
-        raise RolloutQueueTimeout(
-            f"the rollout queue actor did not answer '{method}'{which} within {timeout_s:.0f}s "
-            "(train.stage_timeout_s); is the '<run>-rollout-queue' actor alive?"
-        ) from None
+    def __init__(self, queue: Any, timeout_s: float = 60.0) -> None:
+        self.queue, self.timeout_s = queue, timeout_s
+
+    def take(self, iteration: int, rank: int) -> Work | None:
+        return self._call(self.queue.take, iteration, rank, iteration=iteration)
+
+    def finish(self, done: FinishedWork) -> Grant:
+        return Grant(*self._call(self.queue.finish, done, iteration=done.iteration))
+
+    def park(self, groups: list[ParkedGroup]) -> None:
+        self._call(self.queue.park, groups)
+
+    def stats(self, iteration: int) -> dict[str, Any]:
+        return self._call(self.queue.stats, iteration, iteration=iteration)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._call(self.queue.state_dict)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._call(self.queue.load_state_dict, state)
+
+    def _call(self, method: Callable[..., Any] | Any, *args: Any, iteration: int | None = None) -> Any:
+        """``method(*args)`` on the local queue, or ``method.remote(*args)`` on the actor, waited for."""
+        if not hasattr(method, "remote"):
+            return method(*args)
+        import ray
+
+        try:
+            return ray.get(method.remote(*args), timeout=self.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            name = getattr(method, "_method_name", "a call")  # Ray's ActorMethod keeps its method's name there
+            which = "" if iteration is None else f" for iteration {iteration}"
+            raise RolloutQueueTimeout(
+                f"the rollout queue actor did not answer '{name}'{which} within {self.timeout_s:.0f}s "
+                "(train.stage_timeout_s); is the '<run>-rollout-queue' actor alive?"
+            ) from None
 
 
 def generate_into_dock(
     cfg: Config,
     engine: GenerationEngine,
     dock: TransferDock,
-    train_prompts: list[str],
+    table: PromptTable,
+    *,
     iteration: int,
     prompt_ids: list[int],
     first_index: int,
     policy_version: int,
-    queue: Any = None,
+    queue: QueueClient | None = None,
     rank: int = 0,
 ) -> dict[str, float]:
     """Sample N responses for each of ``prompt_ids`` and stream them into the dock, chunk by chunk, from
@@ -93,18 +124,17 @@ def generate_into_dock(
     seed and dock slice, whoever takes it."""
     start = time.perf_counter()
     ro = cfg.rollout
-    per_chunk = max(1, ro.batch_size // ro.group_size)
     if queue is None:
-        queue = RolloutQueue(per_chunk)
-        queue.open(iteration, prompt_ids)
-    prompts = [train_prompts[i] for i in prompt_ids]  # formatted (PromptFormat) by the worker
-    width = run_prompt_width(engine, train_prompts)
+        own = RolloutQueue(QueueSettings(max(1, ro.batch_size // ro.group_size)))
+        own.open(iteration, prompt_ids)
+        queue = QueueClient(own)
+    prompts = [table.templated[i] for i in prompt_ids]
     params = SamplingParams(ro.max_new_tokens, ro.temperature, ro.top_p, greedy=False, n=ro.group_size)
     seed = generation_seed(cfg.run.seed, iteration) + first_index
     prompt_tokens = response_tokens = samples = chunks = 0
-    while (work := queue_call(queue, "take", iteration, rank, timeout_s=cfg.train.stage_timeout_s)) is not None:
+    while (work := queue.take(iteration, rank)) is not None:
         c, count = work.offset, len(work.prompt_ids)
-        out = engine.generate(prompts[c : c + count], params, seed + c, prompt_width=width)
+        out = engine.generate(prompts[c : c + count], params, seed + c, prompt_width=table.width)
         first = cfg.dock_window(iteration)[0] + first_index + work.slot * ro.group_size
         indices = list(range(first, first + out.batch_size[0]))
         meta = {

@@ -36,7 +36,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from dockflow.config import Config
@@ -68,6 +68,44 @@ class Work:
     budget: int | None = None  # new tokens per response in this call; None = finish
 
 
+@dataclass(frozen=True)
+class QueueSettings:
+    """A :class:`RolloutQueue`'s settings (``queue_settings(cfg)``); without ``token_budget``: fixed chunks only."""
+
+    chunk_groups: int  # prompts per work item
+    token_budget: int | None = None  # partial rollout: new tokens per response per work item
+    max_age: int = 1  # parks after which a group runs to the end
+    age_bound: int = 0  # versions a parked group's oldest token may lag when trained (older: stale)
+    over_provision: float = 0.0  # extra new prompts (x G) started while the window is short
+    next_prompts: Callable[[int], list[int]] | None = None  # look-ahead: an iteration's prompt ids
+    rows_per_chunk: int = 0  # unfinished rows per work item of parked groups (0: chunk_groups)
+    on_stale: str = "drop"  # or "regenerate": a stale group's prompt starts over
+
+    def __post_init__(self) -> None:
+        if self.on_stale not in ("drop", "regenerate"):
+            raise ValueError(f"on_stale={self.on_stale!r}: choose drop or regenerate")
+
+
+@dataclass
+class FinishedWork:
+    """What a generator reports back for one work item of ``taken`` groups: ``finished`` of them are complete,
+    ``parked`` wait; ``budget``: it ran under the token budget; ``new``: it started new prompts."""
+
+    iteration: int
+    taken: int
+    finished: int
+    parked: list[ParkedGroup] = field(default_factory=list)
+    budget: bool = False
+    new: bool = False
+
+
+class Grant(NamedTuple):
+    """The window's answer to finished groups: the first slot they write, and how many of them it takes."""
+
+    slot: int
+    granted: int
+
+
 @dataclass
 class _Iteration:
     prompt_ids: list[int]
@@ -81,18 +119,12 @@ class _Iteration:
 class RolloutQueue:
     """Hands out one iteration's generation work; parks unfinished groups between iterations."""
 
-    def __init__(
-        self, chunk_groups: int, token_budget: int | None = None, max_age: int = 1, age_bound: int = 0,
-        over_provision: float = 0.0, next_prompts: Callable[[int], list[int]] | None = None, rows_per_chunk: int = 0,
-        on_stale: str = "drop",
-    ):
-        self.chunk = max(1, chunk_groups)
-        self.budget, self.max_age, self.age_bound = token_budget, max_age, age_bound
-        self.over_provision, self.next_prompts = over_provision, next_prompts
-        self.rows_per_chunk = rows_per_chunk or self.chunk
-        if on_stale not in ("drop", "regenerate"):
-            raise ValueError(f"on_stale={on_stale!r}: choose drop or regenerate")
-        self.on_stale = on_stale
+    def __init__(self, settings: QueueSettings) -> None:
+        self.chunk = max(1, settings.chunk_groups)
+        self.budget, self.max_age, self.age_bound = settings.token_budget, settings.max_age, settings.age_bound
+        self.over_provision, self.next_prompts = settings.over_provision, settings.next_prompts
+        self.rows_per_chunk = settings.rows_per_chunk or self.chunk
+        self.on_stale = settings.on_stale
         self.iterations: dict[int, _Iteration] = {}
         self.parked: list[ParkedGroup] = []
         self.stream: deque[int] = deque()  # partial: prompts not started yet, in iteration order
@@ -213,23 +245,20 @@ class RolloutQueue:
         a version older, for the next window."""
         return 2 * self.new_finished <= self.new_started
 
-    def finish(self, iteration: int, taken: int, finished: int, parked: list[ParkedGroup], budget: bool = False,
-               new: bool = False) -> tuple[int, int]:
-        """A work item of ``taken`` groups is done (``budget``: it ran under the token budget; ``new``: it started
-        new prompts): ``finished`` of them are complete, ``parked`` wait. Returns (the first window slot for the
-        complete ones, how many of them the window takes); the caller parks the rest with :meth:`park` (ready
-        for the next window)."""
-        it = self.iterations[iteration]
-        if not budget:
-            it.in_flight -= taken
-        elif new:
-            self.new_started += taken
-            self.new_finished += finished
+    def finish(self, done: FinishedWork) -> Grant:
+        """A work item is done: park its unfinished groups and grant window slots to its complete ones; the
+        caller parks those the window does not take with :meth:`park` (ready for the next window)."""
+        it = self.iterations[done.iteration]
+        if not done.budget:
+            it.in_flight -= done.taken
+        elif done.new:
+            self.new_started += done.taken
+            self.new_finished += done.finished
         slot = it.finished
-        granted = min(finished, len(it.prompt_ids) - it.finished)
+        granted = min(done.finished, len(it.prompt_ids) - it.finished)
         it.finished += granted
-        self.parked.extend(parked)
-        return slot, granted
+        self.parked.extend(done.parked)
+        return Grant(slot, granted)
 
     def park(self, groups: list[ParkedGroup]) -> None:
         """Finished groups the window had no slot for: the next window takes them first."""
@@ -260,18 +289,22 @@ def rollout_queue(cfg: Config) -> RolloutQueue:
     """The queue of this config: chunks of ``rollout.batch_size`` sequences; partial rollout's budget and ages.
     A parked group may be ``train.max_staleness + partial.max_age`` versions old when trained (each park can
     add one iteration), so that is the update's bound with partial rollout on."""
-    return RolloutQueue(*queue_args(cfg))
+    return RolloutQueue(queue_settings(cfg))
 
 
-def queue_args(cfg: Config) -> tuple[Any, ...]:
-    """:class:`RolloutQueue`'s arguments for this config (the prompt sampler as look-ahead with partial rollout)."""
+def queue_settings(cfg: Config) -> QueueSettings:
+    """:class:`RolloutQueue`'s settings for this config (the prompt sampler as look-ahead with partial rollout)."""
     from dockflow.data.prompt_order import iteration_sampler
 
     ro, partial = cfg.rollout, cfg.rollout.partial
+    chunk = max(1, ro.batch_size // ro.group_size)
     if partial.token_budget is None:
-        return (max(1, ro.batch_size // ro.group_size),)
-    return (max(1, ro.batch_size // ro.group_size), partial.token_budget, partial.max_age, staleness_bound(cfg),
-            partial.over_provision, iteration_sampler(cfg).indices, ro.batch_size, partial.on_stale)
+        return QueueSettings(chunk)
+    return QueueSettings(
+        chunk, token_budget=partial.token_budget, max_age=partial.max_age, age_bound=staleness_bound(cfg),
+        over_provision=partial.over_provision, next_prompts=iteration_sampler(cfg).indices,
+        rows_per_chunk=ro.batch_size, on_stale=partial.on_stale,
+    )
 
 
 def staleness_bound(cfg: Config) -> int:

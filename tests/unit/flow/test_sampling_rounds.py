@@ -7,8 +7,8 @@ from types import SimpleNamespace
 from dockflow.algos.recipes.dapo import DynamicSampling
 from dockflow.config import load_config
 from dockflow.data.prompt_order import PromptSampler
-from dockflow.flow import record
-from dockflow.flow.iteration import RunTasks
+from dockflow.flow.iteration import RunParts, RunTasks
+from dockflow.flow.run_record import RunRecord
 from dockflow.workers.advantage import RoundAdvantages
 
 G, N = 4, 2
@@ -36,7 +36,8 @@ def _tasks(config: str, *extra: str) -> tuple[RunTasks, list]:
     dock = SimpleNamespace(reset=lambda window: calls.append(("reset", window)))
     tracker = SimpleNamespace(log_metrics_or_defer=lambda metrics, step: True)
     sampler = PromptSampler(100, G * cfg.plan.sampling.rounds, 0)
-    return RunTasks(cfg, workers, dock, sampler, None, record.initial_state(), tracker, 0), calls
+    parts = RunParts(cfg=cfg, workers=workers, dock=dock, sampler=sampler, store=None, tracker=tracker, state=RunRecord())
+    return RunTasks(parts, 0), calls
 
 
 def _generated() -> dict[str, float]:

@@ -16,10 +16,10 @@ from tensordict import TensorDict
 
 from dockflow.config import Config, load_config
 from dockflow.data.prompt_order import PromptSampler
-from dockflow.flow.iteration import RunTasks
+from dockflow.flow.iteration import RunParts, RunTasks
 from dockflow.flow.run_record import RunRecord
 from dockflow.flow.streaming import Plan, StageLoops
-from dockflow.workers.rollout_queue import RolloutQueue
+from dockflow.workers.rollout_queue import QueueSettings, RolloutQueue
 from dockflow.workers.staleness import StalenessCounter
 
 G, N = 8, 2
@@ -84,7 +84,7 @@ class FakeGenerator:
         if weights is not None and weights["version"] > self.version:
             self.version = weights["version"]
         if queue is None:  # alone: a private queue, as GeneratorWorker does
-            q = RolloutQueue(1)
+            q = RolloutQueue(QueueSettings(1))
             q.open(iteration, prompt_ids)
         else:
             q = queue._impl  # the shared queue actor, already opened (``opened`` resolved first)
@@ -117,14 +117,15 @@ def run_case(
     workers = SimpleNamespace(
         actor=FakeActor(world, trainer, speed()), reward=None, reference=None, critic=None,
         generators=[FakeActor(world, g, speeds[k] if speeds else speed()) for k, g in enumerate(gens)],
-        rollout_queue=FakeActor(world, RolloutQueue(1), 1.0),
+        rollout_queue=FakeActor(world, RolloutQueue(QueueSettings(1)), 1.0),
     )
     sampler = PromptSampler(1000, G, seed)
     start = rng.randint(0, 2)  # a resumed run starts past 0 with the restored version
     trainer.version = start
     state = RunRecord()
     tracker = SimpleNamespace(log_metrics_or_defer=lambda metrics, step: True)
-    tasks = RunTasks(cfg, workers, dock, sampler, None, state, tracker, start)
+    parts = RunParts(cfg=cfg, workers=workers, dock=dock, sampler=sampler, store=None, tracker=tracker, state=state)
+    tasks = RunTasks(parts, start)
     plan = Plan(start=start, end=start + iterations, max_staleness=max_staleness, eval_steps=[],
                 checkpoint_steps=set(), publish_first=start > 0)
     StageLoops(plan, tasks, timeout_s=60.0, waiter=world).run()

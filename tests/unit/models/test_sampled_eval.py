@@ -23,6 +23,11 @@ def model(micro_cfg, char_tok):  # noqa: ANN201 - a Qwen2ForCausalLM
     return build_tiny_model(micro_cfg, char_tok, seed=0)
 
 
+def _params(k: int) -> dict:
+    """sampled_scores' settings for the micro model: k samples at temperature 1, 3 prompts per batch."""
+    return {"k": k, "temperature": 1.0, "top_p": 1.0, "max_new_tokens": MAX_NEW, "fmt": FMT, "batch_size": 3, "seed": SEED}
+
+
 def _first_line(text: str) -> str:
     lines = text.strip().splitlines()
     return lines[0] if lines else ""
@@ -42,14 +47,14 @@ def test_sampled_scores_group_k_samples_per_prompt_and_are_seeded(model, char_to
     assert sum(any(row) for row in correct) >= 3, "the untrained model should write text for most prompts"
 
     rng_before = torch.get_rng_state()
-    got = sampled_scores(model, char_tok, examples, K, 1.0, 1.0, MAX_NEW, FMT, batch_size=3, seed=SEED)
+    got = sampled_scores(model, char_tok, examples, **_params(K))
     assert torch.equal(torch.get_rng_state(), rng_before), "evaluation must not move the caller's RNG"
     assert got == sample_scores(correct, K)
     assert got[f"pass@{K}"] >= got[f"avg@{K}"] > 0
-    assert sampled_scores(model, char_tok, examples, K, 1.0, 1.0, MAX_NEW, FMT, 3, SEED) == got
-    assert sampled_scores(model, char_tok, [], K, 1.0, 1.0, MAX_NEW, FMT, 3, SEED) == {"pass@4": 0.0, "avg@4": 0.0}
+    assert sampled_scores(model, char_tok, examples, **_params(K)) == got
+    assert sampled_scores(model, char_tok, [], **_params(K)) == {"pass@4": 0.0, "avg@4": 0.0}
     with pytest.raises(ValueError, match="k=0"):
-        sampled_scores(model, char_tok, examples, 0, 1.0, 1.0, MAX_NEW, FMT, 3, SEED)
+        sampled_scores(model, char_tok, examples, **_params(0))
 
 
 def test_evaluate_policy_names_mlflow_metrics(model, char_tok) -> None:

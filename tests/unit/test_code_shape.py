@@ -1,0 +1,78 @@
+"""The code's shape: no function in ``dockflow/`` with more than 7 positional parameters, no file over 400 lines.
+
+Keyword-only parameters (after ``*``) do not count, nor ``self``/``cls`` of a method.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "dockflow"
+MAX_POSITIONAL = 7
+MAX_LINES = 400
+
+
+def _sources() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def positional_count(fn: ast.FunctionDef | ast.AsyncFunctionDef, in_class: bool) -> int:
+    """Positional parameters of ``fn`` (positional-only and ordinary), less a method's ``self``/``cls``."""
+    names = [a.arg for a in fn.args.posonlyargs + fn.args.args]
+    static = any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in fn.decorator_list)
+    if in_class and not static and names and names[0] in ("self", "cls"):
+        names = names[1:]
+    return len(names)
+
+
+def long_signatures(tree: ast.AST, where: str) -> list[str]:
+    """``file:line name (n)`` for every function in ``tree`` with more than ``MAX_POSITIONAL`` positional params."""
+    found: list[str] = []
+
+    def visit(node: ast.AST, in_class: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = positional_count(child, in_class)
+                if n > MAX_POSITIONAL:
+                    found.append(f"{where}:{child.lineno} {child.name} ({n} positional)")
+                visit(child, False)
+            else:
+                visit(child, in_class or isinstance(child, ast.ClassDef))
+
+    visit(tree, False)
+    return found
+
+
+def test_counting_skips_self_and_keyword_only() -> None:
+    src = (
+        "class A:\n"
+        "    def m(self, a, b, c, d, e, f, g): ...\n"
+        "    def n(self, a, b, c, d, e, f, g, h): ...\n"
+        "    @staticmethod\n"
+        "    def s(self, a, b, c, d, e, f, g): ...\n"
+        "def k(a, b, c, d, e, f, g, *, h, i, j): ...\n"
+        "def p(a, b, c, d, /, e, f, g, h): ...\n"
+    )
+    assert long_signatures(ast.parse(src), "x.py") == [
+        "x.py:3 n (8 positional)",
+        "x.py:5 s (8 positional)",
+        "x.py:7 p (8 positional)",
+    ]
+
+
+def test_no_function_takes_more_than_seven_positional_parameters() -> None:
+    found: list[str] = []
+    for path in _sources():
+        where = str(path.relative_to(PACKAGE.parent))
+        found += long_signatures(ast.parse(path.read_text(), filename=where), where)
+    assert not found, "use keyword-only parameters (*, ...) or a typed object:\n" + "\n".join(found)
+
+
+def test_no_file_is_over_400_lines() -> None:
+    found = []
+    for path in _sources():
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_LINES:
+            found.append(f"{path.relative_to(PACKAGE.parent)}:{lines} ({lines} lines > {MAX_LINES})")
+    assert not found, "split these files:\n" + "\n".join(found)
