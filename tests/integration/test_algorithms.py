@@ -114,7 +114,7 @@ def test_a_run_resumed_with_generations_in_flight_repeats_and_loses_no_sample(ra
                       dock__backend="centralized")
     full = train(cfg)
     final = load_file(str(Path(full["final_model"]) / "model.safetensors"))
-    store = run_store(cfg)
+    store = run_store(cfg.checkpoint, cfg.run)
     inflight = store.read_part(2, "inflight", weights_only=False)
     assert list(inflight["windows"]) == [2] and len(inflight["windows"][2]["indices"]) == cfg.global_batch
     assert inflight["queue"]["parked"], "nothing was parked: partial rollout did not run"

@@ -5,6 +5,7 @@ import torch
 
 from dockflow.config import Config
 from dockflow.engines import (
+    EngineInputs,
     SamplingParams,
     create_critic_engine,
     create_engines,
@@ -22,7 +23,8 @@ def engines():
     cfg = Config()
     tok = build_char_tokenizer()
     model = build_tiny_model(cfg.model.tiny, tok, seed=0)
-    return (*create_engines(cfg, model, tok), tok)
+    inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed)
+    return (*create_engines(inputs, model, tok), tok)
 
 
 def test_first_eos_mask_by_hand():
