@@ -44,7 +44,7 @@ from torch import nn  # noqa: E402
 
 from benchmarks.results_file import write_results  # noqa: E402
 from dockflow.config import Config  # noqa: E402
-from dockflow.engines import HFGenerationEngine, SamplingParams  # noqa: E402
+from dockflow.engines import EngineInputs, HFGenerationEngine, SamplingParams  # noqa: E402
 
 MODELS = ("demo", "large")
 ENGINES = ("hf", "vllm")
@@ -180,9 +180,10 @@ def run_model(name: str, model: nn.Module, tokenizer: Any, workload: dict[str, i
     params = SamplingParams(max_new_tokens=workload["new_tokens"], temperature=1.0, n=workload["samples"])
     greedy = SamplingParams(max_new_tokens=workload["new_tokens"], greedy=True)
     cfg = Config(engine={"backend": "vllm", "device": "cpu", "vllm": VLLM_SETTINGS}, run={"seed": seed})
+    inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed)
     hf = HFGenerationEngine(model, tokenizer, device="cpu", batch_size=256)
     started = time.perf_counter()
-    vllm = VLLMGenerationEngine(model, tokenizer, cfg, colocated=False)
+    vllm = VLLMGenerationEngine(model, tokenizer, inputs, colocated=False)
     build_s = time.perf_counter() - started
     load = os.getloadavg()[0]
     calls = measure({"hf": hf, "vllm": vllm}, prompts, params, seed, workload["repeats"])

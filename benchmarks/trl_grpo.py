@@ -27,7 +27,7 @@ import torch
 from dockflow.config import Config
 from dockflow.data import PromptFormat, load_task
 from dockflow.data.prompt_order import iteration_sampler
-from dockflow.eval import evaluate_policy
+from dockflow.eval import EvalInputs, evaluate_policy
 from dockflow.models import load_model_and_tokenizer
 from dockflow.rewards import verify
 
@@ -246,7 +246,8 @@ def _iteration_callback(meter: _Meter):
 def held_out_accuracy(model: Any, tokenizer: Any, cfg: Config) -> float:
     """DockFlow's evaluation (greedy, verifier) on the first ``eval.num_prompts`` test prompts."""
     examples = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint).test[: cfg.eval.num_prompts]
-    return evaluate_policy(model, tokenizer, examples, cfg)["eval/test_accuracy"]
+    scoring = EvalInputs(cfg.eval, cfg.data, cfg.rollout.max_new_tokens, cfg.run.seed)
+    return evaluate_policy(model, tokenizer, examples, scoring)["eval/test_accuracy"]
 
 
 def run_trl(

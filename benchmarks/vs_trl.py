@@ -55,7 +55,7 @@ from benchmarks.trl_grpo import IterationStats, run_trl  # noqa: E402
 from dockflow.config import Config, TinyModelConfig, load_config  # noqa: E402
 from dockflow.flow.throughput import throughput_tps  # noqa: E402
 from dockflow.flow.trainer import run_dir_of, train  # noqa: E402
-from dockflow.models.sft import sft_warm_start  # noqa: E402
+from dockflow.models.sft import SFTInputs, sft_warm_start  # noqa: E402
 
 CONFIG = "configs/grpo_arith.yaml"
 TARGET_RATIO = 1.5  # issue 5: DockFlow's throughput at least 1.5x TRL's in both setups
@@ -125,7 +125,7 @@ def build_larger_model(cfg: Config) -> tuple[str, int]:
     from dockflow.models import build_tiny_model, save_pretrained_dir
     from dockflow.models.tokenizer import build_task_tokenizer
 
-    tokenizer = build_task_tokenizer(cfg)
+    tokenizer = build_task_tokenizer(cfg.data, cfg.run.seed, cfg.model.tiny.tokenizer_merges, cfg.checkpoint)
     model = build_tiny_model(LARGER_MODEL, tokenizer, seed=cfg.run.seed)  # vocabulary = the tokenizer's
     tokenizer.add_special_tokens({"eos_token": NO_EOS})  # a new id, outside the model's vocabulary
     model.config.eos_token_id = model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -250,7 +250,9 @@ def run_setup(setup: Setup, iterations: int, runs_dir: str, extra: list[str], mo
     else:
         start_dir = Path(runs_dir) / f"{setup.name}_start"  # not a run directory: the runs clear theirs
         start_dir.mkdir(parents=True, exist_ok=True)
-        model_dir = str(sft_warm_start(cfg, start_dir).model_dir)  # the SFT warm start (cached); DockFlow reuses it
+        inputs = SFTInputs(cfg.model, cfg.data, cfg.sft, cfg.checkpoint, cfg.run.seed, cfg.rollout.max_new_tokens,
+                           cfg.eval.batch_size)
+        model_dir = str(sft_warm_start(inputs, start_dir).model_dir)  # the SFT warm start (cached); DockFlow reuses it
         params = model_params(model_dir)
     common = {
         "model_dir": model_dir, "model_params": params, "G": cfg.rollout.prompts_per_iter, "N": cfg.rollout.group_size,

@@ -4,6 +4,7 @@
     dockflow eval    configs/grpo_arith.yaml [--model DIR] [--split test] [--limit N] [--data FILE.jsonl]
                      [--k K] [--temperature T] [--mlflow-run RUN_ID] [section.key=value ...]
     dockflow compare RUN_OR_EXPERIMENT [...] [--tracking-uri URI] [--metrics a,b] [--json]
+    dockflow sft     [configs/grpo_arith.yaml] [section.key=value ...]
     dockflow pipeline compile  [--config FILE] [--out FILE.yaml] [section.key=value ...]
     dockflow pipeline run      [--config FILE] (--local | --host URL) [--iterations N] [--run-name NAME]
                                [--continue-from base|latest|champion] [section.key=value ...]
@@ -19,6 +20,7 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 
 from dockflow.config import ConfigError, load_config
 
@@ -45,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI)")
     c.add_argument("--metrics", help="comma-separated metric names (default: accuracy, reward, throughput, s/iteration)")
     c.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    s = sub.add_parser("sft", help="the SFT warm start alone (or its cached result): validation history, test accuracy")
+    s.add_argument("args", nargs="*", metavar="ARG", help="an optional YAML config, then dotted overrides")
     _pipeline_parser(sub.add_parser("pipeline", help="the Kubeflow pipeline: compile, run, schedule"))
     return p
 
@@ -113,7 +117,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from dockflow.eval.run import run_eval
+    from dockflow.eval import EvalInputs
+    from dockflow.eval.run import EvalRun, run_eval
 
     overrides = list(args.overrides)
     if args.k is not None:
@@ -121,7 +126,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.temperature is not None:
         overrides.append(f"eval.temperature={args.temperature}")
     cfg = load_config(args.config, overrides)
-    result = run_eval(cfg, args.config, args.model, args.split, args.limit, args.data, args.mlflow_run)
+    scoring = EvalInputs(cfg.eval, cfg.data, cfg.rollout.max_new_tokens, cfg.run.seed)
+    setup = EvalRun(scoring, cfg.checkpoint, cfg.run, cfg.tracking, cfg.model.dtype)
+    result = run_eval(setup, args.config, args.model, args.split, args.limit, args.data, args.mlflow_run)
     print(json.dumps(result))
     return 0
 
@@ -135,6 +142,22 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         print(json.dumps(cmp, indent=2))
     else:
         print_comparison(cmp)
+    return 0
+
+
+def _cmd_sft(args: argparse.Namespace) -> int:
+    rest = list(args.args)
+    path = rest.pop(0) if rest and "=" not in rest[0] else None
+    cfg = load_config(path, rest)
+
+    import torch
+
+    from dockflow.models.sft import SFTInputs, sft_report
+
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    inputs = SFTInputs(cfg.model, cfg.data, cfg.sft, cfg.checkpoint, cfg.run.seed, cfg.rollout.max_new_tokens,
+                       cfg.eval.batch_size)
+    print("\n".join(sft_report(inputs, Path(cfg.run.output_dir) / cfg.run.name, cfg.eval.num_prompts)))
     return 0
 
 
@@ -181,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = _parser().parse_args(argv)
     try:
-        commands = {"train": _cmd_train, "eval": _cmd_eval, "compare": _cmd_compare, "pipeline": _cmd_pipeline}
+        commands = {"train": _cmd_train, "eval": _cmd_eval, "compare": _cmd_compare, "sft": _cmd_sft,
+                    "pipeline": _cmd_pipeline}
         return commands[args.command](args)
     except Exception as exc:
         # Our own errors (config, dataset, model files, cluster, workers, stages, dock, tracking) already say

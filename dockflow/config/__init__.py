@@ -3,10 +3,10 @@
     from dockflow.config import load_config
     cfg = load_config("configs/grpo_arith.yaml", ["train.iterations=10"])
 
-The room, module by module: ``base`` (``Section``: the base of every section), ``sections`` (run, ray, data,
-model, sft, rollout, train, placement, dock, eval, checkpoint, registry, tracking), ``engine`` (``engine:``),
-``reward`` (``reward:``), ``run`` (``Config``: the sections together with the checks across them, and the
-loading). The ``algorithm:`` section is each algorithm's own, from its recipe (``dockflow.algos.recipes``).
+The room, module by module: ``base`` (``Section``: the base of every section; ``flatten_dict``), ``sections``
+(run, ray, data, model, sft, rollout, train, placement, dock, eval, checkpoint, registry, tracking), ``engine``
+(``engine:``), ``reward`` (``reward:``), ``run`` (``Config``: the sections together with the checks across them,
+and the loading). The ``algorithm:`` section is each algorithm's own, from its recipe (``dockflow.algos.recipes``).
 
 Names are imported lazily (PEP 562): ``run`` imports the recipes, whose sections import ``base``, so importing
 this package must not import ``run`` first.
@@ -18,13 +18,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from dockflow.config.base import flatten_dict
     from dockflow.config.engine import CostModelConfig, EngineConfig, VLLMConfig
     from dockflow.config.reward import RewardConfig, RewardFunctionConfig, RewardModelConfig
     from dockflow.config.run import (
         Config,
         ConfigError,
         config_from_dict,
-        flatten_dict,
         load_config,
         parse_overrides,
     )
@@ -39,8 +39,9 @@ if TYPE_CHECKING:
     )
 
 _EXPORTS = {
-    **dict.fromkeys(("Config", "ConfigError", "config_from_dict", "flatten_dict", "load_config", "parse_overrides"),
+    **dict.fromkeys(("Config", "ConfigError", "config_from_dict", "load_config", "parse_overrides"),
                     "dockflow.config.run"),
+    "flatten_dict": "dockflow.config.base",
     **dict.fromkeys(("CostModelConfig", "EngineConfig", "VLLMConfig"), "dockflow.config.engine"),
     **dict.fromkeys(("RewardConfig", "RewardFunctionConfig", "RewardModelConfig"), "dockflow.config.reward"),
     **dict.fromkeys(("ArithmeticConfig", "CheckpointConfig", "DataConfig", "RayConfig", "RegistryConfig",

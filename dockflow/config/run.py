@@ -14,7 +14,6 @@ from __future__ import annotations
 import difflib
 import types
 import typing
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from dockflow.algos.plan import RunPlan
 from dockflow.algos.recipes import AlgorithmConfig
 from dockflow.algos.recipes.grpo import GRPOSection
-from dockflow.config.base import Section
+from dockflow.config.base import Section, flatten_dict
 from dockflow.config.engine import CostModelConfig, EngineConfig, VLLMConfig
 from dockflow.config.reward import RewardConfig, RewardFunctionConfig, RewardModelConfig
 from dockflow.config.sections import (
@@ -212,18 +211,6 @@ class Config(Section):
     def flat(self) -> dict[str, Any]:
         """The config as ``{"section.key": value}``, for MLflow params."""
         return flatten_dict(self.model_dump())
-
-
-def flatten_dict(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested mappings -> ``{"a.b.c": value}``."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping):
-            out.update(flatten_dict(v, key + "."))
-        else:
-            out[key] = v
-    return out
 
 
 def _valid_keys(model: type[BaseModel], prefix: str = "") -> list[str]:

@@ -9,10 +9,12 @@ vLLM-Ascend (``vllm_generation.py``, imported only when chosen); plain-torch tra
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
 from dockflow.algos.recipe import CriticSection
-from dockflow.engines.base import GenerationEngine, LossFn, SamplingParams, TrainingEngine
+from dockflow.engines.base import EngineInputs, GenerationEngine, LossFn, SamplingParams, TrainingEngine
 from dockflow.engines.devices import DeviceError, check_worker_device
 from dockflow.engines.hf_generation import (
     HFGenerationEngine,
@@ -25,6 +27,7 @@ from dockflow.engines.torch_training import TorchTrainingEngine
 
 __all__ = [
     "DeviceError",
+    "EngineInputs",
     "GenerationEngine",
     "HFGenerationEngine",
     "LossFn",
@@ -45,20 +48,22 @@ __all__ = [
 
 
 def create_engines(
-    cfg, model: nn.Module, tokenizer, device: str | None = None, cpus: float = 1.0
+    inputs: EngineInputs, model: nn.Module, tokenizer: Any, device: str | None = None, cpus: float = 1.0
 ) -> tuple[TrainingEngine, GenerationEngine]:
     """Training and generation engines over one policy module (colocated: HF generation shares its weights, vLLM
     holds its own copy and sleeps while training runs). ``device``: None = ``engine.device``, checked here (the
     worker-side device check); ``cpus``: what the worker reserved (the cost model divides its work by it)."""
+    ec = inputs.engine
     if device is None:
-        device = str(check_worker_device(cfg.engine.device, cfg.engine.backend))
-    if cfg.engine.backend == "cost_model":
+        device = str(check_worker_device(ec.device, ec.backend))
+    if ec.backend == "cost_model":
         from dockflow.engines.cost_model import CostModelTraining
 
-        return CostModelTraining(cfg.engine.cost_model, cpus, model), create_generation_engine(cfg, model, tokenizer, device, cpus)
-    tc = cfg.train
+        gen = create_generation_engine(inputs, model, tokenizer, device, cpus)
+        return CostModelTraining(ec.cost_model, cpus, model), gen
+    tc = inputs.train
     common = dict(lr=tc.lr, weight_decay=tc.weight_decay, grad_clip=tc.grad_clip, infer_batch_size=tc.infer_batch_size,
-                  temperature=cfg.rollout.temperature, device=device)
+                  temperature=inputs.rollout.temperature, device=device)
     if tc.dp > 1:  # FSDP2 over the actor's DP group; generation on a plain copy filled by allgather-swap
         from dockflow.engines.fsdp_training import FSDPTrainingEngine
 
@@ -67,44 +72,48 @@ def create_engines(
     else:
         train = TorchTrainingEngine(model, **common)
         gen_model = model
-    if cfg.engine.backend == "vllm":
+    if ec.backend == "vllm":
         from dockflow.engines.vllm_generation import ColocatedTraining, VLLMGenerationEngine
 
-        vllm_engine = VLLMGenerationEngine(gen_model, tokenizer, cfg, colocated=True)
+        vllm_engine = VLLMGenerationEngine(gen_model, tokenizer, inputs, colocated=True)
         return ColocatedTraining(train, vllm_engine), vllm_engine
-    return train, create_generation_engine(cfg, gen_model, tokenizer, device)
+    return train, create_generation_engine(inputs, gen_model, tokenizer, device)
 
 
 def create_generation_engine(
-    cfg, model: nn.Module, tokenizer, device: str | None = None, cpus: float = 1.0
+    inputs: EngineInputs, model: nn.Module, tokenizer: Any, device: str | None = None, cpus: float = 1.0
 ) -> GenerationEngine:
     """The generation engine over ``model`` (the actor's own module when colocated, a generator's copy else).
     ``device``: None = ``engine.device``, checked here."""
+    ec = inputs.engine
     if device is None:
-        device = str(check_worker_device(cfg.engine.device, cfg.engine.backend))
-    if cfg.engine.backend == "cost_model":
+        device = str(check_worker_device(ec.device, ec.backend))
+    if ec.backend == "cost_model":
         from dockflow.engines.cost_model import CostModelGeneration
 
-        return CostModelGeneration(tokenizer, cfg.engine.cost_model, cfg.rollout.batch_size, cpus)
-    if cfg.engine.backend == "vllm":
+        return CostModelGeneration(tokenizer, ec.cost_model, inputs.rollout.batch_size, cpus)
+    if ec.backend == "vllm":
         from dockflow.engines.vllm_generation import VLLMGenerationEngine
 
-        return VLLMGenerationEngine(model, tokenizer, cfg, colocated=False)
-    return HFGenerationEngine(model.to(device), tokenizer, device=device, batch_size=cfg.rollout.batch_size)
+        return VLLMGenerationEngine(model, tokenizer, inputs, colocated=False)
+    return HFGenerationEngine(model.to(device), tokenizer, device=device, batch_size=inputs.rollout.batch_size)
 
 
-def create_critic_engine(cfg, model: nn.Module, device: str | None = None) -> TrainingEngine:
+def create_critic_engine(
+    inputs: EngineInputs, critic: CriticSection, model: nn.Module, device: str | None = None
+) -> TrainingEngine:
     """Training engine of a critic: the same trainer, with the value head's outputs instead of log-probs, at the
-    critic role's learning rate (``CriticSection.critic_lr``).
+    critic's learning rate (``critic.critic_lr``: the run plan's critic section).
     ``device``: None = ``engine.device``, checked here."""
     if device is None:
-        device = str(check_worker_device(cfg.engine.device))
+        device = str(check_worker_device(inputs.engine.device))
+    tc = inputs.train
     return TorchTrainingEngine(
         model,
-        lr=cfg.plan.section("critic", CriticSection).critic_lr,
-        weight_decay=cfg.train.weight_decay,
-        grad_clip=cfg.train.grad_clip,
-        infer_batch_size=cfg.train.infer_batch_size,
+        lr=critic.critic_lr,
+        weight_decay=tc.weight_decay,
+        grad_clip=tc.grad_clip,
+        infer_batch_size=tc.infer_batch_size,
         device=device,
         response_fn=response_values,
     )

@@ -25,7 +25,22 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
+from dockflow.config.engine import EngineConfig
+from dockflow.config.sections import RolloutConfig, TrainConfig
 from dockflow.engines.sync_check import SyncProbe
+
+
+@dataclass(frozen=True)
+class EngineInputs:
+    """What building a policy's engines reads of a run's config: the ``engine``, ``train`` (optimizer, data
+    parallelism, stage timeout) and ``rollout`` (temperature, generation batch) sections, the model's dtype
+    (``model.dtype``) and the seed (``run.seed``), both for vLLM."""
+
+    engine: EngineConfig
+    train: TrainConfig
+    rollout: RolloutConfig
+    dtype: str
+    seed: int
 
 
 @dataclass(frozen=True)

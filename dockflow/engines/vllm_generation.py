@@ -42,7 +42,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from dockflow.config.engine import kv_cache_gb, sleep_level
-from dockflow.engines.base import GenerationEngine, LossFn, SamplingParams, TrainingEngine
+from dockflow.engines.base import EngineInputs, GenerationEngine, LossFn, SamplingParams, TrainingEngine
 from dockflow.engines.devices import empty_device_cache
 from dockflow.engines.hf_generation import decode_responses, left_pad_prompts, rollout_batch
 from dockflow.engines.sync_check import WeightSyncError
@@ -156,20 +156,20 @@ def spawn_settings_restored() -> Iterator[None]:
 class VLLMGenerationEngine(GenerationEngine):
     """Sampling with an in-process ``vllm.LLM``; log-probs, EOS and lengths as :class:`HFGenerationEngine`'s."""
 
-    def __init__(self, model: nn.Module, tokenizer: Any, cfg: Any, colocated: bool) -> None:
-        """``model``: the policy whose config and current weights vLLM starts from; ``cfg``: the run's config
-        (``engine``, ``model.dtype``, ``run.seed``); ``colocated``: training shares the device (sleep/wake)."""
+    def __init__(self, model: nn.Module, tokenizer: Any, inputs: EngineInputs, colocated: bool) -> None:
+        """``model``: the policy whose config and current weights vLLM starts from; ``inputs``: the run's engine
+        section, stage timeout, model dtype and seed; ``colocated``: training shares the device (sleep/wake)."""
         # vLLM's own log (set VLLM_LOGGING_LEVEL=INFO to see it): with token ids in and out it warns on every
         # start about the tokenizer it was told not to load; read when vllm is first imported.
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer needs pad and eos tokens for batched generation")
         self.tokenizer = tokenizer
-        self.vc = cfg.engine.vllm
-        self.device = cfg.engine.device
-        self.sleep_level = sleep_level(cfg.engine) if colocated else 0
+        self.vc = inputs.engine.vllm
+        self.device = inputs.engine.device
+        self.sleep_level = sleep_level(inputs.engine) if colocated else 0
         self.bucket_bytes = int(self.vc.weight_bucket_mb * 2**20)
-        self.rpc_timeout_s = float(cfg.train.stage_timeout_s)
+        self.rpc_timeout_s = float(inputs.train.stage_timeout_s)
         self.tie_word_embeddings = bool(getattr(model.config, "tie_word_embeddings", False))
         self.loads = 0  # the initial load, then weight syncs 1, 2, ... (as the actor's sync check counts them)
         if self.vc.tensor_parallel_size == 1:
@@ -182,7 +182,7 @@ class VLLMGenerationEngine(GenerationEngine):
         with flask_proxies_bound(), spawn_settings_restored():  # importing vllm sets some of them too
             from vllm import LLM
 
-            self.llm = LLM(**engine_kwargs(cfg.engine, model_dir, cfg.model.dtype, cfg.run.seed, self.sleep_level))
+            self.llm = LLM(**engine_kwargs(inputs.engine, model_dir, inputs.dtype, inputs.seed, self.sleep_level))
         self.max_model_len = int(self.llm.llm_engine.vllm_config.model_config.max_model_len)
         self.asleep: list[str] = []  # memory tags vLLM released (weights, kv_cache)
         self._source: WeightSource | None = None

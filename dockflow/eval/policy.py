@@ -3,7 +3,8 @@
 ``evaluate_policy`` is what the trainer logs at its evaluation steps; its keys are MLflow metric names.
 MLflow allows no '@' in a metric name, so ``pass@8`` is logged as ``pass_at_8``::
 
-    evaluate_policy(model, tok, task.test[:500], cfg)
+    inputs = EvalInputs(cfg.eval, cfg.data, cfg.rollout.max_new_tokens, cfg.run.seed)
+    evaluate_policy(model, tok, task.test[:500], inputs)
     # {"eval/test_accuracy": 0.41, "eval/test_pass_at_8": 0.77, "eval/test_avg_at_8": 0.38}
 """
 
@@ -11,30 +12,42 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from dockflow.config import Config
+from dockflow.config.sections import DataConfig, EvalConfig
 from dockflow.data import Example, PromptFormat
 from dockflow.eval.greedy import greedy_accuracy
 from dockflow.eval.sampling import sampled_scores
 from dockflow.rewards.verifier import task_verifier
 
 
-def score_examples(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, examples: Sequence[Example], cfg: Config
-) -> dict[str, float]:
-    """``{"accuracy"}`` (greedy), plus ``{"pass@<k>", "avg@<k>"}`` when ``cfg.eval.pass_k > 1``.
+@dataclass(frozen=True)
+class EvalInputs:
+    """What scoring a policy reads of a run's config: the ``eval`` and ``data`` sections, the response length
+    (``rollout.max_new_tokens``) and the seed of the pass@k samples (``run.seed``)."""
 
-    Uses ``eval.batch_size``, ``rollout.max_new_tokens``, the prompt format of ``data``, ``eval.temperature``,
-    ``eval.top_p`` and ``run.seed`` (the samples are the same at every evaluation of the same weights); the
+    eval: EvalConfig
+    data: DataConfig
+    max_new_tokens: int
+    seed: int
+
+
+def score_examples(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, examples: Sequence[Example], inputs: EvalInputs
+) -> dict[str, float]:
+    """``{"accuracy"}`` (greedy), plus ``{"pass@<k>", "avg@<k>"}`` when ``eval.pass_k > 1``.
+
+    Uses ``eval.batch_size``, ``max_new_tokens``, the prompt format of ``data``, ``eval.temperature``,
+    ``eval.top_p`` and ``seed`` (the samples are the same at every evaluation of the same weights); the
     task's own verifier scores them (``dockflow.rewards.verifier``), whatever ``reward.functions`` are.
     """
-    ev = cfg.eval
-    max_new, fmt, verifier = cfg.rollout.max_new_tokens, PromptFormat.of(cfg.data), task_verifier(cfg.data)
+    ev = inputs.eval
+    max_new, fmt, verifier = inputs.max_new_tokens, PromptFormat.of(inputs.data), task_verifier(inputs.data)
     scores = {"accuracy": greedy_accuracy(model, tokenizer, examples, ev.batch_size, max_new, fmt, verifier)}
     if ev.pass_k > 1:
-        k, seed = ev.pass_k, cfg.run.seed
+        k, seed = ev.pass_k, inputs.seed
         scores |= sampled_scores(
             model, tokenizer, examples, k=k, temperature=ev.temperature, top_p=ev.top_p, max_new_tokens=max_new,
             fmt=fmt, batch_size=ev.batch_size, seed=seed, verifier=verifier,
@@ -52,9 +65,9 @@ def evaluate_policy(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     examples: Sequence[Example],
-    cfg: Config,
+    inputs: EvalInputs,
     split: str = "test",
 ) -> dict[str, float]:
     """``{"eval/<split>_accuracy", "eval/<split>_pass_at_<k>", "eval/<split>_avg_at_<k>"}`` (the last two when
-    ``cfg.eval.pass_k > 1``), ready for ``Tracker.log_metrics``."""
-    return {metric_key(split, k): v for k, v in score_examples(model, tokenizer, examples, cfg).items()}
+    ``eval.pass_k > 1``), ready for ``Tracker.log_metrics``."""
+    return {metric_key(split, k): v for k, v in score_examples(model, tokenizer, examples, inputs).items()}

@@ -5,30 +5,46 @@ scores are also logged to that run (``tracking.uri`` of the config) as ``eval/<n
 ``eval/<name>_pass_at_<k>``, ``eval/<name>_avg_at_<k>``, where ``<name>`` is the split or the file's stem, at
 the run's ``train.iterations`` step (the final model's iteration).
 
-    result = run_eval(cfg, "configs/grpo_arith.yaml", data="data/examples/math_mini.jsonl")
+    scoring = EvalInputs(cfg.eval, cfg.data, cfg.rollout.max_new_tokens, cfg.run.seed)
+    setup = EvalRun(scoring, cfg.checkpoint, cfg.run, cfg.tracking, cfg.model.dtype)
+    result = run_eval(setup, "configs/grpo_arith.yaml", data="data/examples/math_mini.jsonl")
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dockflow.config import Config
+from dockflow.config.sections import CheckpointConfig, RunConfig, TrackingConfig
 from dockflow.data import load_task
 from dockflow.data.loaders import Columns, load_examples
-from dockflow.eval.policy import metric_key, score_examples
+from dockflow.eval.policy import EvalInputs, metric_key, score_examples
 from dockflow.models import load_model_and_tokenizer
 from dockflow.storage import run_store
 from dockflow.storage.objects import fetch_model, is_s3_uri
 from dockflow.tracking import Tracker
 
 
-def _model_dir(cfg: Config, config_path: str, model: str | None) -> Path:
+@dataclass(frozen=True)
+class EvalRun:
+    """What ``dockflow eval`` reads of a run's config: how to score (``scoring``), where the run keeps its files
+    (``checkpoint`` and ``run``: its final model, the S3 settings of its inputs), the model's dtype and the
+    MLflow store (``tracking``)."""
+
+    scoring: EvalInputs
+    checkpoint: CheckpointConfig
+    run: RunConfig
+    tracking: TrackingConfig
+    dtype: str
+
+
+def _model_dir(setup: EvalRun, config_path: str, model: str | None) -> Path:
     given = model is not None
     if model is None:  # the run's final model, staged in its checkpoint store (a directory or s3://)
-        model = f"{run_store(cfg).location()}/final_model"
+        model = f"{run_store(setup.checkpoint, setup.run).location()}/final_model"
     if is_s3_uri(model):  # s3://bucket/prefix: fetched (checked) into this node's cache
-        return fetch_model(str(model), cfg.checkpoint)
+        return fetch_model(str(model), setup.checkpoint)
     model_dir = Path(model)
     if not model_dir.is_dir():
         hint = "pass --model DIR" if given else f"train first (dockflow train {config_path}) or pass --model DIR"
@@ -48,7 +64,7 @@ def log_scores(tracker: Tracker, name: str, scores: dict[str, float]) -> dict[st
 
 
 def run_eval(
-    cfg: Config,
+    setup: EvalRun,
     config_path: str,
     model: str | None = None,
     split: str = "test",
@@ -58,21 +74,23 @@ def run_eval(
 ) -> dict[str, Any]:
     """Score the model; returns what the CLI prints (model, data or split, prompts, scores, logged metrics)."""
     # Attach first, so that a wrong run id fails before the model work, not after it.
-    tracker = Tracker.attach(cfg.tracking, cfg.run.output_dir, mlflow_run) if mlflow_run else None
-    model_dir = _model_dir(cfg, config_path, model)
+    tracker = Tracker.attach(setup.tracking, setup.run.output_dir, mlflow_run) if mlflow_run else None
+    model_dir = _model_dir(setup, config_path, model)
+    task_data, storage = setup.scoring.data, setup.checkpoint
     examples = (
-        load_examples(data, cfg.checkpoint, Columns(cfg.data.prompt_key, cfg.data.answer_key))
+        load_examples(data, storage, Columns(task_data.prompt_key, task_data.answer_key))
         if data
-        else getattr(load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint), split)
+        else getattr(load_task(task_data, setup.scoring.seed, storage=storage), split)
     )
     examples = examples[: limit or None]
-    lm, tok = load_model_and_tokenizer(model_dir, dtype=cfg.model.dtype)
-    scores = score_examples(lm, tok, examples, cfg)
+    lm, tok = load_model_and_tokenizer(model_dir, dtype=setup.dtype)
+    scores = score_examples(lm, tok, examples, setup.scoring)
     name = Path(data.rstrip("/")).stem if data else split
     out: dict[str, Any] = {"model": str(model_dir), **({"data": data} if data else {"split": split})}
     out |= {"prompts": len(examples), **scores}
-    if cfg.eval.pass_k > 1:
-        out |= {"k": cfg.eval.pass_k, "temperature": cfg.eval.temperature, "top_p": cfg.eval.top_p}
+    ev = setup.scoring.eval
+    if ev.pass_k > 1:
+        out |= {"k": ev.pass_k, "temperature": ev.temperature, "top_p": ev.top_p}
     if tracker is not None:
         out["mlflow"] = {"run_id": tracker.run_id, "metrics": log_scores(tracker, name, scores)}
     return out

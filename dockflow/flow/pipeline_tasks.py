@@ -178,11 +178,12 @@ def setup(config: str, overrides: list[str], params: RunParams, address: str | N
     with _joined(address, namespace):
         check_reachable_inputs(cfg)
         end_previous_attempt(cfg.run.name, namespace)
-        store = run_store(cfg)
+        store = run_store(cfg.checkpoint, cfg.run)
         step = store.latest()
         state = RunRecord.from_dict(store.read_part(step, "driver", weights_only=False)) if step is not None else None
         tracker = Tracker.start(cfg.tracking, cfg.run.output_dir, cfg.run.name, params=cfg.flat() if state is None else None,
-                                tags={**run_tags(cfg), "driver": "kfp"}, run_id=state.mlflow_run_id if state else None)
+                                 tags={**run_tags(cfg.algorithm.name, cfg.model.path, cfg.dock.backend, cfg.run.name), "driver": "kfp"},
+                                 run_id=state.mlflow_run_id if state else None)
         try:
             with tempfile.TemporaryDirectory(prefix="dockflow-setup-") as work:  # gone before any worker loads
                 model_uri, init_metrics = prepare_initial_model(cfg, store, Path(work), tracker.tracking_uri)

@@ -55,7 +55,7 @@ class RunSupervisor:
 
         self.cfg = cfg = Config.model_validate(config)
         self.model_uri, self.init_metrics, self.run_dir = model_uri, init_metrics, Path(run_dir)
-        self.store = run_store(cfg)
+        self.store = run_store(cfg.checkpoint, cfg.run)
         self.tracker = Tracker.start(cfg.tracking, cfg.run.output_dir, cfg.run.name, run_id=mlflow_run_id)
         self.lock = threading.Condition()
         self.phase, self.error, self.epoch = "starting", "", 0

@@ -69,9 +69,10 @@ def train(cfg: Config, resume: bool = False, on_iteration: ProgressFn | None = N
     t_start = time.perf_counter()
     run_dir = run_dir_of(cfg)
     write_run_config(cfg, run_dir)
-    store = run_store(cfg)
+    store = run_store(cfg.checkpoint, cfg.run)
     state = start_state(store, resume, cfg.run.name)
-    tracker = Tracker.start(cfg.tracking, cfg.run.output_dir, cfg.run.name, params=cfg.flat(), tags=run_tags(cfg),
+    tags = run_tags(cfg.algorithm.name, cfg.model.path, cfg.dock.backend, cfg.run.name)
+    tracker = Tracker.start(cfg.tracking, cfg.run.output_dir, cfg.run.name, params=cfg.flat(), tags=tags,
                             run_id=state.mlflow_run_id if state else None)
     status = "FAILED"
     owns_ray = session = None

@@ -8,7 +8,9 @@ SFT settings, seed, response length, file contents); a later call with the same 
 once (``cached=True``). The directory is written to a temp dir and renamed, so a crash never leaves a
 half-written cache entry.
 
-    result = sft_warm_start(cfg, run_dir)
+    inputs = SFTInputs(cfg.model, cfg.data, cfg.sft, cfg.checkpoint, cfg.run.seed, cfg.rollout.max_new_tokens,
+                       cfg.eval.batch_size)
+    result = sft_warm_start(inputs, run_dir)
     model, tok = load_model_and_tokenizer(result.model_dir)
 """
 
@@ -26,7 +28,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from dockflow.config import Config
+from dockflow.config.sections import CheckpointConfig, DataConfig, ModelConfig, SFTConfig
 from dockflow.data import Example, PromptFormat, load_task
 from dockflow.eval.greedy import greedy_accuracy
 from dockflow.models.factory import build_tiny_model, load_model_and_tokenizer, save_pretrained_dir
@@ -39,6 +41,21 @@ SFT_VERSION = 1
 RESULT_FILE = "sft_result.json"
 
 
+@dataclass(frozen=True)
+class SFTInputs:
+    """What the warm start reads of a run's config: the model, data and SFT sections, the S3 settings of their
+    files (``checkpoint``), the seed (``run.seed``), the response length (``rollout.max_new_tokens``) and the
+    validation's batch size (``eval.batch_size``)."""
+
+    model: ModelConfig
+    data: DataConfig
+    sft: SFTConfig
+    storage: CheckpointConfig
+    seed: int
+    max_new_tokens: int
+    eval_batch_size: int
+
+
 @dataclass
 class SFTResult:
     """Where the warm-started model is, its best validation accuracy, per-validation history, cache hit."""
@@ -49,42 +66,44 @@ class SFTResult:
     cached: bool = False
 
 
-def sft_cache_key(cfg: Config) -> str:
+def sft_cache_key(inputs: SFTInputs) -> str:
     """Hash of every input the SFT result depends on. Local files count by their sha256; an ``s3://`` model by its
     URI and manifest digest (or its objects' ETags), ``s3://`` data files by the sha256 in their metadata (or
     their ETag): nothing is downloaded here."""
-    model = cfg.model.model_dump()
-    if cfg.model.path and is_s3_uri(cfg.model.path):
-        model["path"] = cfg.model.path.rstrip("/")
-        model["content"] = model_fingerprint(cfg.model.path, cfg.checkpoint)
+    model = inputs.model.model_dump()
+    path, data, storage = inputs.model.path, inputs.data, inputs.storage
+    if path and is_s3_uri(path):
+        model["path"] = path.rstrip("/")
+        model["content"] = model_fingerprint(path, storage)
         model.pop("tiny")
-    elif cfg.model.path:
-        model["path"] = str(Path(cfg.model.path).resolve())
+    elif path:
+        model["path"] = str(Path(path).resolve())
         model.pop("tiny")
-    elif cfg.model.tiny.architecture == "qwen2":  # the MoE keys do not change a dense model (nor its cache key)
+    elif inputs.model.tiny.architecture == "qwen2":  # the MoE keys do not change a dense model (nor its cache key)
         for key in ("architecture", "num_experts", "num_experts_per_tok", "moe_intermediate_size"):
             model["tiny"].pop(key)
     key = {
         "version": SFT_VERSION,
-        "seed": cfg.run.seed,
+        "seed": inputs.seed,
         "model": model,
-        "data": cfg.data.model_dump(),
-        "data_files": [file_fingerprint(p, cfg.checkpoint) for p in (cfg.data.train_path, cfg.data.test_path)]
-        if cfg.data.source == "file"
+        "data": data.model_dump(),
+        "data_files": [file_fingerprint(p, storage) for p in (data.train_path, data.test_path)]
+        if data.source == "file"
         else None,
-        "sft": cfg.sft.model_dump(exclude={"cache_dir"}),
-        "max_new_tokens": cfg.rollout.max_new_tokens,
+        "sft": inputs.sft.model_dump(exclude={"cache_dir"}),
+        "max_new_tokens": inputs.max_new_tokens,
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _initial_model(cfg: Config) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _initial_model(inputs: SFTInputs) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """``model.path`` (an ``s3://`` one fetched, checked, into the node's cache), else a fresh tiny model."""
-    if cfg.model.path:
-        path = fetch_model(cfg.model.path, cfg.checkpoint) if is_s3_uri(cfg.model.path) else cfg.model.path
-        return load_model_and_tokenizer(path, dtype=cfg.model.dtype)
-    tokenizer = build_task_tokenizer(cfg)
-    return build_tiny_model(cfg.model.tiny, tokenizer, seed=cfg.run.seed, dtype=cfg.model.dtype), tokenizer
+    m = inputs.model
+    if m.path:
+        path = fetch_model(m.path, inputs.storage) if is_s3_uri(m.path) else m.path
+        return load_model_and_tokenizer(path, dtype=m.dtype)
+    tokenizer = build_task_tokenizer(inputs.data, inputs.seed, m.tiny.tokenizer_merges, inputs.storage)
+    return build_tiny_model(m.tiny, tokenizer, seed=inputs.seed, dtype=m.dtype), tokenizer
 
 
 def encode_sft_batch(
@@ -132,7 +151,7 @@ def _make_batches(
 
 
 def train_sft(
-    cfg: Config,
+    inputs: SFTInputs,
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     labeled: list[Example],
@@ -142,15 +161,15 @@ def train_sft(
 
     Returns (best validation accuracy, history of ``{epoch, loss, val_accuracy, seconds}`` per validation).
     """
-    s, fmt, verifier = cfg.sft, PromptFormat.of(cfg.data), task_verifier(cfg.data)
-    gen = torch.Generator().manual_seed(cfg.run.seed)
+    s, fmt, verifier = inputs.sft, PromptFormat.of(inputs.data), task_verifier(inputs.data)
+    gen = torch.Generator().manual_seed(inputs.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.0)
     # Warm-up matters here: without it the tiny model stalls at a few percent for dozens of epochs.
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / max(s.warmup_steps, 1)))
 
     def evaluate() -> float:
         return greedy_accuracy(
-            model, tokenizer, val, cfg.eval.batch_size, cfg.rollout.max_new_tokens, fmt, verifier
+            model, tokenizer, val, inputs.eval_batch_size, inputs.max_new_tokens, fmt, verifier
         )
 
     start = time.perf_counter()
@@ -181,20 +200,20 @@ def train_sft(
     return best_acc, history
 
 
-def sft_warm_start(cfg: Config, run_dir: str | Path) -> SFTResult:
+def sft_warm_start(inputs: SFTInputs, run_dir: str | Path) -> SFTResult:
     """Warm-start the policy (or return the cached result) and write a summary to ``run_dir/sft.json``.
 
     With ``sft.enabled: false`` the initial model is evaluated and saved as is, so callers always get a
     model directory.
     """
-    final = Path(cfg.sft.cache_dir) / sft_cache_key(cfg)
+    final = Path(inputs.sft.cache_dir) / sft_cache_key(inputs)
     if (final / RESULT_FILE).is_file():
         saved = json.loads((final / RESULT_FILE).read_text())
         result = SFTResult(final, saved["val_accuracy"], saved["history"], cached=True)
     else:
-        task = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint)
-        model, tokenizer = _initial_model(cfg)
-        val_acc, history = train_sft(cfg, model, tokenizer, task.labeled, task.val)
+        task = load_task(inputs.data, inputs.seed, storage=inputs.storage)
+        model, tokenizer = _initial_model(inputs)
+        val_acc, history = train_sft(inputs, model, tokenizer, task.labeled, task.val)
         summary = {"val_accuracy": val_acc, "history": history, "key": final.name}
         save_pretrained_dir(model, tokenizer, final, extra_files={RESULT_FILE: json.dumps(summary, indent=1)})
         result = SFTResult(final, val_acc, history, cached=False)
@@ -204,33 +223,24 @@ def sft_warm_start(cfg: Config, run_dir: str | Path) -> SFTResult:
     return result
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m dockflow.models.sft [CONFIG.yaml] [key=value ...]``: run (or reuse) SFT, print accuracies."""
-    import sys
-
-    from dockflow.config import load_config
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    path = args.pop(0) if args and "=" not in args[0] else None
-    cfg = load_config(path, args)
-    torch.set_num_threads(min(2, torch.get_num_threads()))
+def sft_report(inputs: SFTInputs, run_dir: str | Path, test_prompts: int) -> list[str]:
+    """Run (or reuse) the warm start, then score its model greedily on the first ``test_prompts`` test prompts:
+    the lines ``dockflow sft`` prints (one per validation, then model directory, cache hit, seconds, accuracies)."""
     start = time.perf_counter()
-    result = sft_warm_start(cfg, Path(cfg.run.output_dir) / cfg.run.name)
+    result = sft_warm_start(inputs, run_dir)
     seconds = time.perf_counter() - start
-    model, tokenizer = load_model_and_tokenizer(result.model_dir, dtype=cfg.model.dtype)
-    test = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint).test[: cfg.eval.num_prompts]
+    model, tokenizer = load_model_and_tokenizer(result.model_dir, dtype=inputs.model.dtype)
+    test = load_task(inputs.data, inputs.seed, storage=inputs.storage).test[:test_prompts]
     test_acc = greedy_accuracy(
-        model, tokenizer, test, cfg.eval.batch_size, cfg.rollout.max_new_tokens, PromptFormat.of(cfg.data),
-        task_verifier(cfg.data),
+        model, tokenizer, test, inputs.eval_batch_size, inputs.max_new_tokens, PromptFormat.of(inputs.data),
+        task_verifier(inputs.data),
     )
+    lines = []
     for h in result.history:
         loss = "   -  " if h["loss"] is None else f"{h['loss']:.4f}"
-        print(f"epoch {h['epoch']:4d}  loss {loss}  val {h['val_accuracy']:.3f}  t {h['seconds']}s")
-    print(
+        lines.append(f"epoch {h['epoch']:4d}  loss {loss}  val {h['val_accuracy']:.3f}  t {h['seconds']}s")
+    lines.append(
         f"model_dir={result.model_dir} cached={result.cached} sft_seconds={seconds:.1f} "
         f"val_accuracy={result.val_accuracy:.3f} test_accuracy={test_acc:.3f} (n={len(test)})"
     )
-
-
-if __name__ == "__main__":
-    main()
+    return lines

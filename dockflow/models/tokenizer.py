@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from dockflow.config import Config
+from dockflow.config.sections import CheckpointConfig, DataConfig
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 CHAT_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
@@ -85,16 +85,19 @@ def build_char_tokenizer(corpus: Iterable[str] | None = None, num_merges: int = 
     )
 
 
-def build_task_tokenizer(cfg: Config) -> PreTrainedTokenizerFast:
-    """The tiny model's tokenizer: characters plus ``model.tiny.tokenizer_merges`` merges learned from the
-    templated train prompts and answers (deterministic: the same config gives the same tokenizer); with
-    ``data.chat_template`` also the chat tokens and ``TINY_CHAT_TEMPLATE``."""
+def build_task_tokenizer(
+    data: DataConfig, seed: int, merges: int, storage: CheckpointConfig | None = None
+) -> PreTrainedTokenizerFast:
+    """The tiny model's tokenizer: characters plus ``merges`` merges (``model.tiny.tokenizer_merges``) learned
+    from the templated train prompts and answers of ``data`` (its files fetched with ``storage``'s S3 settings);
+    deterministic: the same inputs give the same tokenizer. With ``data.chat_template`` also the chat tokens
+    and ``TINY_CHAT_TEMPLATE``."""
     from dockflow.data import apply_template, load_task
 
-    task = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint)
-    corpus = [apply_template(cfg.data.prompt_template, ex.prompt) + ex.answer for ex in task.train]
-    tokenizer = build_char_tokenizer(corpus, cfg.model.tiny.tokenizer_merges)
-    if cfg.data.chat_template:  # only then: new tokens change the tiny model's vocabulary, hence its init
+    task = load_task(data, seed, storage=storage)
+    corpus = [apply_template(data.prompt_template, ex.prompt) + ex.answer for ex in task.train]
+    tokenizer = build_char_tokenizer(corpus, merges)
+    if data.chat_template:  # only then: new tokens change the tiny model's vocabulary, hence its init
         tokenizer.add_special_tokens({"additional_special_tokens": list(CHAT_TOKENS)})
         tokenizer.chat_template = TINY_CHAT_TEMPLATE
     return tokenizer

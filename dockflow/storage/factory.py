@@ -2,14 +2,14 @@
 
     store = open_store(cfg.checkpoint, run_dir)   # checkpoint.dir null -> <run_dir>/checkpoints
                                                   # checkpoint.dir s3://bucket/prefix -> S3/MinIO
-    store = run_store(cfg)                         # the run's own: <checkpoint.dir>/<run.name>
+    store = run_store(cfg.checkpoint, cfg.run)     # the run's own: <checkpoint.dir>/<run.name>
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from dockflow.config import CheckpointConfig, Config
+from dockflow.config.sections import CheckpointConfig, RunConfig
 from dockflow.storage.base import CheckpointStore
 from dockflow.storage.local import LocalCheckpointStore
 from dockflow.storage.manifest import CheckpointError
@@ -32,15 +32,15 @@ def open_store(cfg: CheckpointConfig, run_dir: str | Path) -> CheckpointStore:
     return LocalCheckpointStore(target, keep=cfg.keep, best_metric=best_metric, best_mode=cfg.best_mode)
 
 
-def run_store(cfg: Config) -> CheckpointStore:
-    """The store of run ``cfg.run.name``: ``<checkpoint.dir>/<run.name>`` (a directory or ``s3://bucket/prefix``),
+def run_store(checkpoint: CheckpointConfig, run: RunConfig) -> CheckpointStore:
+    """The store of run ``run.name``: ``<checkpoint.dir>/<run.name>`` (a directory or ``s3://bucket/prefix``),
     or ``<run.output_dir>/<run.name>/checkpoints`` when ``checkpoint.dir`` is null; so runs sharing one
     checkpoint root never mix their checkpoints."""
-    run_dir = Path(cfg.run.output_dir) / cfg.run.name
-    root = cfg.checkpoint.dir
+    run_dir = Path(run.output_dir) / run.name
+    root = checkpoint.dir
     if root is None:
-        return open_store(cfg.checkpoint, run_dir)
-    if "/" in cfg.run.name or cfg.run.name in ("", ".", ".."):
-        raise CheckpointError(f"run.name '{cfg.run.name}' cannot name a checkpoint folder: use one path segment")
-    target = f"{root.rstrip('/')}/{cfg.run.name}" if "://" in root else str(Path(root) / cfg.run.name)
-    return open_store(cfg.checkpoint.model_copy(update={"dir": target}), run_dir)
+        return open_store(checkpoint, run_dir)
+    if "/" in run.name or run.name in ("", ".", ".."):
+        raise CheckpointError(f"run.name '{run.name}' cannot name a checkpoint folder: use one path segment")
+    target = f"{root.rstrip('/')}/{run.name}" if "://" in root else str(Path(root) / run.name)
+    return open_store(checkpoint.model_copy(update={"dir": target}), run_dir)

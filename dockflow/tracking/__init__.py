@@ -3,7 +3,8 @@ plots, metric read-back; run comparison lives in ``dockflow.tracking.compare``; 
 final model, the champion alias, fetch a start) in ``dockflow.tracking.registry``.
 
     from dockflow.tracking import Tracker, plot_curves, run_tags
-    with Tracker.start(cfg.tracking, run_dir, cfg.run.name, params=cfg.flat(), tags=run_tags(cfg)) as tr:
+    tags = run_tags(cfg.algorithm.name, cfg.model.path, cfg.dock.backend, cfg.run.name)
+    with Tracker.start(cfg.tracking, run_dir, cfg.run.name, params=cfg.flat(), tags=tags) as tr:
         tr.log_metrics({"train/reward_mean": r}, step=it)
 """
 

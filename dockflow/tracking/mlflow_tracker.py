@@ -26,7 +26,8 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BATCH
 
-from dockflow.config import TrackingConfig, flatten_dict
+from dockflow.config.base import flatten_dict
+from dockflow.config.sections import TrackingConfig
 from dockflow.tracking.store import (
     TrackingError,
     apply_http_env_defaults,

@@ -1,6 +1,7 @@
 """The tags every DockFlow MLflow run carries, so runs can be told apart and compared (``dockflow compare``).
 
-    Tracker.start(cfg.tracking, run_dir, cfg.run.name, params=cfg.flat(), tags=run_tags(cfg))
+    tags = run_tags(cfg.algorithm.name, cfg.model.path, cfg.dock.backend, cfg.run.name)
+    Tracker.start(cfg.tracking, run_dir, cfg.run.name, params=cfg.flat(), tags=tags)
 """
 
 from __future__ import annotations
@@ -8,8 +9,6 @@ from __future__ import annotations
 import subprocess
 from importlib import metadata
 from pathlib import Path
-
-from dockflow.config import Config
 
 TAG_KEYS = ("algorithm", "model", "dock_backend", "git_commit", "dockflow_version")
 
@@ -35,13 +34,14 @@ def dockflow_version() -> str:
         return "unknown"
 
 
-def run_tags(cfg: Config) -> dict[str, str]:
-    """algorithm, model (path or "tiny-qwen2"), dock_backend, git_commit, dockflow_version and mlflow.runName."""
+def run_tags(algorithm: str, model_path: str | None, dock_backend: str, run_name: str) -> dict[str, str]:
+    """algorithm, model (``model_path`` or "tiny-qwen2"), dock_backend, git_commit, dockflow_version and
+    mlflow.runName (``run_name``)."""
     return {
-        "algorithm": cfg.algorithm.name,
-        "model": cfg.model.path or "tiny-qwen2",
-        "dock_backend": cfg.dock.backend,
+        "algorithm": algorithm,
+        "model": model_path or "tiny-qwen2",
+        "dock_backend": dock_backend,
         "git_commit": git_commit(),
         "dockflow_version": dockflow_version(),
-        "mlflow.runName": cfg.run.name,
+        "mlflow.runName": run_name,
     }

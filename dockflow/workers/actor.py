@@ -24,10 +24,10 @@ from dockflow.config import Config
 from dockflow.config.engine import sync_tolerance
 from dockflow.data import PromptFormat, load_task
 from dockflow.dock import DockRequest, TransferDock
-from dockflow.engines import create_engines
+from dockflow.engines import EngineInputs, create_engines
 from dockflow.engines.devices import process_group_backend
 from dockflow.engines.sync_check import SYNC_CHECK, LogProbDrift, SyncChecker
-from dockflow.eval import evaluate_policy
+from dockflow.eval import EvalInputs, evaluate_policy
 from dockflow.models import load_model_and_tokenizer
 from dockflow.storage.objects import fetch_model
 from dockflow.workers.consume import WaitClock, consume
@@ -61,7 +61,8 @@ class ActorWorker(ModelWorker):
             join_dp_group(rank, self.dp, dp_key, cfg.ray.init_timeout_s, cfg.train.stage_timeout_s,
                           backend=process_group_backend(cfg.engine.device))  # gloo / nccl / hccl
         model, self.tokenizer = load_model_and_tokenizer(fetch_model(model_dir, cfg.checkpoint), dtype=cfg.model.dtype)
-        self.train_engine, self.gen_engine = create_engines(cfg, model, self.tokenizer, cpus=cfg.ray.actor_cpus)
+        inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed)
+        self.train_engine, self.gen_engine = create_engines(inputs, model, self.tokenizer, cpus=cfg.ray.actor_cpus)
         self.engine = self.train_engine  # the checkpointed one
         self.task = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint)
         self.prompts = PromptTable(
@@ -163,7 +164,9 @@ class ActorWorker(ModelWorker):
         preference ``pairs`` (rows chosen, rejected, ...: ``PairSource.eval_pairs``), the policy's margin on them."""
         start = time.perf_counter()
         examples = getattr(self.task, split)[: limit or None]
-        out = evaluate_policy(self.policy, self.tokenizer, examples, self.cfg, split)
+        cfg = self.cfg
+        scoring = EvalInputs(cfg.eval, cfg.data, cfg.rollout.max_new_tokens, cfg.run.seed)
+        out = evaluate_policy(self.policy, self.tokenizer, examples, scoring, split)
         if pairs is not None:
             out[MARGIN] = self.preference_margin(pairs)
         out["timing/eval_s"] = time.perf_counter() - start

@@ -15,7 +15,7 @@ from dockflow.algos import clipped_value_loss
 from dockflow.algos.recipe import CriticSection
 from dockflow.config import Config
 from dockflow.dock import DockRequest, TransferDock
-from dockflow.engines import create_critic_engine
+from dockflow.engines import EngineInputs, create_critic_engine
 from dockflow.models import load_critic
 from dockflow.storage.objects import fetch_model
 from dockflow.workers.consume import consume
@@ -30,9 +30,11 @@ class CriticWorker(ModelWorker):
 
     def __init__(self, cfg: Config, model_dir: str, dock: TransferDock):
         super().__init__(cfg, dock)
-        self.engine = create_critic_engine(cfg, load_critic(fetch_model(model_dir, cfg.checkpoint), dtype=cfg.model.dtype))
         self.columns = cfg.plan.role("critic").reads  # its states' dock columns
         self.section = cfg.plan.section("critic", CriticSection)  # the algorithm's critic settings
+        inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed)
+        model = load_critic(fetch_model(model_dir, cfg.checkpoint), dtype=cfg.model.dtype)
+        self.engine = create_critic_engine(inputs, self.section, model)
 
     def ready(self) -> bool:
         return True

@@ -15,7 +15,7 @@ from dockflow.algos.plan import SNAPSHOT_CONSUMER
 from dockflow.config import Config
 from dockflow.data import PromptFormat, load_task
 from dockflow.dock import DockRequest, TransferDock
-from dockflow.engines import create_generation_engine
+from dockflow.engines import EngineInputs, create_generation_engine
 from dockflow.engines.sync_check import SYNC_CHECK
 from dockflow.models import load_model_and_tokenizer
 from dockflow.storage.objects import fetch_model
@@ -35,7 +35,8 @@ class GeneratorWorker:
         self.dock = dock
         self.model, tokenizer = load_model_and_tokenizer(fetch_model(model_dir, cfg.checkpoint), dtype=cfg.model.dtype)
         self.model.eval()
-        self.engine = create_generation_engine(cfg, self.model, tokenizer, cpus=cfg.placement.generator_cpus)
+        inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed)
+        self.engine = create_generation_engine(inputs, self.model, tokenizer, cpus=cfg.placement.generator_cpus)
         self.tokenizer = tokenizer
         self.queue: RolloutQueue = rollout_queue(cfg)  # used alone (one generator); parked groups live here
         train = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint).train

@@ -117,7 +117,7 @@ def test_a_run_resumed_with_generations_in_flight_repeats_and_loses_no_sample(ra
                       dock__backend="centralized")
     full = train(cfg)
     final = load_file(str(Path(full["final_model"]) / "model.safetensors"))
-    store = run_store(cfg)
+    store = run_store(cfg.checkpoint, cfg.run)
     inflight = store.read_part(2, "inflight", weights_only=False)
     assert list(inflight["windows"]) == [2] and len(inflight["windows"][2]["indices"]) == cfg.global_batch
     assert inflight["queue"]["parked"], "nothing was parked: partial rollout did not run"
@@ -135,7 +135,7 @@ def test_a_run_resumes_from_a_driver_part_in_the_format_before_run_record(ray_cl
     cfg = tiny_config("old-record", 3, checkpoint__keep=3, dock__backend="centralized")
     full = train(cfg)
     final = load_file(str(Path(full["final_model"]) / "model.safetensors"))
-    store = run_store(cfg)
+    store = run_store(cfg.checkpoint, cfg.run)
     assert store.list_steps() == [2, 3]
     store.delete(3)
     old = old_driver_dict(read_record(store, 2))

@@ -74,7 +74,7 @@ def s3_inputs(cluster, s3_server, tmp_path_factory):
     for name, rows in (("train", task.val + task.train), ("test", task.test)):
         body = "".join(json.dumps({"prompt": e.prompt, "answer": e.answer}) + "\n" for e in rows)
         s3.put_object(Bucket=s3_server.BUCKET, Key=f"inputs/{name}.jsonl", Body=body.encode())
-    tok = build_task_tokenizer(cfg)
+    tok = build_task_tokenizer(cfg.data, cfg.run.seed, cfg.model.tiny.tokenizer_merges, cfg.checkpoint)
     model_dir = save_pretrained_dir(build_tiny_model(cfg.model.tiny, tok, seed=0), tok, local / "tiny")
     stage_model(model_dir, f"{root}/tiny", cfg.checkpoint)
     for path in sorted(local.rglob("*"), reverse=True):  # nothing of the inputs stays on this disk
@@ -100,7 +100,7 @@ def kill_one_stage_task_mid_run(cfg, killed: list[str]) -> None:
             cmd = proc.info["cmdline"] or []
             if "kfp.dsl.executor_main" in cmd and "--function_to_execute" in cmd:
                 stage = cmd[cmd.index("--function_to_execute") + 1]
-                latest = run_store(cfg).latest() or 0
+                latest = run_store(cfg.checkpoint, cfg.run).latest() or 0
                 if stage in STAGES and 4 <= latest < cfg.train.iterations - 8:
                     proc.send_signal(signal.SIGKILL)
                     killed.append(stage)
@@ -139,12 +139,12 @@ def test_s3_run_survives_a_killed_stage_task_and_a_resumed_run_matches_it_bit_fo
            f"ray.address={cluster}", f"run.output_dir={tmp_path / 'killed'}", "--run-name", "resubmitted"]
     first = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
-    while (run_store(resumed_cfg).latest() or 0) < 4:
+    while (run_store(resumed_cfg.checkpoint, resumed_cfg.run).latest() or 0) < 4:
         assert first.poll() is None and time.monotonic() < deadline, "the first attempt ended before its checkpoint"
         time.sleep(0.2)
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
-    store = run_store(resumed_cfg)
+    store = run_store(resumed_cfg.checkpoint, resumed_cfg.run)
     first_run_id = read_record(store, store.latest()).mlflow_run_id
     assert ray.get_actor("resubmitted-supervisor", namespace="dockflow-resubmitted")  # still alive
     resumed = run_local(CONFIG, overrides, resumed_cfg, options=quick, run_name="resubmitted")

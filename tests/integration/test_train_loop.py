@@ -65,8 +65,8 @@ def test_train_learns_logs_and_resumes_bit_identically_through_s3(tiny_config, s
     split = cfg("split", 2, placement__mode="disaggregated", placement__generator_cpus=0)
     first_half = train(split)
     assert first_half["reward_per_iteration"] == full["reward_per_iteration"][:2]
-    on_policy = run_store(split).read_part(2, "actor", weights_only=False)["engine"]
-    reference = run_store(full_cfg).read_part(2, "actor", weights_only=False)["engine"]
+    on_policy = run_store(split.checkpoint, split.run).read_part(2, "actor", weights_only=False)["engine"]
+    reference = run_store(full_cfg.checkpoint, full_cfg.run).read_part(2, "actor", weights_only=False)["engine"]
     for k, v in reference["model"].items():
         assert torch.equal(v, on_policy["model"][k]), f"{k}: max_staleness 0 with a generator worker differs from sync"
     assert _flat(reference["optimizer"]) == _flat(on_policy["optimizer"])

@@ -17,7 +17,7 @@ import torch
 from transformers import Qwen2ForCausalLM
 
 from dockflow.config import Config
-from dockflow.engines import HFGenerationEngine, SamplingParams
+from dockflow.engines import EngineInputs, HFGenerationEngine, SamplingParams
 from dockflow.engines.logprobs import response_log_probs
 from dockflow.engines.partial import continue_rollouts, unfinished
 from dockflow.engines.sync_check import SyncChecker, WeightSyncError
@@ -57,7 +57,8 @@ def _engine(model, tok, **vllm):
 
     settings = {"enforce_eager": True, "kv_cache_memory_gb": 0.25, "max_model_len": 128, "block_size": 32, **vllm}
     cfg = Config(engine={"backend": "vllm", "device": "cpu", "vllm": settings})
-    return VLLMGenerationEngine(model, tok, cfg, colocated=False)
+    inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed)
+    return VLLMGenerationEngine(model, tok, inputs, colocated=False)
 
 
 def _perturb(model, seed: int) -> None:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dockflow.config import Config
-from dockflow.engines import SamplingParams, create_engines
+from dockflow.engines import EngineInputs, SamplingParams, create_engines
 from dockflow.engines.devices import accelerator_module
 from dockflow.engines.partial import continue_rollouts, unfinished
 from dockflow.flow.trainer import train
@@ -23,7 +23,8 @@ def _engines(device: str, temperature: float = 0.7):
                  rollout={"temperature": temperature})
     tok = build_char_tokenizer()
     model = build_tiny_model(cfg.model.tiny, tok, seed=0)
-    train_engine, gen = create_engines(cfg, model, tok)
+    inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed)
+    train_engine, gen = create_engines(inputs, model, tok)
     return cfg, tok, train_engine, gen
 
 

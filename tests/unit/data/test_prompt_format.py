@@ -20,7 +20,7 @@ def test_plain_template_needs_no_tokenizer() -> None:
 def test_chat_template_wraps_the_templated_prompt_in_turns() -> None:
     cfg = load_config("configs/grpo_arith.yaml", ["data.chat_template=true", "data.system_prompt=Be brief.",
                                                   "data.arithmetic.num_train=1000"])
-    tok = build_task_tokenizer(cfg)
+    tok = build_task_tokenizer(cfg.data, cfg.run.seed, cfg.model.tiny.tokenizer_merges)
     text = PromptFormat.of(cfg.data).render("What is 1 + 2?", tok)
     assert text == "<|system|>Be brief.<|end|><|user|>What is 1 + 2?\nAnswer: <|end|><|assistant|>"
     ids = tok(text)["input_ids"]

@@ -106,7 +106,7 @@ def test_countdown_config_prompts_fit_the_tiny_models_context() -> None:
     from dockflow.models.tokenizer import build_task_tokenizer
 
     cfg = load_config(ROOT / "configs" / "grpo_countdown.yaml", ["data.reasoning_gym.num_train=2000"])  # faster
-    tok = build_task_tokenizer(cfg)
+    tok = build_task_tokenizer(cfg.data, cfg.run.seed, cfg.model.tiny.tokenizer_merges)
     task = load_task(cfg.data, cfg.run.seed)
     longest = max(len(tok(apply_template(cfg.data.prompt_template, ex.prompt))["input_ids"])
                   for ex in task.train + task.test)

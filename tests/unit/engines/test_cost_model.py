@@ -3,7 +3,7 @@ import torch
 
 from dockflow.algos import clipped_policy_loss
 from dockflow.config import load_config
-from dockflow.engines import SamplingParams, create_engines, first_eos_mask
+from dockflow.engines import EngineInputs, SamplingParams, create_engines, first_eos_mask
 from dockflow.engines.cost_model import CostModelGeneration, CostModelTraining
 from dockflow.models import build_char_tokenizer, build_tiny_model
 
@@ -15,7 +15,8 @@ def cost_engines(**cost):
                  "engine.cost_model.train_s_per_token=0", "engine.cost_model.infer_s_per_token=0"]
     cfg = load_config("configs/grpo_arith.yaml", overrides + [f"engine.cost_model.{k}={v}" for k, v in cost.items()])
     tok = build_char_tokenizer()
-    return (*create_engines(cfg, build_tiny_model(cfg.model.tiny, tok, seed=0), tok, cpus=2), tok)
+    inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed)
+    return (*create_engines(inputs, build_tiny_model(cfg.model.tiny, tok, seed=0), tok, cpus=2), tok)
 
 
 def test_cost_model_rollouts_have_the_real_layout_and_modelled_lengths():

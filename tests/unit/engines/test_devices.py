@@ -9,7 +9,7 @@ import torch
 
 from dockflow.config import ConfigError, load_config
 from dockflow.config.engine import sleep_level
-from dockflow.engines import DeviceError, create_engines
+from dockflow.engines import DeviceError, EngineInputs, create_engines
 from dockflow.engines.devices import (
     accelerator_module,
     check_cluster_devices,
@@ -116,8 +116,9 @@ def test_create_engines_checks_the_device_before_building_anything():
     cfg = load_config(GRPO, ["engine.device=cuda"])
     tok = build_char_tokenizer()
     model = build_tiny_model(cfg.model.tiny, tok, seed=0)
+    inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed)
     with pytest.raises(DeviceError, match="engine.device=cuda"):
-        create_engines(cfg, model, tok)
+        create_engines(inputs, model, tok)
     assert next(model.parameters()).device.type == "cpu"
 
 

@@ -3,8 +3,10 @@
 import pytest
 import torch
 
+from dockflow.algos.recipe import CriticSection
 from dockflow.config import Config
 from dockflow.engines import (
+    EngineInputs,
     SamplingParams,
     create_critic_engine,
     create_engines,
@@ -22,7 +24,8 @@ def engines():
     cfg = Config()
     tok = build_char_tokenizer()
     model = build_tiny_model(cfg.model.tiny, tok, seed=0)
-    return (*create_engines(cfg, model, tok), tok)
+    inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed)
+    return (*create_engines(inputs, model, tok), tok)
 
 
 def test_first_eos_mask_by_hand():
@@ -115,7 +118,8 @@ def test_critic_values_follow_the_response_layout(tmp_path):
     cfg = Config(algorithm={"name": "ppo"})  # an algorithm with a critic
     tok = build_char_tokenizer()
     save_pretrained_dir(build_tiny_model(cfg.model.tiny, tok, seed=0), tok, tmp_path / "m")
-    critic = create_critic_engine(cfg, load_critic(tmp_path / "m"))
+    inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed)
+    critic = create_critic_engine(inputs, cfg.plan.section("critic", CriticSection), load_critic(tmp_path / "m"))
     batch = encode_rollouts(tok, PROMPTS, ["19", "-42", "2"], 4)
     values = critic.infer(batch)
     assert values.shape == (3, 4) and torch.count_nonzero(values) == 0

@@ -3,7 +3,7 @@
 import torch
 
 from dockflow.config import Config
-from dockflow.engines import SamplingParams, create_engines
+from dockflow.engines import EngineInputs, SamplingParams, create_engines
 from dockflow.engines.hf_generation import left_pad_prompts
 from dockflow.engines.logprobs import batched_log_probs
 from dockflow.engines.partial import continue_rollouts, empty_rollouts, unfinished
@@ -16,7 +16,8 @@ R = 9
 def test_interrupted_rollouts_resume_consistently_under_each_segments_weights():
     cfg = Config()
     tok = build_char_tokenizer()
-    train, gen = create_engines(cfg, build_tiny_model(cfg.model.tiny, tok, seed=0), tok)
+    inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed)
+    train, gen = create_engines(inputs, build_tiny_model(cfg.model.tiny, tok, seed=0), tok)
     other = build_tiny_model(cfg.model.tiny, tok, seed=1)  # the "newer" weights of the second segment
     pad, eos = tok.pad_token_id, tok.eos_token_id
     params = SamplingParams(max_new_tokens=R, temperature=1.3, n=1)
@@ -51,7 +52,8 @@ def test_interrupted_rollouts_resume_consistently_under_each_segments_weights():
 def test_unchanged_weights_give_the_log_probs_of_one_full_forward():
     cfg = Config()
     tok = build_char_tokenizer()
-    train, gen = create_engines(cfg, build_tiny_model(cfg.model.tiny, tok, seed=0), tok)
+    inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed)
+    train, gen = create_engines(inputs, build_tiny_model(cfg.model.tiny, tok, seed=0), tok)
     pad, eos = tok.pad_token_id, tok.eos_token_id
     params = SamplingParams(max_new_tokens=R, n=1)
     ids, mask = left_pad_prompts(tok, PROMPTS, None)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from dockflow.config import Config
-from dockflow.engines import SamplingParams, TorchTrainingEngine
+from dockflow.engines import EngineInputs, SamplingParams, TorchTrainingEngine
 from dockflow.engines.vllm_convert import checkpoint_weights
 from dockflow.models import build_char_tokenizer, build_tiny_model
 
@@ -87,7 +87,8 @@ def _setup(device: str = "cuda", tp: int = 1, colocated: bool = True):
                                                                         "weight_bucket_mb": 0.01}})
     tok = build_char_tokenizer()
     model = build_tiny_model(cfg.model.tiny, tok, seed=0)
-    return tok, model, VLLMGenerationEngine(model, tok, cfg, colocated=colocated)
+    inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed)
+    return tok, model, VLLMGenerationEngine(model, tok, inputs, colocated=colocated)
 
 
 def test_colocated_sleep_sync_wake_order(stand_in_vllm):

@@ -8,7 +8,7 @@ import torch
 from dockflow.config import load_config
 from dockflow.data import Example, PromptFormat, apply_template
 from dockflow.engines import SamplingParams
-from dockflow.eval import evaluate_policy, sample_scores, sampled_scores
+from dockflow.eval import EvalInputs, evaluate_policy, sample_scores, sampled_scores
 from dockflow.eval.greedy import generate_responses
 from dockflow.models import build_tiny_model
 from dockflow.rewards import verify
@@ -60,8 +60,12 @@ def test_sampled_scores_group_k_samples_per_prompt_and_are_seeded(model, char_to
 def test_evaluate_policy_names_mlflow_metrics(model, char_tok) -> None:
     examples = [Example("What is 1 + 1?", "2"), Example("What is 2 + 2?", "4")]
     small = ["rollout.max_new_tokens=3", "eval.batch_size=2"]
-    greedy_only = evaluate_policy(model, char_tok, examples, load_config(None, small))
+    def inputs(*extra: str) -> EvalInputs:
+        cfg = load_config(None, [*small, *extra])
+        return EvalInputs(cfg.eval, cfg.data, cfg.rollout.max_new_tokens, cfg.run.seed)
+
+    greedy_only = evaluate_policy(model, char_tok, examples, inputs())
     assert list(greedy_only) == ["eval/test_accuracy"]
-    scores = evaluate_policy(model, char_tok, examples, load_config(None, [*small, "eval.pass_k=2"]), split="val")
+    scores = evaluate_policy(model, char_tok, examples, inputs("eval.pass_k=2"), split="val")
     assert list(scores) == ["eval/val_accuracy", "eval/val_pass_at_2", "eval/val_avg_at_2"]
     assert all(0.0 <= v <= 1.0 for v in scores.values())

@@ -12,7 +12,7 @@ from dockflow.config import Config, load_config
 from dockflow.data import Example, PromptFormat, apply_template
 from dockflow.eval.greedy import greedy_accuracy, greedy_responses
 from dockflow.models import build_tiny_model, load_model_and_tokenizer
-from dockflow.models.sft import encode_sft_batch, sft_cache_key, sft_warm_start, train_sft
+from dockflow.models.sft import SFTInputs, encode_sft_batch, sft_cache_key, sft_warm_start, train_sft
 
 SMALL = [
     "model.tiny.hidden_size=32",
@@ -29,8 +29,13 @@ SMALL = [
 ]
 
 
-def _cfg(tmp_path: Path, *extra: str) -> Config:
-    return load_config(None, [*SMALL, f"sft.cache_dir={tmp_path / 'cache'}", *extra])
+def _of(cfg: Config) -> SFTInputs:
+    return SFTInputs(cfg.model, cfg.data, cfg.sft, cfg.checkpoint, cfg.run.seed, cfg.rollout.max_new_tokens,
+                     cfg.eval.batch_size)
+
+
+def _inputs(tmp_path: Path, *extra: str) -> SFTInputs:
+    return _of(load_config(None, [*SMALL, f"sft.cache_dir={tmp_path / 'cache'}", *extra]))
 
 
 def test_labels_cover_only_answer_and_eos(char_tok) -> None:
@@ -46,35 +51,35 @@ def test_labels_cover_only_answer_and_eos(char_tok) -> None:
 
 def test_training_lowers_loss_and_reaches_full_train_accuracy(tmp_path: Path, micro_cfg, char_tok) -> None:
     budget = ("sft.lr=3e-3", "sft.warmup_steps=0", "sft.batch_size=4", "sft.max_epochs=200", "sft.eval_every_epochs=10", "sft.patience=10")
-    cfg = _cfg(tmp_path, *budget)
+    inputs = _inputs(tmp_path, *budget)
     examples = [Example(f"What is {a} + {b}?", str(a + b)) for a, b in [(1, 2), (3, 4), (5, 0), (2, 2)]]
     model = build_tiny_model(micro_cfg, char_tok, seed=0)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    acc, history = train_sft(cfg, model, char_tok, examples, examples)
+    acc, history = train_sft(inputs, model, char_tok, examples, examples)
     assert history[-1]["epoch"] < 200  # a perfect validation ends training early
     losses = [h["loss"] for h in history[1:]]
     assert losses[-1] < 0.5 * losses[0]
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
-    assert acc == 1.0 == greedy_accuracy(model, char_tok, examples, 2, 4, PromptFormat.of(cfg.data))
+    assert acc == 1.0 == greedy_accuracy(model, char_tok, examples, 2, 4, PromptFormat.of(inputs.data))
     wrong = [Example(e.prompt, str(int(e.answer) + 1)) for e in examples]
-    assert greedy_accuracy(model, char_tok, wrong, 3, 4, PromptFormat.of(cfg.data)) == 0.0
-    prompts = [apply_template(cfg.data.prompt_template, e.prompt) for e in examples]
+    assert greedy_accuracy(model, char_tok, wrong, 3, 4, PromptFormat.of(inputs.data)) == 0.0
+    prompts = [apply_template(inputs.data.prompt_template, e.prompt) for e in examples]
     batched = greedy_responses(model, char_tok, prompts, batch_size=4, max_new_tokens=4)
     assert batched == [greedy_responses(model, char_tok, [p], 1, 4)[0] for p in prompts]
     assert batched == [e.answer for e in examples]
 
 
 def test_early_stop_keeps_best_weights(tmp_path: Path, micro_cfg, char_tok) -> None:
-    cfg = _cfg(tmp_path, "sft.lr=0.0", "sft.max_epochs=50", "sft.eval_every_epochs=1", "sft.patience=2")
+    inputs = _inputs(tmp_path, "sft.lr=0.0", "sft.max_epochs=50", "sft.eval_every_epochs=1", "sft.patience=2")
     examples = [Example("What is 1 + 2?", "3")]
     model = build_tiny_model(micro_cfg, char_tok, seed=0)
-    _, history = train_sft(cfg, model, char_tok, examples, examples)
+    _, history = train_sft(inputs, model, char_tok, examples, examples)
     assert [h["epoch"] for h in history] == [0, 1, 2]  # lr 0 never improves: stop after patience=2
 
 
 def test_warm_start_caches_and_second_call_hits(tmp_path: Path) -> None:
-    cfg = _cfg(tmp_path, "sft.max_epochs=2", "sft.eval_every_epochs=1", "sft.batch_size=4")
-    first = sft_warm_start(cfg, tmp_path / "run1")
+    inputs = _inputs(tmp_path, "sft.max_epochs=2", "sft.eval_every_epochs=1", "sft.batch_size=4")
+    first = sft_warm_start(inputs, tmp_path / "run1")
     assert not first.cached and first.model_dir.parent == tmp_path / "cache"
     assert [h["epoch"] for h in first.history] == [0, 1, 2]
     assert json.loads((tmp_path / "run1" / "sft.json").read_text())["cached"] is False
@@ -83,16 +88,16 @@ def test_warm_start_caches_and_second_call_hits(tmp_path: Path) -> None:
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [first.model_dir.name]  # no temp dirs
 
     mtime = (first.model_dir / "model.safetensors").stat().st_mtime_ns
-    second = sft_warm_start(cfg, tmp_path / "run2")
+    second = sft_warm_start(inputs, tmp_path / "run2")
     assert second.cached and second.model_dir == first.model_dir
     assert (second.val_accuracy, second.history) == (first.val_accuracy, first.history)
     assert (first.model_dir / "model.safetensors").stat().st_mtime_ns == mtime
 
 
 def test_cache_key_covers_inputs(tmp_path: Path) -> None:
-    base = sft_cache_key(_cfg(tmp_path))
-    assert sft_cache_key(_cfg(tmp_path)) == base
-    assert sft_cache_key(load_config(None, [*SMALL, "sft.cache_dir=/elsewhere"])) == base
+    base = sft_cache_key(_inputs(tmp_path))
+    assert sft_cache_key(_inputs(tmp_path)) == base
+    assert sft_cache_key(_of(load_config(None, [*SMALL, "sft.cache_dir=/elsewhere"]))) == base
     changes = (
         "run.seed=1",
         "sft.lr=0.5",
@@ -102,7 +107,7 @@ def test_cache_key_covers_inputs(tmp_path: Path) -> None:
         "rollout.max_new_tokens=5",
     )
     for change in changes:
-        assert sft_cache_key(_cfg(tmp_path, change)) != base, change
+        assert sft_cache_key(_inputs(tmp_path, change)) != base, change
 
 
 @pytest.mark.parametrize("content", ['{"prompt": "a?", "answer": 1}\n', '{"prompt": "a?", "answer": 2}\n'])
@@ -110,9 +115,9 @@ def test_cache_key_covers_file_contents(tmp_path: Path, content: str) -> None:
     train = tmp_path / "train.jsonl"
     train.write_text('{"prompt": "a?", "answer": 1}\n')
     files = ["data.source=file", f"data.train_path={train}", f"data.test_path={train}"]
-    before = sft_cache_key(_cfg(tmp_path, *files))
+    before = sft_cache_key(_inputs(tmp_path, *files))
     train.write_text(content)
-    assert (sft_cache_key(_cfg(tmp_path, *files)) == before) == ("1" in content)
+    assert (sft_cache_key(_inputs(tmp_path, *files)) == before) == ("1" in content)
 
 
 def test_cache_key_and_initial_model_from_s3(
@@ -138,13 +143,24 @@ def test_cache_key_and_initial_model_from_s3(
     model = stage_model(src, f"{s3_checkpoint_dir}/model", CheckpointConfig())
     train = put(f"{s3_checkpoint_dir}/train.jsonl", b'{"prompt": "a?", "answer": 1}\n')
     files = ["data.source=file", f"data.train_path={train}", f"data.test_path={train}", f"model.path={model}"]
-    key = sft_cache_key(_cfg(tmp_path, *files))
-    assert sft_cache_key(_cfg(tmp_path, *files)) == key and not (tmp_path / "fetch").exists()  # nothing fetched
+    key = sft_cache_key(_inputs(tmp_path, *files))
+    assert sft_cache_key(_inputs(tmp_path, *files)) == key and not (tmp_path / "fetch").exists()  # nothing fetched
     put(train, b'{"prompt": "a?", "answer": 2}\n')
-    assert sft_cache_key(_cfg(tmp_path, *files)) != key
-    key = sft_cache_key(_cfg(tmp_path, *files))
+    assert sft_cache_key(_inputs(tmp_path, *files)) != key
+    key = sft_cache_key(_inputs(tmp_path, *files))
     (src / "generation_config.json").write_text("{}")
     stage_model(src, model, CheckpointConfig())  # another model at the same URI
-    assert sft_cache_key(_cfg(tmp_path, *files)) != key
-    lm, _ = _initial_model(_cfg(tmp_path, *files))  # fetched into the node's cache, then loaded
+    assert sft_cache_key(_inputs(tmp_path, *files)) != key
+    lm, _ = _initial_model(_inputs(tmp_path, *files))  # fetched into the node's cache, then loaded
     assert lm.config.hidden_size == micro_cfg.hidden_size and any((tmp_path / "fetch" / "models").iterdir())
+
+
+def test_sft_command_prints_history_and_test_accuracy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dockflow.cli import main
+
+    budget = ["sft.max_epochs=1", "sft.batch_size=4", "eval.num_prompts=3", f"run.output_dir={tmp_path}"]
+    assert main(["sft", *SMALL, f"sft.cache_dir={tmp_path / 'cache'}", *budget]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split()[:2] for line in lines[:-1]] == [["epoch", "0"], ["epoch", "1"]]
+    assert "cached=False" in lines[-1] and "test_accuracy=" in lines[-1] and lines[-1].endswith("(n=3)")
+    assert (tmp_path / "dockflow" / "sft.json").is_file()  # run.name's directory

@@ -201,11 +201,15 @@ def test_run_store_puts_each_run_under_its_name(tmp_path: Path, s3_checkpoint_di
     from dockflow.config import load_config
     from dockflow.storage import S3CheckpointStore, run_store
 
-    default = run_store(load_config(None, [f"run.output_dir={tmp_path}", "run.name=a"]))
+    def store(*overrides: str) -> CheckpointStore:
+        cfg = load_config(None, list(overrides))
+        return run_store(cfg.checkpoint, cfg.run)
+
+    default = store(f"run.output_dir={tmp_path}", "run.name=a")
     assert isinstance(default, LocalCheckpointStore) and default.location() == str(tmp_path / "a" / "checkpoints")
-    local = run_store(load_config(None, [f"checkpoint.dir={tmp_path}/ckpt/", "run.name=b"]))
+    local = store(f"checkpoint.dir={tmp_path}/ckpt/", "run.name=b")
     assert local.location() == str(tmp_path / "ckpt" / "b")
-    remote = run_store(load_config(None, [f"checkpoint.dir={s3_checkpoint_dir}/", "run.name=c"]))
+    remote = store(f"checkpoint.dir={s3_checkpoint_dir}/", "run.name=c")
     assert isinstance(remote, S3CheckpointStore) and remote.location() == f"{s3_checkpoint_dir}/c"
     with pytest.raises(CheckpointError, match="run.name 'x/y' cannot name a checkpoint folder"):
-        run_store(load_config(None, [f"checkpoint.dir={tmp_path}", "run.name=x/y"]))
+        store(f"checkpoint.dir={tmp_path}", "run.name=x/y")

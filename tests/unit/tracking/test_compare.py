@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from dockflow.cli import main
-from dockflow.config import Config, TrackingConfig
+from dockflow.config import TrackingConfig
 from dockflow.tracking import Tracker, TrackingError, run_tags
 from dockflow.tracking.compare import compare_runs, print_comparison
 
@@ -30,9 +30,9 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[
             ("a2", "exp-a", 0.2, "centralized", [0.2, 0.5]),
             ("b1", "exp-b", 0.1, "distributed", [0.3]),
         ]:
-            cfg = Config.model_validate({"run": {"name": name}, "train": {"lr": lr}, "dock": {"backend": backend}})
             params = {"train.lr": lr, "run.seed": 0}
-            with Tracker.start(TrackingConfig(uri=uri, experiment=exp), root, name, params, run_tags(cfg)) as tr:
+            tags = run_tags("grpo", None, backend, name)
+            with Tracker.start(TrackingConfig(uri=uri, experiment=exp), root, name, params, tags) as tr:
                 for step, r in enumerate(rewards, start=1):
                     tr.log_metrics({"reward/mean": r, "eval/test_accuracy": r / 2}, step=step)
             ids[name] = tr.run_id

@@ -16,14 +16,13 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def test_run_tags_name_algorithm_model_backend_commit_version() -> None:
     cfg = Config.model_validate({"run": {"name": "exp1"}, "dock": {"backend": "centralized"}})
-    tags = run_tags(cfg)
+    tags = run_tags(cfg.algorithm.name, cfg.model.path, cfg.dock.backend, cfg.run.name)
     assert set(tags) == {"algorithm", "model", "dock_backend", "git_commit", "dockflow_version", "mlflow.runName"}
     assert tags["algorithm"] == "grpo" and tags["model"] == "tiny-qwen2" and tags["dock_backend"] == "centralized"
     assert tags["mlflow.runName"] == "exp1"
     assert tags["dockflow_version"] not in ("", None)
     assert tags["git_commit"] == "unknown" or re.fullmatch(r"[0-9a-f]{40}", tags["git_commit"])
-    cfg.model.path = "/models/qwen2.5-0.5b"
-    assert run_tags(cfg)["model"] == "/models/qwen2.5-0.5b"
+    assert run_tags("grpo", "/models/qwen2.5-0.5b", "distributed", "exp1")["model"] == "/models/qwen2.5-0.5b"
 
 
 def test_git_commit_is_unknown_outside_a_repo_or_without_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

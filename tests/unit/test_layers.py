@@ -1,0 +1,94 @@
+"""The lower layers take the config section they read, never the whole run: no module under storage, data,
+models, rewards, tracking, eval, engines, reshard or dock imports ``Config`` (nor anything else of
+``dockflow.config.run``), nor the layers above them (``dockflow.flow``, ``dockflow.workers``, ``dockflow.cli``)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from dockflow.config import _EXPORTS as CONFIG_EXPORTS
+
+PACKAGE = Path(__file__).resolve().parents[2] / "dockflow"
+LOWER = ("storage", "data", "models", "rewards", "tracking", "eval", "engines", "reshard", "dock")
+RUN_MODULE = "dockflow.config.run"
+UPPER = ("dockflow.flow", "dockflow.workers", "dockflow.cli")
+# Modules another branch of issue 26 rewrites now; each must still break the rule (else drop it from here).
+PENDING = {"data/prompt_order.py"}
+
+
+def _absolute(module: str | None, level: int, path: Path) -> str:
+    """The absolute module of ``from <level dots><module> import ...`` written in ``path``."""
+    if not level:
+        return module or ""
+    package = path.relative_to(PACKAGE.parent).with_suffix("").parts[:-level]
+    return ".".join([*package, *([module] if module else [])])
+
+
+def _is_upper(module: str) -> bool:
+    return any(module == up or module.startswith(up + ".") for up in UPPER)
+
+
+def violations(source: str, path: Path) -> list[str]:
+    """Each import in ``source`` (at any depth, ``TYPE_CHECKING`` blocks included) that reaches the whole config
+    or an upper layer, as ``"<line>: <what>"``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+            found += [f"{node.lineno}: import {n}" for n in names if n == RUN_MODULE or _is_upper(n)]
+        elif isinstance(node, ast.ImportFrom):
+            module = _absolute(node.module, node.level, path)
+            for alias in node.names:
+                full = f"{module}.{alias.name}"
+                whole_config = module == RUN_MODULE or full == RUN_MODULE or (
+                    module == "dockflow.config" and CONFIG_EXPORTS.get(alias.name) == RUN_MODULE
+                )
+                if whole_config or _is_upper(module) or _is_upper(full):
+                    found.append(f"{node.lineno}: from {module} import {alias.name}")
+    return found
+
+
+def _modules() -> list[Path]:
+    return sorted(p for pkg in LOWER for p in (PACKAGE / pkg).rglob("*.py"))
+
+
+def test_lower_layers_import_neither_the_whole_config_nor_the_layers_above() -> None:
+    broken = {}
+    for path in _modules():
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel not in PENDING and (found := violations(path.read_text(), path)):
+            broken[rel] = found
+    assert not broken, f"pass these modules the sections they read instead: {broken}"
+
+
+@pytest.mark.parametrize("rel", sorted(PENDING))
+def test_pending_modules_still_break_the_rule(rel: str) -> None:
+    assert violations((PACKAGE / rel).read_text(), PACKAGE / rel), f"{rel} is clean now: remove it from PENDING"
+
+
+@pytest.mark.parametrize(
+    ("line", "bad"),
+    [
+        ("from dockflow.config import Config", True),
+        ("from dockflow.config import load_config", True),
+        ("from dockflow.config.run import flatten_dict", True),
+        ("import dockflow.config.run", True),
+        ("from dockflow.config import run", True),
+        ("from dockflow.flow.trainer import train", True),
+        ("from dockflow import workers", True),
+        ("import dockflow.cli", True),
+        ("from ..flow import record", True),
+        ("from dockflow.config import CheckpointConfig, flatten_dict", False),
+        ("from dockflow.config.sections import DataConfig", False),
+        ("from dockflow.config.engine import EngineConfig", False),
+        ("from dockflow.storage import open_store", False),
+        ("from ..data import load_task", False),
+        ("from dockflow.flowers import x", False),
+    ],
+)
+def test_the_check_tells_whole_config_and_upper_imports_apart(line: str, bad: bool) -> None:
+    source = f"from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    {line}\n"
+    assert bool(violations(source, PACKAGE / "eval" / "run.py")) is bad
