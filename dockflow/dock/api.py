@@ -92,10 +92,6 @@ class DockSpec:
         if self.nic_mib_per_s is not None and not self.nic_mib_per_s > 0:
             raise DockInvalid(f"nic_mib_per_s must be positive (or None: no network model), not {self.nic_mib_per_s}")
 
-    @property
-    def num_groups(self) -> int:
-        return self.capacity // self.group_size
-
 
 @dataclass
 class DockBatch:

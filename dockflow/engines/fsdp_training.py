@@ -123,11 +123,6 @@ class FSDPTrainingEngine(TorchTrainingEngine):
         grads = {name: p.grad for name, p in self.model.named_parameters()}
         return UpdateState(self._local_weights, self.optimizer, grads=grads)
 
-    @property
-    def in_generation(self) -> bool:
-        """True while the update state is on host and ``generation_model`` holds the weights."""
-        return self._reshard is not None
-
     def _to_generation(self) -> None:
         """Reshard (collective): gather full weights into ``generation_model``, swap the update state out."""
         if self._reshard is not None:
