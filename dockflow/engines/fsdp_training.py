@@ -115,6 +115,10 @@ class FSDPTrainingEngine(TorchTrainingEngine):
         self._steps = 0
         self._to_generation()
 
+    def policy_module(self) -> nn.Module:
+        """The plain generation copy: the full weights after each reshard (``self.model`` is this rank's shard)."""
+        return self.generation_model
+
     # -- the update <-> generation cycle ------------------------------------------------------------------
 
     def _update_state(self) -> UpdateState:
