@@ -3,7 +3,8 @@
     from dockflow.eval import evaluate_policy, pass_at_k, sampled_scores
     evaluate_policy(model, tok, task.test[:500], cfg)   # {"eval/test_accuracy": .., "eval/test_pass_at_8": ..}
 
-``dockflow.eval.run`` (the ``dockflow eval`` command) is not imported here: it pulls in the trainer.
+``dockflow.eval.run`` (the ``dockflow eval`` command) is not imported here: it pulls in the checkpoint store
+and MLflow (``dockflow.storage``, ``dockflow.tracking``), which the workers that score a policy do not need.
 """
 
 from dockflow.eval.metrics import avg_at_k, pass_at_k, sample_scores
