@@ -53,8 +53,9 @@ from benchmarks.cpu_load import CpuLoad, Snapshot  # noqa: E402
 from benchmarks.modes import mode_overrides  # noqa: E402
 from benchmarks.trl_grpo import IterationStats, run_trl  # noqa: E402
 from dockflow.config import Config, TinyModelConfig, load_config  # noqa: E402
+from dockflow.flow.run_setup import run_dir_of  # noqa: E402
 from dockflow.flow.throughput import throughput_tps  # noqa: E402
-from dockflow.flow.trainer import run_dir_of, train  # noqa: E402
+from dockflow.flow.trainer import train  # noqa: E402
 from dockflow.models.sft import SFTInputs, sft_warm_start  # noqa: E402
 
 CONFIG = "configs/grpo_arith.yaml"

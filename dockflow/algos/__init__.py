@@ -22,6 +22,7 @@ _EXPORTS = {
     "filter_by_reward": "dockflow.algos.pf_ppo",
     "gae_advantages": "dockflow.algos.ppo",
     "grpo_advantages": "dockflow.algos.grpo",
+    "gspo_loss": "dockflow.algos.gspo",
     "informative_groups": "dockflow.algos.dapo",
     "kl_penalty": "dockflow.algos.kl",
     "last_token_index": "dockflow.algos.utils",
@@ -33,6 +34,7 @@ _EXPORTS = {
     "outcome_token_rewards": "dockflow.algos.ppo",
     "overlong_penalty": "dockflow.algos.dapo",
     "reinforce_pp_advantages": "dockflow.algos.reinforce_pp",
+    "rloo_advantages": "dockflow.algos.rloo",
     "sequence_log_probs": "dockflow.algos.dpo",
     "truncated_is_weights": "dockflow.algos.tis",
 }

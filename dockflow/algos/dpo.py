@@ -43,19 +43,13 @@ def dpo_loss(
     ref_rejected: torch.Tensor,
     beta: float,
     label_smoothing: float = 0.0,
-    pair_denom: float | None = None,
 ) -> DPOOutput:
-    """DPO loss on ``[B]`` sequence log-probs of B preference pairs.
-
-    ``pair_denom`` is the number of pairs in the whole mini-batch when this call sees one micro-batch of
-    it, so that summed micro-batch losses equal the mini-batch mean (``None``: this call's B).
-    """
+    """DPO loss on ``[B]`` sequence log-probs of B preference pairs: the mean over the pairs."""
     if not 0.0 <= label_smoothing <= 0.5:
         raise ValueError(f"label_smoothing must be in [0, 0.5], got {label_smoothing}")
     logits = beta * ((policy_chosen - policy_rejected) - (ref_chosen - ref_rejected))
     per_pair = -(1.0 - label_smoothing) * F.logsigmoid(logits) - label_smoothing * F.logsigmoid(-logits)
-    denom = per_pair.numel() if pair_denom is None else pair_denom
-    loss = per_pair.sum() / max(denom, 1)
+    loss = per_pair.sum() / max(per_pair.numel(), 1)
     with torch.no_grad():
         chosen = beta * (policy_chosen - ref_chosen)
         rejected = beta * (policy_rejected - ref_rejected)

@@ -92,10 +92,6 @@ class DockSpec:
         if self.nic_mib_per_s is not None and not self.nic_mib_per_s > 0:
             raise DockInvalid(f"nic_mib_per_s must be positive (or None: no network model), not {self.nic_mib_per_s}")
 
-    @property
-    def num_groups(self) -> int:
-        return self.capacity // self.group_size
-
 
 @dataclass
 class DockBatch:
@@ -140,7 +136,10 @@ class TransferDock(ABC):
         consumer the same batches run after run. With ``dp_share=(rank, ranks)`` the controller splits each
         mini-batch of ``ranks * batch_size`` samples into equal-count shares balanced by response length (from
         metadata, before any data is read), and each rank's k-th get returns its share of the k-th mini-batch.
-        All ranks must ask for the same sizes. The request is checked once, here in the client.
+        All ranks must ask for the same sizes. The client checks the request's form before sending it
+        (``dock.validation.check_get``); the controller checks what only its state knows (the consumer's
+        registered columns, enough unconsumed samples left) and repeats the form checks for requests that
+        reach its actor without a client.
         """
 
     @abstractmethod

@@ -96,7 +96,9 @@ class ControllerState:
         window: Window | None = None,
         dp_share: tuple[int, int] | None = None,
     ) -> None:
-        """Reject requests that no future put can satisfy (instead of letting them hang)."""
+        """Reject requests that no future put can satisfy (instead of letting them hang): columns this consumer
+        did not register, more samples than are left unconsumed. The form checks of the client
+        (``validation.check_get``) are repeated for requests that reach the actor without it."""
         self._check_columns(columns)
         unregistered = [c for c in columns if c not in self.columns]
         if unregistered:

@@ -1,4 +1,4 @@
-"""What a consumer asks the dock for: one frozen request, checked once in the client and passed whole.
+"""What a consumer asks the dock for: one frozen request, checked in the client and passed whole.
 
     request = DockRequest("actor_update", batch_size=64, window=cfg.dock_window(i), whole_groups=True)
     batch = dock.get(request)

@@ -127,6 +127,11 @@ class TrainingEngine(ABC):
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Current weights, for resharding into a generation engine."""
 
+    @abstractmethod
+    def policy_module(self) -> torch.nn.Module:
+        """The whole (unsharded) model as one Hugging Face module, which the actor's evaluation, weight-sync probe
+        and saved models read (a critic's engine: its value model); a sharded backend gives its generation copy."""
+
     def generation_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The weights generation runs with after an update: the reshard step. On one process they are the
         training weights themselves; a sharded backend gathers them into full copies (collective)."""

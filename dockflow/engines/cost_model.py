@@ -27,7 +27,7 @@ from tensordict import TensorDict
 
 from dockflow.config import CostModelConfig
 from dockflow.engines.base import GenerationEngine, LossFn, SamplingParams, TrainingEngine
-from dockflow.engines.hf_generation import decode_responses, left_pad_prompts, rollout_batch
+from dockflow.engines.rollout_layout import decode_responses, left_pad_prompts, rollout_batch
 
 
 def _cpus(cpus: float, per_token: dict[str, float]) -> float:
@@ -151,3 +151,6 @@ class CostModelTraining(TrainingEngine):
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         return iter(())
+
+    def policy_module(self) -> torch.nn.Module:
+        return self.model

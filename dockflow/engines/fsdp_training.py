@@ -115,6 +115,10 @@ class FSDPTrainingEngine(TorchTrainingEngine):
         self._steps = 0
         self._to_generation()
 
+    def policy_module(self) -> nn.Module:
+        """The plain generation copy: the full weights after each reshard (``self.model`` is this rank's shard)."""
+        return self.generation_model
+
     # -- the update <-> generation cycle ------------------------------------------------------------------
 
     def _update_state(self) -> UpdateState:
@@ -122,11 +126,6 @@ class FSDPTrainingEngine(TorchTrainingEngine):
         each call, which the ledger's weak references would lose at once. Grads and optimizer state as they are."""
         grads = {name: p.grad for name, p in self.model.named_parameters()}
         return UpdateState(self._local_weights, self.optimizer, grads=grads)
-
-    @property
-    def in_generation(self) -> bool:
-        """True while the update state is on host and ``generation_model`` holds the weights."""
-        return self._reshard is not None
 
     def _to_generation(self) -> None:
         """Reshard (collective): gather full weights into ``generation_model``, swap the update state out."""

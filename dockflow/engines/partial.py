@@ -12,7 +12,7 @@ import torch
 from tensordict import TensorDict
 
 from dockflow.engines.base import GenerationEngine, SamplingParams
-from dockflow.engines.hf_generation import first_eos_mask, rollout_batch
+from dockflow.engines.rollout_layout import first_eos_mask, rollout_batch
 
 
 def empty_rollouts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, width_r: int, pad: int) -> TensorDict:

@@ -43,6 +43,9 @@ class TorchTrainingEngine(TrainingEngine):
         self.response_fn = response_fn or partial(response_log_probs, temperature=temperature)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
 
+    def policy_module(self) -> nn.Module:
+        return self.model
+
     def _wrap(self, model: nn.Module) -> nn.Module:
         """The module to train (a data-parallel backend shards it here); one process: the module itself."""
         return model

@@ -44,7 +44,7 @@ from torch import nn
 from dockflow.config.engine import kv_cache_gb, sleep_level
 from dockflow.engines.base import EngineInputs, GenerationEngine, LossFn, SamplingParams, TrainingEngine
 from dockflow.engines.devices import empty_device_cache
-from dockflow.engines.hf_generation import decode_responses, left_pad_prompts, rollout_batch
+from dockflow.engines.rollout_layout import decode_responses, left_pad_prompts, rollout_batch
 from dockflow.engines.sync_check import WeightSyncError
 from dockflow.engines.vllm_convert import (
     checkpoint_weights,
@@ -350,6 +350,9 @@ class ColocatedTraining(TrainingEngine):
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         return self.inner.named_weights()
+
+    def policy_module(self) -> torch.nn.Module:
+        return self.inner.policy_module()
 
     def generation_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         return self.inner.generation_weights()

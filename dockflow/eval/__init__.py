@@ -4,7 +4,8 @@
     inputs = EvalInputs(cfg.eval, cfg.data, cfg.rollout.max_new_tokens, cfg.run.seed)
     evaluate_policy(model, tok, task.test[:500], inputs)   # {"eval/test_accuracy": .., "eval/test_pass_at_8": ..}
 
-``dockflow.eval.run`` (the ``dockflow eval`` command) is not imported here: it pulls in MLflow and the checkpoint stores.
+``dockflow.eval.run`` (the ``dockflow eval`` command) is not imported here: it pulls in the checkpoint store
+and MLflow (``dockflow.storage``, ``dockflow.tracking``), which the workers that score a policy do not need.
 """
 
 from dockflow.eval.metrics import avg_at_k, pass_at_k, sample_scores

@@ -160,20 +160,22 @@ def end_previous_attempt(run_name: str, namespace: str) -> bool:
 
 
 def setup(config: str, overrides: list[str], params: RunParams, address: str | None) -> dict[str, str]:
-    """Name the run, stage its initial model (SFT, cached; or from the registry), open its MLflow run and start its
-    supervisor, which creates the dock and workers and starts every stage loop; an explicit run name that has
-    checkpoints resumes from the latest. Returns the run's coordinates."""
+    """Name the run, check that the user's reward functions import, stage its initial model (SFT, cached; or from
+    the registry), open its MLflow run and start its supervisor, which creates the dock and workers and starts
+    every stage loop; an explicit run name that has checkpoints resumes from the latest. Returns the run's
+    coordinates."""
     import ray
 
     from dockflow.flow.initial_model import prepare_initial_model
     from dockflow.flow.run_record import RunRecord
+    from dockflow.flow.run_setup import check_reward_functions, run_dir_of
     from dockflow.flow.supervisor import RunSupervisor
-    from dockflow.flow.trainer import run_dir_of
     from dockflow.storage import run_store
     from dockflow.tracking import Tracker, run_tags
     from dockflow.workers.cluster import check_reachable_inputs, run_namespace, run_runtime_env
 
     cfg = load_run_config(config, overrides, params)
+    check_reward_functions(cfg)
     namespace = run_namespace(cfg)
     with _joined(address, namespace):
         check_reachable_inputs(cfg)

@@ -17,7 +17,8 @@ were sent, and every call comes from this one thread, so each worker sees the sa
 is reproducible bit for bit). Across workers the dock orders the data: a get blocks until its columns are
 ready, so scoring and inference stream behind generation. When reshard(i) is done and the stages of ``i`` are
 done, the iteration closes (``record``: metrics, MLflow, progress) and a due checkpoint is written; it holds
-the generations already done ahead (``dockflow.flow.inflight``), so a resumed run repeats and loses no sample.
+the generations already done ahead (checkpoint part ``inflight``: ``GeneratorWorker.save_inflight`` in
+``dockflow.workers.generator``), so a resumed run repeats and loses no sample.
 
 A stage's work is a coroutine (``dockflow.flow.iteration``): it yields ``{name: ObjectRef}`` and receives the
 results, so the sampling rounds of the run plan (DAPO's dynamic sampling) are one generate task. Every running

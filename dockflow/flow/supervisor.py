@@ -77,9 +77,9 @@ class RunSupervisor:
     def _main(self, restart_reason: str | None) -> None:
         from dockflow.flow import record
         from dockflow.flow.run_record import RunRecord
+        from dockflow.flow.run_setup import write_run_config
         from dockflow.flow.session import RunSession
         from dockflow.flow.streaming import RunStopped
-        from dockflow.flow.trainer import write_run_config
 
         try:
             if restart_reason is not None:

@@ -2,9 +2,10 @@
 
     summary = train(load_config("configs/grpo_arith.yaml"), resume=False)
 
-It stages the initial model (SFT warm start, cached), starts (or joins) Ray, and runs the run's session
-(``dockflow.flow.session``: dock, workers, the stage loops of ``dockflow.flow.streaming``), then finishes it:
-final model, ``summary.json``, MLflow, registry. A pipeline run does the same in its supervisor actor. The
+It checks that the user's reward functions import, stages the initial model (SFT warm start, cached), starts
+(or joins) Ray, and runs the run's session (``dockflow.flow.session``: dock, workers, the stage loops of
+``dockflow.flow.streaming``), then finishes it: final model, ``summary.json``, MLflow, registry. A pipeline
+run does the same in its supervisor actor; what both drivers share is in ``dockflow.flow.run_setup``. The
 driver only ever handles prompt indices and scalar metrics.
 """
 
@@ -12,31 +13,20 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 from dockflow.config import Config, ConfigError
 from dockflow.flow import record
 from dockflow.flow.initial_model import prepare_initial_model
 from dockflow.flow.iteration import ProgressFn
 from dockflow.flow.run_record import RunRecord
+from dockflow.flow.run_setup import check_reward_functions, run_dir_of, write_run_config
 from dockflow.flow.session import RunSession
 from dockflow.storage import run_store
 from dockflow.tracking import Tracker, run_tags
 from dockflow.workers.cluster import connect, disconnect, run_namespace, run_runtime_env
 
 log = logging.getLogger(__name__)
-
-
-def run_dir_of(cfg: Config) -> Path:
-    return Path(cfg.run.output_dir) / cfg.run.name
-
-
-def write_run_config(cfg: Config, run_dir: Path) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
 
 
 def start_state(store: Any, resume: bool, run_name: str) -> RunRecord | None:
@@ -67,6 +57,7 @@ def check_devices(cfg: Config) -> None:
 def train(cfg: Config, resume: bool = False, on_iteration: ProgressFn | None = None) -> dict[str, Any]:
     """Run SFT (cached) then ``cfg.train.iterations`` RL iterations; returns the summary."""
     t_start = time.perf_counter()
+    check_reward_functions(cfg)
     run_dir = run_dir_of(cfg)
     write_run_config(cfg, run_dir)
     store = run_store(cfg.checkpoint, cfg.run)

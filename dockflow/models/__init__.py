@@ -1,5 +1,6 @@
-"""Models: the locally built character tokenizer, the tiny Qwen2 factory, HF directory load/save,
-greedy-accuracy evaluation and the SFT warm start. Nothing here downloads anything.
+"""Models: the locally built tokenizer (characters, plus BPE merges for the tiny model), the tiny Qwen2
+factory, HF directory load/save and the SFT warm start (``models.sft``; greedy accuracy is
+``dockflow.eval.greedy``). Nothing here downloads anything.
 
     from dockflow.models import build_char_tokenizer, build_tiny_model, load_model_and_tokenizer
     tok = build_char_tokenizer()

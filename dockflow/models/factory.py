@@ -34,6 +34,7 @@ from transformers import (
 )
 
 from dockflow.config import TinyModelConfig
+from dockflow.dtypes import torch_dtype
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
@@ -41,15 +42,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt
 
 class ModelFilesError(FileNotFoundError):
     """A model directory lacks files it needs; the message names the directory and the files."""
-
-
-def _dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    try:
-        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    except KeyError:
-        raise ValueError(f"model dtype '{dtype}' is not supported: use float32, bfloat16 or float16") from None
 
 
 def tiny_model_config(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerBase) -> PretrainedConfig:
@@ -99,7 +91,7 @@ def build_tiny_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = model_class(config)
-    model = model.to(_dtype(dtype))
+    model = model.to(torch_dtype(dtype))
     _set_generation_ids(model, tokenizer)
     return model
 
@@ -209,7 +201,7 @@ def load_model_and_tokenizer(
     p = Path(path)
     _check_model_dir(p)
     tokenizer = load_tokenizer(p)
-    model = AutoModelForCausalLM.from_pretrained(p, local_files_only=True, dtype=_dtype(dtype))
+    model = AutoModelForCausalLM.from_pretrained(p, local_files_only=True, dtype=torch_dtype(dtype))
     _set_generation_ids(model, tokenizer)
     return model, tokenizer
 
@@ -224,7 +216,7 @@ def load_critic(path: str | Path, dtype: str | torch.dtype = "float32") -> PreTr
     _check_model_dir(p)
     config = AutoConfig.from_pretrained(p, local_files_only=True, num_labels=1)
     config.classifier_dropout = 0.0
-    critic = AutoModelForTokenClassification.from_pretrained(p, config=config, local_files_only=True, dtype=_dtype(dtype))
+    critic = AutoModelForTokenClassification.from_pretrained(p, config=config, local_files_only=True, dtype=torch_dtype(dtype))
     with torch.no_grad():
         critic.score.weight.zero_()
         if critic.score.bias is not None:

@@ -1,9 +1,9 @@
 """Parallel layouts: TP / DP / EP / PP sizes, rank <-> coordinates, and the rank lists of each process group.
 
 Ranks are laid out Megatron-style, tensor parallel fastest: ``rank = (pp * dp_size + dp) * tp_size + tp``.
-Expert parallelism is carved out of data parallelism (``ep`` divides ``dp``): ``ep_rank = dp % ep`` and
-``expert_dp_rank = dp // ep``, so the expert-model-parallel group (TP x EP) of the paper's TP2EP2DP2 case is
-the whole 4-rank world. ``fsdp=True`` marks an update state whose weights are additionally sharded over the
+Expert parallelism is carved out of data parallelism (``ep`` divides ``dp``): ``ep_rank = dp % ep`` and the
+expert-data-parallel replica is ``dp // ep``, so the expert-model-parallel group (TP x EP) of the paper's
+TP2EP2DP2 case is the whole 4-rank world. ``fsdp=True`` marks an update state whose weights are additionally sharded over the
 ranks that would otherwise hold identical copies (ZeRO-3 / FSDP2 style dim-0 chunks, see ``partition.py``).
 """
 
@@ -89,10 +89,6 @@ class ParallelLayout:
         dp = (rank // self.tp) % self.dp
         pp = rank // (self.tp * self.dp)
         return RankCoords(pp=pp, dp=dp, ep=dp % self.ep, tp=tp)
-
-    def expert_dp_rank(self, rank: int) -> int:
-        """Index of the expert-data-parallel replica of ``rank`` (ranks with it hold the same experts)."""
-        return self.coords(rank).dp // self.ep
 
     def rank_of(self, pp: int, dp: int, tp: int) -> int:
         """The rank at the given coordinates (ep is implied by dp)."""

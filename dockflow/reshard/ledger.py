@@ -13,9 +13,10 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from types import ModuleType
 
 import torch
+
+from dockflow.reshard.accelerator import accelerator_of
 
 CATEGORIES = ("update_weights", "grads", "optimizer_state", "temp_buffer", "generation_weights")
 UPDATE_STATE = ("update_weights", "grads", "optimizer_state")
@@ -56,13 +57,6 @@ def _count(tensors: Iterable[torch.Tensor], device: torch.device | None, seen: s
 
 def _same_device(a: torch.device, b: torch.device) -> bool:
     return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
-
-
-def _allocator(device: torch.device) -> ModuleType | None:
-    """torch.cuda / torch.npu (torch_npu imported on first use) for an accelerator device, None on CPU."""
-    from dockflow.engines.devices import accelerator_module
-
-    return accelerator_module(device.type)
 
 
 class MemoryLedger:
@@ -106,7 +100,7 @@ class MemoryLedger:
 
     def record(self, step: str, phase: str) -> Snapshot:
         """Snapshot the categories (and the allocator on CUDA / NPU) as step ``step`` of ``phase``."""
-        allocator = _allocator(self.device)
+        allocator = accelerator_of(self.device)
         if phase != self._phase:
             self._phase = phase
             if allocator is not None:

@@ -19,18 +19,12 @@ from types import ModuleType
 
 import torch
 
+from dockflow.reshard.accelerator import accelerator_of
+
 
 def _as_bytes(storage: torch.UntypedStorage) -> torch.Tensor:
     """A uint8 tensor over the whole storage."""
     return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-
-
-def _accelerator(device: torch.device) -> ModuleType | None:
-    if device.type == "cuda":
-        return torch.cuda
-    if device.type == "npu":
-        return getattr(torch, "npu", None)  # registered by torch_npu
-    return None
 
 
 class HostSwap:
@@ -51,7 +45,7 @@ class HostSwap:
                  pin_memory: bool | None = None) -> HostSwap:
         """Copy the storages of ``tensors`` that live on ``device`` to host, then release them on the device."""
         device = torch.device(device)
-        accel = _accelerator(device)
+        accel = accelerator_of(device)
         pin = accel is not None if pin_memory is None else pin_memory
         started = time.perf_counter()
         storages: dict[int, torch.UntypedStorage] = {}
@@ -102,7 +96,7 @@ class HostSwap:
         assert self._future is not None
         try:
             started = time.perf_counter()
-            accel = _accelerator(self.device)
+            accel = accelerator_of(self.device)
             if accel is None:
                 self._restore()
             else:

@@ -56,7 +56,7 @@ def import_function(path: str) -> Callable[..., Any]:
 
 
 def check_functions(reward: RewardConfig) -> None:
-    """Import every configured function now, so a bad path fails at config load, before any worker starts."""
+    """Import every configured function now; both drivers call it where a run starts, before any worker starts."""
     for fn in reward.functions:
         import_function(function_path(fn))
 

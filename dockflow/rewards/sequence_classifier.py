@@ -21,7 +21,8 @@ import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from dockflow.config import CheckpointConfig
-from dockflow.models.factory import _dtype, load_tokenizer, missing_model_files
+from dockflow.dtypes import torch_dtype
+from dockflow.models.factory import load_tokenizer, missing_model_files
 from dockflow.storage.objects import fetch_model
 from dockflow.storage.remote import is_s3_uri
 
@@ -52,7 +53,7 @@ class RewardModel:
         self.tokenizer.padding_side = "right"
         self.tokenizer.truncation_side = "left"
         model, info = self._load(lambda: AutoModelForSequenceClassification.from_pretrained(
-            local, config=config, local_files_only=True, dtype=_dtype(dtype), output_loading_info=True))
+            local, config=config, local_files_only=True, dtype=torch_dtype(dtype), output_loading_info=True))
         missing = info.get("missing_keys") or []
         if missing:
             raise RewardModelError(

@@ -79,7 +79,7 @@ class ActorWorker(ModelWorker):
     @property
     def policy(self):
         """The unsharded policy module that generation, evaluation and saving read (dp >= 2: the generation copy)."""
-        return getattr(self.train_engine, "generation_model", self.train_engine.model)
+        return self.train_engine.policy_module()
 
     def generate(self, iteration: int, prompt_ids: list[int], first_index: int = 0) -> dict[str, float]:
         """Sample N responses for each prompt and stream them into the dock, group by group, from dock index

@@ -21,8 +21,8 @@ from tensordict import TensorDict
 from dockflow.config import Config
 from dockflow.dock import TransferDock
 from dockflow.engines import SamplingParams
-from dockflow.engines.hf_generation import left_pad_prompts
 from dockflow.engines.partial import continue_rollouts, empty_rollouts, unfinished
+from dockflow.engines.rollout_layout import left_pad_prompts
 from dockflow.workers.rollout import PromptTable, QueueClient, dock_columns, generation_seed, rollout_metrics
 from dockflow.workers.rollout_queue import FinishedWork, ParkedGroup, Work
 

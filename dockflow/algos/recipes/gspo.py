@@ -10,6 +10,8 @@ clips it at the sequence level to ``[1 - clip_eps, 1 + clip_eps_high]`` with the
 responses of the mini-batch (each response counts once, whatever its length):
 
     loss = mean_i max(-A_i s_i, -A_i clip(s_i, 1 - eps_low, 1 + eps_high))  (+ kl_coef x token-mean KL)
+
+(``gspo_loss`` in ``algos/gspo.py``).
 """
 
 from __future__ import annotations
@@ -43,31 +45,6 @@ class GSPOSection(GroupNormSection):
     gspo: GSPOConfig = Field(default_factory=GSPOConfig)
 
 
-def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
-              clip_low: float, clip_high: float, sequences: float | None = None) -> dict[str, torch.Tensor]:
-    """GSPO's clipped surrogate on [B, R] token tensors. ``advantages`` is per token (a response's value broadcast
-    over its tokens) or per response [B]; ``sequences``: responses in the whole mini-batch when this call sees a
-    micro-batch of it (default: this call's). A response without tokens (masked out) adds nothing.
-    Returns ``loss`` (with grad), and ``pg_loss``, ``clip_fraction``, ``ratio_mean``, ``log_ratio`` (no grad)."""
-    import torch
-
-    mask = response_mask.to(logp.dtype)
-    lengths = mask.sum(-1)
-    live = (lengths > 0).to(logp.dtype)
-    mean_log_ratio = ((logp - old_logp) * mask).sum(-1) / lengths.clamp(min=1.0)
-    ratio = torch.exp(mean_log_ratio.clamp(-20.0, 20.0))
-    adv = advantages if advantages.ndim == 1 else (advantages * mask).sum(-1) / lengths.clamp(min=1.0)
-    unclipped = -adv * ratio
-    clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    per_seq = torch.maximum(unclipped, clipped) * live
-    denom = float(sequences) if sequences is not None else max(float(live.sum()), 1.0)
-    with torch.no_grad():
-        n = max(float(live.sum()), 1.0)
-        stats = {"pg_loss": per_seq.sum() / n, "clip_fraction": ((clipped > unclipped).to(logp.dtype) * live).sum() / n,
-                 "ratio_mean": (ratio * live).sum() / n, "log_ratio": mean_log_ratio.detach()}
-    return {"loss": per_seq.sum() / denom, **stats}
-
-
 class GSPO(Algorithm):
     name = "gspo"
     section = GSPOSection
@@ -82,6 +59,7 @@ class GSPO(Algorithm):
         return torch.arange(len(data)), group_normalised(cfg, data)
 
     def policy_loss(self, cfg: Config, logp: torch.Tensor, micro: TensorDict, tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
+        from dockflow.algos.gspo import gspo_loss
         from dockflow.algos.kl import kl_penalty
         from dockflow.algos.utils import masked_mean
 

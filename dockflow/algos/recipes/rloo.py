@@ -5,7 +5,7 @@ One iteration:
 1. generate: N >= 2 responses per prompt.
 2. infer: each response's reward, minus ``kl_coef`` x its summed KL to the reference when ``kl_coef > 0`` (the
    KL is part of the reward, as TRL's RLOOTrainer does); its advantage is that reward minus the mean reward of the
-   group's other N - 1 responses (``rloo_advantages``), optionally normalised over the batch; old and reference
+   group's other N - 1 responses (``rloo_advantages``, ``algos/rloo.py``), optionally normalised over the batch; old and reference
    log-probs.
 3. update: the PPO-style clipped surrogate on the per-token ratio (TRL's RLOOTrainer loss), no KL term in the
    loss; with one epoch and one mini-batch per iteration it is plain REINFORCE with the leave-one-out baseline.
@@ -43,24 +43,6 @@ class RLOOSection(PolicyGradientSection):
     rloo: RLOOConfig = Field(default_factory=RLOOConfig)
 
 
-def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """``[G*N]`` rewards, group by group -> each minus the mean of its group's other N - 1 rewards.
-
-    A NaN reward (a sample no reward applies to) is in no baseline and gets advantage 0, as does a sample
-    whose group has no other scored reward."""
-    import torch
-
-    from dockflow.algos.utils import zero_nan
-
-    if rewards.ndim != 1 or group_size < 2 or rewards.numel() % group_size:
-        raise ValueError(f"rewards must be 1-D in groups of group_size={group_size} >= 2, got {tuple(rewards.shape)}")
-    grouped = rewards.float().view(-1, group_size)
-    scored = ~torch.isnan(grouped)
-    values = torch.where(scored, grouped, 0.0)
-    others = (values.sum(dim=1, keepdim=True) - values) / (scored.sum(dim=1, keepdim=True) - 1)
-    return zero_nan(torch.where(scored, values - others, float("nan"))).reshape(-1)
-
-
 class RLOO(Algorithm):
     name = "rloo"
     section = RLOOSection
@@ -78,6 +60,8 @@ class RLOO(Algorithm):
     def advantages(self, cfg: Config, data: TensorDict, generator: Any = None) -> tuple[torch.Tensor, TensorDict]:
         import torch
         from tensordict import TensorDict
+
+        from dockflow.algos.rloo import rloo_advantages
 
         mask = data["response_mask"]
         rewards = data["rewards"].float()

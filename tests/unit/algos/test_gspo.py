@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from dockflow.algos.recipes.gspo import gspo_loss
+from dockflow.algos.gspo import gspo_loss
 from dockflow.config import ConfigError, load_config
 
 MASK = torch.tensor([[1, 1, 0], [1, 0, 0]])

@@ -11,8 +11,8 @@ from tensordict import TensorDict
 from dockflow.algos import informative_groups
 from dockflow.algos.grpo import grpo_advantages
 from dockflow.algos.pf_ppo import filter_by_reward
-from dockflow.algos.recipes.rloo import rloo_advantages
 from dockflow.algos.reinforce_pp import reinforce_pp_advantages
+from dockflow.algos.rloo import rloo_advantages
 from dockflow.config import load_config
 
 NAN = math.nan

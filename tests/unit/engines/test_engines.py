@@ -49,6 +49,12 @@ def test_rollout_layout(engines):
     assert torch.equal(out["input_ids"][0, :30], out["input_ids"][3, :30])
 
 
+def test_the_policy_module_is_the_module_generation_samples_from(engines):
+    train, gen, _ = engines
+    assert train.policy_module() is gen.model  # colocated on one process: one module, the trained one
+    assert dict(train.named_weights()).keys() == dict(gen.model.named_parameters()).keys()
+
+
 def test_sampling_is_seeded(engines):
     _, gen, _ = engines
     p = SamplingParams(max_new_tokens=6, n=4)

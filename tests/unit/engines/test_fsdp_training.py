@@ -69,7 +69,7 @@ def _rank(rank: int, store_path: str, out_dir: str) -> None:
     generation = {n: p.clone() for n, p in engine.generation_weights()}  # the reshard after the update
     memory = engine.memory_metrics()
     state = engine.state_dict()  # in the generation state: swaps back, and out again
-    kept = {n: p.clone() for n, p in engine.generation_model.named_parameters()}
+    kept = {n: p.clone() for n, p in engine.policy_module().named_parameters()}  # the full generation copy
     if rank == 0:
         torch.save(state, out / "state.pt")
     dist.barrier()

@@ -1,9 +1,10 @@
-"""Reward-function config entries: built-ins and import paths, checked at config load; output checks; the
-weighted combination (TRL's nansum)."""
+"""Reward-function config entries: their shape checked at config load, their import where a run starts (both
+drivers, before any worker); output checks; the weighted combination (TRL's nansum)."""
 
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -25,10 +26,7 @@ def test_builtins_and_paths_resolve() -> None:
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("reward.functions=[{path: no_such_module:f}]", "cannot import module 'no_such_module'"),
-        ("reward.functions=[{path: dockflow.rewards.builtins:nothing}]", "has no function 'nothing'"),
         ("reward.functions=[{path: no_colon}]", "must be module:function"),
-        ("reward.functions=[{name: unknown}]", "'unknown' is not a built-in"),
         ("reward.functions=[{weight: 1.0}]", "needs 'name' (a built-in) or 'path'"),
         ("reward.functions=[]", "both empty"),
         ("reward.functions=[{name: math_verify}, {path: 'dockflow.rewards.builtins:math_verify'}]", "appear twice"),
@@ -38,6 +36,38 @@ def test_bad_reward_config_fails_at_load(override: str, message: str) -> None:
     with pytest.raises(ConfigError, match="reward") as err:
         load_config("configs/grpo_arith.yaml", [override])
     assert message in str(err.value)
+
+
+UNIMPORTABLE = [
+    ("reward.functions=[{path: no_such_module:f}]", "cannot import module 'no_such_module'"),
+    ("reward.functions=[{path: dockflow.rewards.builtins:nothing}]", "has no function 'nothing'"),
+    ("reward.functions=[{name: unknown}]", "'unknown' is not a built-in"),
+]
+
+
+@pytest.mark.parametrize(("override", "message"), UNIMPORTABLE)
+def test_a_reward_path_that_does_not_import_fails_where_the_run_starts(
+    override: str, message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The config loads (it imports no user module); ``dockflow train`` fails before the run directory exists, with
+    one line and exit 2, and so does the pipeline's setup task, before it joins the Ray cluster."""
+    from dockflow.cli import main
+    from dockflow.flow import pipeline_tasks
+
+    cfg = load_config("configs/grpo_arith.yaml", [override, f"run.output_dir={tmp_path}"])
+    assert cfg.reward.functions
+    assert main(["train", "configs/grpo_arith.yaml", override, f"run.output_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dockflow train: error: ") and message in err and "\n" not in err
+    assert not (tmp_path / cfg.run.name).exists()
+
+    def no_cluster(*_args: object) -> None:
+        raise AssertionError("setup joined the Ray cluster before checking the reward functions")
+
+    monkeypatch.setattr(pipeline_tasks, "_joined", no_cluster)
+    with pytest.raises(RewardError, match=re.escape(message)):
+        pipeline_tasks.setup("configs/grpo_arith.yaml", [override, f"run.output_dir={tmp_path}"],
+                             pipeline_tasks.RunParams(run_name="r"), "127.0.0.1:1")
 
 
 def test_user_modules_outside_site_packages_are_shipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
