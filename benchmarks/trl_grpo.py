@@ -26,10 +26,10 @@ import torch
 
 from dockflow.config import Config
 from dockflow.data import PromptFormat, load_task
-from dockflow.data.prompt_order import iteration_sampler
 from dockflow.eval import EvalInputs, evaluate_policy
 from dockflow.models import load_model_and_tokenizer
 from dockflow.rewards import verify
+from dockflow.workers.run_prompts import iteration_sampler
 
 
 @dataclass

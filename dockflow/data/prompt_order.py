@@ -6,11 +6,7 @@ iteration is the position in the data.
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
-
-from dockflow.config import Config
 
 
 class PromptSampler:
@@ -35,30 +31,3 @@ class PromptSampler:
             out.extend(self._epoch_order(epoch)[offset : offset + take].tolist())
             pos += take
         return out
-
-
-def iteration_sampler(cfg: Config) -> PromptSampler:
-    """The run's sampler: G prompts (x the plan's sampling rounds) per iteration from the train split, or the
-    pair source's train pairs, in the order of ``shuffle_seed(cfg)``."""
-    from dockflow.algos.recipe import PreferenceSection
-    from dockflow.data import load_task
-    from dockflow.data.preferences import preference_splits
-
-    task = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint)
-    if cfg.plan.has("pairs"):  # it trains on preference pairs
-        pairs = cfg.plan.section("pairs", PreferenceSection)
-        count = len(preference_splits(pairs, task, cfg.run.seed, cfg.checkpoint)[0])
-    else:
-        count = len(task.train)
-    return PromptSampler(count, cfg.rollout.prompts_per_iter * cfg.plan.sampling.rounds, shuffle_seed(cfg))
-
-
-def shuffle_seed(cfg: Config) -> int:
-    """``data.shuffle_seed``; when null, ``run.seed``, except for a run that continues from a registered model:
-    then one derived from the run's name, so each recurring run (named after its KFP run) draws the prompts in
-    another order, and a resumed run in the same one."""
-    if cfg.data.shuffle_seed is not None:
-        return cfg.data.shuffle_seed
-    if cfg.model.continue_from == "base":
-        return cfg.run.seed
-    return int(hashlib.sha256(f"{cfg.run.seed}:{cfg.run.name}".encode()).hexdigest()[:8], 16)

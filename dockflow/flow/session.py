@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from dockflow.config import Config
-from dockflow.data.prompt_order import iteration_sampler
 from dockflow.flow import record
 from dockflow.flow.finish import finish
 from dockflow.flow.iteration import ProgressFn, RunParts, RunTasks
@@ -32,6 +31,7 @@ from dockflow.tracking import Tracker
 from dockflow.workers import Workers, create_workers, kill_workers
 from dockflow.workers.cluster import run_namespace
 from dockflow.workers.run_dock import create_run_dock
+from dockflow.workers.run_prompts import iteration_sampler
 
 log = logging.getLogger(__name__)
 

@@ -294,7 +294,7 @@ def rollout_queue(cfg: Config) -> RolloutQueue:
 
 def queue_settings(cfg: Config) -> QueueSettings:
     """:class:`RolloutQueue`'s settings for this config (the prompt sampler as look-ahead with partial rollout)."""
-    from dockflow.data.prompt_order import iteration_sampler
+    from dockflow.workers.run_prompts import iteration_sampler
 
     ro, partial = cfg.rollout, cfg.rollout.partial
     chunk = max(1, ro.batch_size // ro.group_size)

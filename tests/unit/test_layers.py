@@ -15,8 +15,6 @@ PACKAGE = Path(__file__).resolve().parents[2] / "dockflow"
 LOWER = ("storage", "data", "models", "rewards", "tracking", "eval", "engines", "reshard", "dock")
 RUN_MODULE = "dockflow.config.run"
 UPPER = ("dockflow.flow", "dockflow.workers", "dockflow.cli")
-# Modules another branch of issue 26 rewrites now; each must still break the rule (else drop it from here).
-PENDING = {"data/prompt_order.py"}
 
 
 def _absolute(module: str | None, level: int, path: Path) -> str:
@@ -59,14 +57,9 @@ def test_lower_layers_import_neither_the_whole_config_nor_the_layers_above() -> 
     broken = {}
     for path in _modules():
         rel = path.relative_to(PACKAGE).as_posix()
-        if rel not in PENDING and (found := violations(path.read_text(), path)):
+        if found := violations(path.read_text(), path):
             broken[rel] = found
     assert not broken, f"pass these modules the sections they read instead: {broken}"
-
-
-@pytest.mark.parametrize("rel", sorted(PENDING))
-def test_pending_modules_still_break_the_rule(rel: str) -> None:
-    assert violations((PACKAGE / rel).read_text(), PACKAGE / rel), f"{rel} is clean now: remove it from PENDING"
 
 
 @pytest.mark.parametrize(
