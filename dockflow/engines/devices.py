@@ -1,5 +1,5 @@
-"""Device choice (``engine.device: cpu | cuda | npu``): what each worker asks Ray for, the checks on both sides,
-the process-group backend, and the allocator the memory ledger reads.
+"""Device choice (``engine.device: cpu | cuda | npu``): the Ray resources of a worker's accelerators, the checks
+on both sides (the cluster's, from the run plan's ``devices()``; each worker's own), and the process-group backend.
 
 Nothing here imports ``torch_npu`` or ``vllm`` at module import: an Ascend NPU is reached through ``torch_npu``
 (Ascend/pytorch), which registers ``torch.npu`` and the ``hccl`` backend when imported, so it is imported only

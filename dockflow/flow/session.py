@@ -25,7 +25,7 @@ from dockflow.flow import record
 from dockflow.flow.finish import finish
 from dockflow.flow.iteration import ProgressFn, RunParts, RunTasks
 from dockflow.flow.run_record import RunRecord
-from dockflow.flow.streaming import Plan, StageLoops
+from dockflow.flow.streaming import Schedule, StageLoops
 from dockflow.flow.waiting import StageError, wait_stages
 from dockflow.tracking import Tracker
 from dockflow.workers import Workers, create_workers, kill_workers
@@ -49,7 +49,7 @@ class RunSession:
         self.sampler = iteration_sampler(cfg)
         self.dock: Any = None
         self.workers: Workers | None = None
-        self.plan: Plan | None = None
+        self.schedule: Schedule | None = None
 
     def start(self) -> None:
         """Create the dock and the workers; restore them (and what was in flight) from the checkpoint the record
@@ -64,14 +64,14 @@ class RunSession:
                 ref = self.workers.generators[0].load_inflight.remote(self.store, step, self.workers.rollout_queue)
                 wait_stages({"restore_inflight": ref}, cfg.train.stage_timeout_s, step)
             generated = {j: dict(m) for j, m in self.state.inflight.items()}
-        self.plan = self._plan(step or 0, generated)
-        self.state.resumed_from = self.plan.start  # where this attempt started (0: from the beginning)
+        self.schedule = self._schedule(step or 0, generated)
+        self.state.resumed_from = self.schedule.start  # where this attempt started (0: from the beginning)
 
-    def _plan(self, start: int, generated: dict[int, dict[str, float]]) -> Plan:
+    def _schedule(self, start: int, generated: dict[int, dict[str, float]]) -> Schedule:
         cfg, end = self.cfg, self.cfg.train.iterations
         evaluated = self.state.evaluated_steps
         steps = range(start, end + 1)
-        return Plan(
+        return Schedule(
             start=start, end=end, max_staleness=cfg.train.max_staleness,
             eval_steps=[k for k in steps if (k == 0 or record.eval_due(cfg, k)) and k not in evaluated],
             checkpoint_steps={k for k in steps if k > start and record.ckpt_due(cfg, k)},
@@ -84,9 +84,9 @@ class RunSession:
         """The stage loops, from the record's iteration to the end. With ``fault_tolerance.restart`` a worker that
         dies restarts the run from the latest checkpoint (up to ``max_restarts`` times); any other failure raises."""
         while True:
-            tasks = RunTasks(self.parts(), self.plan.start, on_iteration)
-            tasks.generated.update(self.plan.generated)
-            loops = StageLoops(self.plan, tasks, self.cfg.train.stage_timeout_s, on_stage=on_stage,
+            tasks = RunTasks(self.parts(), self.schedule.start, on_iteration)
+            tasks.generated.update(self.schedule.generated)
+            loops = StageLoops(self.schedule, tasks, self.cfg.train.stage_timeout_s, on_stage=on_stage,
                                on_complete=on_complete, stop=stop)
             try:
                 loops.run()
@@ -110,7 +110,7 @@ class RunSession:
         self.state = self.state.restarted(record.read_record(self.store, step) if step is not None else None)
         log.warning("%s; restarting the run from %s", reason, f"checkpoint {step}" if step else "the initial model")
         self.start()
-        self.tracker.log_metrics_or_defer({"fault/restarts": self.state.restarts}, step=self.plan.start)
+        self.tracker.log_metrics_or_defer({"fault/restarts": self.state.restarts}, step=self.schedule.start)
 
     def finish(self, wall_s: float) -> dict[str, Any]:
         """The run is done: final model (staged in the checkpoint store), ``summary.json``, MLflow artifacts, and the

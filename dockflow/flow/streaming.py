@@ -83,7 +83,7 @@ class Tasks(Protocol):
 
 
 @dataclass
-class Plan:
+class Schedule:
     """Which iterations the loops run and where they start."""
 
     start: int  # first iteration to run (a resumed run: its checkpoint's step)
@@ -108,29 +108,29 @@ class _Running:
 
 
 class StageLoops:
-    """Runs ``plan`` to its end; ``on_stage`` hears of every stage task done, ``on_complete`` of every stage
+    """Runs ``schedule`` to its end; ``on_stage`` hears of every stage task done, ``on_complete`` of every stage
     that has done all its iterations."""
 
-    def __init__(self, plan: Plan, tasks: Tasks, timeout_s: float, waiter: Waiter | None = None,
+    def __init__(self, schedule: Schedule, tasks: Tasks, timeout_s: float, waiter: Waiter | None = None,
                  on_stage: Callable[[str, int, dict[str, float], float], None] | None = None,
                  on_complete: Callable[[str], None] | None = None, stop: threading.Event | None = None) -> None:
-        self.plan, self.tasks, self.timeout_s = plan, tasks, timeout_s
+        self.schedule, self.tasks, self.timeout_s = schedule, tasks, timeout_s
         self.waiter = waiter or RayWaiter()
         self.on_stage, self.on_complete = on_stage, on_complete
         self.stop = stop or threading.Event()
-        start = plan.start
+        start = schedule.start
         self.sent: dict[str, set[int]] = {s: set() for s in (*STAGES, "checkpoint")}
         self.done: dict[str, set[int]] = {s: set() for s in (*STAGES, "checkpoint")}
         self.results: dict[tuple[str, int], dict[str, float]] = {}
         self.next = {s: start for s in STAGES}
-        self.next["evaluate"] = 0  # an index into plan.eval_steps
-        self.next["generate"] = start + len(plan.generated)
-        for j, metrics in plan.generated.items():
+        self.next["evaluate"] = 0  # an index into schedule.eval_steps
+        self.next["generate"] = start + len(schedule.generated)
+        for j, metrics in schedule.generated.items():
             self.sent["generate"].add(j)
             self._mark("generate", j, metrics)
         self.done["reshard"].add(start - 1)  # the policy the run starts from
         self.sent["reshard"].add(start - 1)
-        if plan.publish_first:
+        if schedule.publish_first:
             self.done["reshard"].discard(start - 1)
         self.done["checkpoint"].add(start)  # what the run starts from (a checkpoint, or nothing to save)
         self.closed = start  # the next iteration to close
@@ -142,36 +142,36 @@ class StageLoops:
     # ---- gates ----
 
     def _due(self, step: int) -> bool:
-        return step in self.plan.eval_steps
+        return step in self.schedule.eval_steps
 
     def _waits_for(self, stage: str, i: int) -> list[str]:
         """What stage ``stage`` of iteration ``i`` still waits for (empty: it may start)."""
-        s, sent, done = self.plan.max_staleness, self.sent, self.done
+        s, sent, done = self.schedule.max_staleness, self.sent, self.done
         need: list[tuple[bool, str]] = []
         if stage == "generate":
-            version = max(i - 1 - s, self.plan.start - 1)  # before the start: the policy the run starts from
+            version = max(i - 1 - s, self.schedule.start - 1)  # before the start: the policy the run starts from
             need = [(version in done["reshard"], f"reshard {version} done"),
-                    (i - s not in self.plan.checkpoint_steps or i - s in done["checkpoint"], f"checkpoint {i - s}"),
+                    (i - s not in self.schedule.checkpoint_steps or i - s in done["checkpoint"], f"checkpoint {i - s}"),
                     (not self._due(i - s) or i - s in sent["evaluate"], f"evaluate {i - s} sent")]
         elif stage == "infer":
-            gen = done if self.plan.in_rounds else sent
+            gen = done if self.schedule.in_rounds else sent
             need = [(i in gen["generate"], f"generate {i}"), (i - 1 in sent["reshard"], f"reshard {i - 1} sent"),
                     (not self._due(i) or i in sent["evaluate"], f"evaluate {i} sent"),
-                    (i not in self.plan.checkpoint_steps or i in done["checkpoint"], f"checkpoint {i}")]
+                    (i not in self.schedule.checkpoint_steps or i in done["checkpoint"], f"checkpoint {i}")]
         elif stage == "update":
             need = [(i in sent["infer"], f"infer {i} sent")]
         elif stage == "reshard":
             need = [(i in sent["update"], f"update {i} sent")]
         elif stage == "evaluate":
-            need = [(i == self.plan.start or i - 1 in sent["reshard"], f"reshard {i - 1} sent")]
+            need = [(i == self.schedule.start or i - 1 in sent["reshard"], f"reshard {i - 1} sent")]
         return [what for ok, what in need if not ok]
 
     # ---- the loop ----
 
     def run(self) -> None:
         """Run every stage to the end; raises StageError on a failure, RunStopped when asked to stop."""
-        if self.plan.publish_first:
-            self._launch("reshard", self.plan.start - 1)
+        if self.schedule.publish_first:
+            self._launch("reshard", self.schedule.start - 1)
         while not self._finished():
             if self.stop.is_set():
                 raise RunStopped("the run's stage loops were asked to stop")
@@ -185,15 +185,15 @@ class StageLoops:
         self._report_complete()
 
     def _cursor_index(self, stage: str) -> int:
-        return self.plan.eval_steps[self.next[stage]] if stage == "evaluate" else self.next[stage]
+        return self.schedule.eval_steps[self.next[stage]] if stage == "evaluate" else self.next[stage]
 
     def _stage_ended(self, stage: str) -> bool:
         if stage == "evaluate":
-            return self.next[stage] >= len(self.plan.eval_steps)
-        return self.next[stage] >= self.plan.end
+            return self.next[stage] >= len(self.schedule.eval_steps)
+        return self.next[stage] >= self.schedule.end
 
     def _finished(self) -> bool:
-        return self.closed >= self.plan.end and not self.running and all(self._stage_ended(s) for s in STAGES)
+        return self.closed >= self.schedule.end and not self.running and all(self._stage_ended(s) for s in STAGES)
 
     def _launch_ready(self) -> None:
         progress = True
@@ -211,13 +211,13 @@ class StageLoops:
     def _close_ready(self) -> bool:
         """Close the next iteration when its stages are done; then start its checkpoint if one is due."""
         i = self.closed
-        if i >= self.plan.end or any(i not in self.done[s] for s in ("generate", "infer", "update", "reshard")):
+        if i >= self.schedule.end or any(i not in self.done[s] for s in ("generate", "infer", "update", "reshard")):
             return False
         if self._due(i + 1) and i + 1 not in self.done["evaluate"]:
             return False
-        if i + 1 in self.plan.checkpoint_steps and i + 1 not in self.sent["checkpoint"]:
+        if i + 1 in self.schedule.checkpoint_steps and i + 1 not in self.sent["checkpoint"]:
             # in-flight generations must be done: the checkpoint holds their samples
-            ahead = range(i + 1, min(i + 1 + self.plan.max_staleness, self.plan.end))
+            ahead = range(i + 1, min(i + 1 + self.schedule.max_staleness, self.schedule.end))
             if any(j not in self.done["generate"] for j in ahead):
                 return False
         now = time.monotonic()
@@ -227,7 +227,7 @@ class StageLoops:
         self.tasks.close(i, parts, now - self.last_close)
         self.last_close = now
         self.closed = i + 1
-        if i + 1 in self.plan.checkpoint_steps:
+        if i + 1 in self.schedule.checkpoint_steps:
             self._launch("checkpoint", i + 1)
         return True
 

@@ -18,7 +18,7 @@ from dockflow.config import Config, load_config
 from dockflow.data.prompt_order import PromptSampler
 from dockflow.flow.iteration import RunParts, RunTasks
 from dockflow.flow.run_record import RunRecord
-from dockflow.flow.streaming import Plan, StageLoops
+from dockflow.flow.streaming import Schedule, StageLoops
 from dockflow.workers.rollout_queue import QueueSettings, RolloutQueue
 from dockflow.workers.staleness import StalenessCounter
 
@@ -126,9 +126,9 @@ def run_case(
     tracker = SimpleNamespace(log_metrics_or_defer=lambda metrics, step: True)
     parts = RunParts(cfg=cfg, workers=workers, dock=dock, sampler=sampler, store=None, tracker=tracker, state=state)
     tasks = RunTasks(parts, start)
-    plan = Plan(start=start, end=start + iterations, max_staleness=max_staleness, eval_steps=[],
+    schedule = Schedule(start=start, end=start + iterations, max_staleness=max_staleness, eval_steps=[],
                 checkpoint_steps=set(), publish_first=start > 0)
-    StageLoops(plan, tasks, timeout_s=60.0, waiter=world).run()
+    StageLoops(schedule, tasks, timeout_s=60.0, waiter=world).run()
     assert len(state.history) == iterations and state.iteration == start + iterations
     return trainer, gens
 

@@ -9,7 +9,7 @@ import time
 import pytest
 from fake_ray import FakeActor, World
 
-from dockflow.flow.streaming import Plan, RunStopped, StageLoops
+from dockflow.flow.streaming import RunStopped, Schedule, StageLoops
 from dockflow.flow.waiting import StageError
 
 
@@ -47,9 +47,9 @@ class ActorTasks:
 
 def test_one_worker_sees_the_synchronous_order_with_evaluations_and_checkpoints_between_iterations():
     tasks = ActorTasks(World(random.Random(0)))
-    plan = Plan(start=0, end=4, max_staleness=0, eval_steps=[0, 2, 4], checkpoint_steps={2, 4})
+    schedule = Schedule(start=0, end=4, max_staleness=0, eval_steps=[0, 2, 4], checkpoint_steps={2, 4})
     completed = []
-    StageLoops(plan, tasks, 60.0, waiter=tasks.actor._world, on_complete=completed.append).run()
+    StageLoops(schedule, tasks, 60.0, waiter=tasks.actor._world, on_complete=completed.append).run()
     order = [f"{k[0]}{i}" for k, i in tasks.calls]
     assert " ".join(order) == ("e0 g0 i0 u0 r0 g1 i1 u1 r1 e2 c2 g2 i2 u2 r2 g3 i3 u3 r3 e4 c4")
     assert [i for i, _ in tasks.closed] == [0, 1, 2, 3]
@@ -59,18 +59,18 @@ def test_one_worker_sees_the_synchronous_order_with_evaluations_and_checkpoints_
 
 def test_a_resumed_run_starts_at_its_checkpoint_with_what_was_generated_ahead():
     tasks = ActorTasks(World(random.Random(1)))
-    plan = Plan(start=2, end=4, max_staleness=1, eval_steps=[4], checkpoint_steps={4},
+    schedule = Schedule(start=2, end=4, max_staleness=1, eval_steps=[4], checkpoint_steps={4},
                 generated={2: {"rollout/samples": 8.0}})
-    StageLoops(plan, tasks, 60.0, waiter=tasks.actor._world).run()
+    StageLoops(schedule, tasks, 60.0, waiter=tasks.actor._world).run()
     assert ("generate", 2) not in tasks.calls and ("generate", 3) in tasks.calls  # 2 came from the checkpoint
     assert [i for i, _ in tasks.closed] == [2, 3]
 
 
 def test_a_failing_stage_stops_the_loops_and_names_the_stage_and_iteration():
     tasks = ActorTasks(World(random.Random(2)), fail=("update", 1))
-    plan = Plan(start=0, end=4, max_staleness=0, eval_steps=[], checkpoint_steps=set())
+    schedule = Schedule(start=0, end=4, max_staleness=0, eval_steps=[], checkpoint_steps=set())
     with pytest.raises(StageError, match=r"iteration 1: stage 'update' failed: ValueError\('boom'\)"):
-        StageLoops(plan, tasks, 60.0, waiter=tasks.actor._world).run()
+        StageLoops(schedule, tasks, 60.0, waiter=tasks.actor._world).run()
     assert [i for i, _ in tasks.closed] == [0]
 
 
@@ -85,9 +85,9 @@ class NeverReady:
 
 def test_a_stage_past_its_deadline_fails_naming_what_it_waited_for():
     tasks = ActorTasks(World(random.Random(3)))
-    plan = Plan(start=0, end=1, max_staleness=0, eval_steps=[], checkpoint_steps=set())
+    schedule = Schedule(start=0, end=1, max_staleness=0, eval_steps=[], checkpoint_steps=set())
     with pytest.raises(StageError, match=r"iteration 0: stage 'generate' \(generate\) did not finish within 0s"):
-        StageLoops(plan, tasks, 0.2, waiter=NeverReady()).run()
+        StageLoops(schedule, tasks, 0.2, waiter=NeverReady()).run()
 
 
 def test_the_loops_stop_when_asked():
@@ -95,4 +95,4 @@ def test_the_loops_stop_when_asked():
     stop = threading.Event()
     stop.set()
     with pytest.raises(RunStopped):
-        StageLoops(Plan(0, 2, 0, [], set()), tasks, 60.0, waiter=NeverReady(), stop=stop).run()
+        StageLoops(Schedule(0, 2, 0, [], set()), tasks, 60.0, waiter=NeverReady(), stop=stop).run()
