@@ -111,7 +111,8 @@ def test_partial_rollout_parks_and_resumes_groups_across_two_generators(ray_clus
 def test_a_run_resumed_with_generations_in_flight_repeats_and_loses_no_sample(ray_cluster, tiny_config):
     """max_staleness 1 with partial rollout: the checkpoint at iteration 2 holds iteration 3's samples (generated
     ahead, in the dock) and the parked groups; resumed from it, the run ends bit-identical to the uninterrupted
-    one, so no sample was lost or generated twice."""
+    one, so no sample was lost or generated twice. The checkpoint's driver part is rewritten in the format DockFlow
+    wrote before ``RunRecord`` (``tests/fixtures/old_driver_part``): a checkpoint of an older release resumes."""
     cfg = tiny_config("inflight", 4, placement__mode="disaggregated", placement__generator_cpus=0,
                       train__max_staleness=1, rollout__partial__token_budget=4, checkpoint__keep=3, eval__every=0,
                       dock__backend="centralized")
@@ -122,32 +123,16 @@ def test_a_run_resumed_with_generations_in_flight_repeats_and_loses_no_sample(ra
     assert list(inflight["windows"]) == [2] and len(inflight["windows"][2]["indices"]) == cfg.global_batch
     assert inflight["queue"]["parked"], "nothing was parked: partial rollout did not run"
     store.delete(4)
-    resumed = train(cfg, resume=True)
-    assert resumed["resumed_from"] == 2 and resumed["samples_trained"] == 4 * cfg.train_batch
-    assert resumed["reward_per_iteration"] == full["reward_per_iteration"]
-    after = load_file(str(Path(resumed["final_model"]) / "model.safetensors"))
-    assert all(torch.equal(final[k], after[k]) for k in final), "the resumed run's policy differs"
-
-
-def test_a_run_resumes_from_a_driver_part_in_the_format_before_run_record(ray_cluster, tiny_config):
-    """A checkpoint written before ``RunRecord`` (its driver part rewritten in the old shape, as in
-    ``tests/fixtures/old_driver_part``) resumes, finishes, and the run's summary is the uninterrupted run's."""
-    cfg = tiny_config("old-record", 3, checkpoint__keep=3, dock__backend="centralized")
-    full = train(cfg)
-    final = load_file(str(Path(full["final_model"]) / "model.safetensors"))
-    store = run_store(cfg.checkpoint, cfg.run)
-    assert store.list_steps() == [2, 3]
-    store.delete(3)
     old = old_driver_dict(read_record(store, 2))
-    assert old["evals"] == [(0, full["accuracy_before"]), (2, full["evals"][1]["accuracy"])]
+    assert list(old["inflight"]) == [2] and old["evals"] == [(0, full["accuracy_before"])]
     rewrite_driver_part(store, 2, old)
     assert "record_format" not in store.read_part(2, "driver", weights_only=False)
     resumed = train(cfg, resume=True)
-    assert resumed["resumed_from"] == 2
-    same = ("accuracy_before", "accuracy_after", "evals", "reward_per_iteration", "samples_trained", "iterations",
-            "restarts", "mlflow_run_id", "sft/val_accuracy")
+    assert resumed["resumed_from"] == 2 and resumed["samples_trained"] == 4 * cfg.train_batch
+    same = ("accuracy_before", "accuracy_after", "evals", "reward_per_iteration", "iterations", "restarts",
+            "mlflow_run_id", "sft/val_accuracy")
     assert {k: resumed[k] for k in same} == {k: full[k] for k in same}
-    assert read_record(store, 3).evaluated_steps == {0, 2, 3}  # the new checkpoint: this format, every evaluation
+    assert read_record(store, 4).evaluated_steps == {0, 4}  # the new checkpoint: this format, every evaluation
     after = load_file(str(Path(resumed["final_model"]) / "model.safetensors"))
     assert all(torch.equal(final[k], after[k]) for k in final), "the resumed run's policy differs"
 

@@ -82,6 +82,9 @@ def s3_inputs(cluster, s3_server, tmp_path_factory):
     return root
 
 
+S3_RUN_ITERATIONS = 24  # checkpoints every 4: a stage task is killed between checkpoints 4 and 16
+
+
 def s3_run(tiny_overrides, s3_server, s3_inputs, mlflow_server, iterations: int) -> list[str]:
     extra = {
         "model__path": f"{s3_inputs}/tiny", "data__source": "file", "data__train_path": f"{s3_inputs}/train.jsonl",
@@ -115,7 +118,7 @@ def weights(model_uri: str, cfg) -> dict:
 def test_s3_run_survives_a_killed_stage_task_and_a_resumed_run_matches_it_bit_for_bit(
     cluster, s3_inputs, s3_server, mlflow_server, tiny_overrides, tmp_path
 ):
-    overrides = s3_run(tiny_overrides, s3_server, s3_inputs, mlflow_server, 40)
+    overrides = s3_run(tiny_overrides, s3_server, s3_inputs, mlflow_server, S3_RUN_ITERATIONS)
     options = options_for(load_config(CONFIG, overrides), CONFIG)
     quick = type(options)(**{**options.__dict__, "retry_backoff_s": 1})
 
@@ -127,11 +130,11 @@ def test_s3_run_survives_a_killed_stage_task_and_a_resumed_run_matches_it_bit_fo
     full = run_local(CONFIG, overrides, cfg, options=quick, run_name="uninterrupted")
     killer.join(timeout=5)
     assert killed, "no stage task was killed mid-run"
-    assert full["iterations"] == 40 and full["samples_trained"] == 40 * cfg.train_batch
+    assert full["iterations"] == S3_RUN_ITERATIONS and full["samples_trained"] == S3_RUN_ITERATIONS * cfg.train_batch
     assert full["restarts"] == 0 and full["resumed_from"] == 0  # the loops never stopped: only a task's process died
     assert full["initial_model"].startswith("s3://") and full["final_model"].startswith("s3://")
     history = read_metric_history(mlflow_server, full["mlflow_run_id"], "train/samples")
-    assert [s for s, _ in history] == list(range(1, 41))
+    assert [s for s, _ in history] == list(range(1, S3_RUN_ITERATIONS + 1))
 
     # A second attempt in another process, killed mid-way; its supervisor lives on in the shared cluster.
     resumed_cfg = load_config(CONFIG, [*overrides, "run.name=resubmitted"])
@@ -148,8 +151,8 @@ def test_s3_run_survives_a_killed_stage_task_and_a_resumed_run_matches_it_bit_fo
     first_run_id = read_record(store, store.latest()).mlflow_run_id
     assert ray.get_actor("resubmitted-supervisor", namespace="dockflow-resubmitted")  # still alive
     resumed = run_local(CONFIG, overrides, resumed_cfg, options=quick, run_name="resubmitted")
-    assert resumed["mlflow_run_id"] == first_run_id and resumed["samples_trained"] == 40 * cfg.train_batch
-    assert 4 <= resumed["resumed_from"] < 40, resumed["resumed_from"]
+    assert resumed["mlflow_run_id"] == first_run_id and resumed["samples_trained"] == S3_RUN_ITERATIONS * cfg.train_batch
+    assert 4 <= resumed["resumed_from"] < S3_RUN_ITERATIONS, resumed["resumed_from"]
     assert resumed["reward_per_iteration"] == full["reward_per_iteration"]
     a, b = weights(full["final_model"], cfg), weights(resumed["final_model"], cfg)
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a), "the resumed run's weights differ"
