@@ -47,14 +47,12 @@ def device_resources(device: str, count: float) -> dict[str, Any]:
     return {"resources": {RAY_RESOURCE["npu"]: count}}
 
 
-def check_cluster_devices(cfg: Any, resources: Mapping[str, float]) -> None:
-    """Driver side, before any worker starts: the cluster (``ray.cluster_resources()``) has the accelerators
-    the run plan's workers ask for (``cfg.plan.devices()``, of ``engine.device``'s kind). Raises
-    :class:`DeviceError` with one line otherwise."""
-    device = cfg.engine.device
+def check_cluster_devices(device: str, needed: Mapping[str, float], resources: Mapping[str, float]) -> None:
+    """Driver side, before any worker starts: the cluster (``ray.cluster_resources()``) has the accelerators of
+    kind ``device`` (``engine.device``) that the run plan's workers ask for (``needed``: ``cfg.plan.devices()``,
+    by role). Raises :class:`DeviceError` with one line otherwise."""
     if device == "cpu":
         return
-    needed = cfg.plan.devices()
     name = RAY_RESOURCE[device]
     have = float(resources.get(name, 0.0))
     total = sum(needed.values())

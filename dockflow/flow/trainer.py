@@ -51,7 +51,7 @@ def check_devices(cfg: Config) -> None:
 
     from dockflow.engines.devices import check_cluster_devices
 
-    check_cluster_devices(cfg, ray.cluster_resources())
+    check_cluster_devices(cfg.engine.device, cfg.plan.devices(), ray.cluster_resources())
 
 
 def train(cfg: Config, resume: bool = False, on_iteration: ProgressFn | None = None) -> dict[str, Any]:

@@ -136,7 +136,7 @@ def create_workers(cfg: Config, model_dir: str, dock: TransferDock, name: str) -
     cannot be placed. They belong to the calling process (a pipeline run's supervisor actor): they die with it."""
     import ray
 
-    check_cluster_devices(cfg, ray.cluster_resources())  # engine.device: fail here, not in a worker
+    check_cluster_devices(cfg.engine.device, cfg.plan.devices(), ray.cluster_resources())  # engine.device: fail here, not in a worker
     workers = _workers(_start_roles(cfg, model_dir, dock, name), name)
     _wait_ready(cfg, workers.all())
     return workers

@@ -24,6 +24,10 @@ GRPO = "configs/grpo_arith.yaml"
 PPO = "configs/ppo_arith.yaml"
 
 
+def _needs(cfg) -> tuple[str, dict[str, float]]:
+    return cfg.engine.device, cfg.plan.devices()
+
+
 def test_process_group_backend_per_device():
     assert [process_group_backend(d) for d in ("cpu", "cuda", "npu")] == ["gloo", "nccl", "hccl"]
 
@@ -57,7 +61,7 @@ def test_reward_model_worker_takes_accelerators_of_the_runs_kind(tmp_path):
     npu = load_config(GRPO, ["engine.device=npu", f"reward.models=[{{path: {rm}}}]", "reward.model_devices=0.5"])
     assert npu.plan.role("reward_model").devices == 0.5 and npu.plan.devices()["reward_model"] == 0.5
     with pytest.raises(DeviceError, match=r"needs 1.5 NPU \(actor 1, reward_model 0.5\) but the Ray cluster has 1"):
-        check_cluster_devices(npu, {"NPU": 1.0})
+        check_cluster_devices(*_needs(npu), {"NPU": 1.0})
     on_cpu = load_config(GRPO, ["engine.device=cuda", f"reward.models=[{{path: {rm}}}]"])
     assert on_cpu.plan.role("reward_model").devices == 0 and "reward_model" not in on_cpu.plan.devices()
     with pytest.raises(ConfigError, match="reward.model_devices=1 needs engine.device=cuda or npu"):
@@ -66,16 +70,16 @@ def test_reward_model_worker_takes_accelerators_of_the_runs_kind(tmp_path):
 
 def test_cluster_check_passes_and_fails_with_one_line():
     cfg = load_config(GRPO, ["engine.device=cuda"])
-    check_cluster_devices(cfg, {"CPU": 8.0, "GPU": 1.0})
-    check_cluster_devices(load_config(GRPO), {"CPU": 2.0})  # cpu needs nothing
+    check_cluster_devices(*_needs(cfg), {"CPU": 8.0, "GPU": 1.0})
+    check_cluster_devices(*_needs(load_config(GRPO)), {"CPU": 2.0})  # cpu needs nothing
     with pytest.raises(DeviceError) as err:
-        check_cluster_devices(cfg, {"CPU": 2.0})
+        check_cluster_devices(*_needs(cfg), {"CPU": 2.0})
     msg = str(err.value)
     assert "\n" not in msg and "engine.device=cuda needs 1 GPU (actor 1)" in msg and "has 0" in msg
     assert "CUDA build of torch" in msg
     npu = load_config(GRPO, ["engine.device=npu", "train.dp=2"])
     with pytest.raises(DeviceError, match=r"needs 2 NPU \(actor 2\) but the Ray cluster has 1: install torch_npu"):
-        check_cluster_devices(npu, {"NPU": 1.0, "GPU": 8.0})
+        check_cluster_devices(*_needs(npu), {"NPU": 1.0, "GPU": 8.0})
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this check is of a machine without CUDA")
