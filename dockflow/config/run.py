@@ -250,8 +250,22 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
         if "=" not in item:
             raise ConfigError(f"override '{item}' is not of the form section.key=value")
         key, raw = item.split("=", 1)
-        _set_dotted(out, key.strip(), yaml.safe_load(raw) if raw.strip() else None)
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override '{item}': the value is not valid YAML ({yaml_problem(exc)})") from None
+        _set_dotted(out, key.strip(), value)
     return out
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's several-line message as one phrase: where (1-based line and column: the construct it was reading,
+    else where it gave up) and what."""
+    mark = getattr(exc, "context_mark", None) or getattr(exc, "problem_mark", None)
+    what = " ".join(str(getattr(exc, "problem", None) or exc).split())
+    if getattr(exc, "context", None):
+        what += f" ({exc.context})"
+    return f"line {mark.line + 1}, column {mark.column + 1}: {what}" if mark is not None else what
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -310,7 +324,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         try:
             raw = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file '{p}' is not valid YAML: {exc}") from None
+            raise ConfigError(f"config file '{p}' is not valid YAML at {yaml_problem(exc)}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"config file '{p}' must hold a mapping of sections, not {type(raw).__name__}")
     extra = parse_overrides(overrides or [])

@@ -46,7 +46,16 @@ def stage_error(exc: BaseException, name: str, iteration: int) -> StageError:
     if isinstance(exc, ray.exceptions.RayActorError):
         return StageError(f"iteration {iteration}: the worker running stage '{name}' died: {exc}", worker_died=True)
     if isinstance(exc, ray.exceptions.RayTaskError):
-        return StageError(f"iteration {iteration}: stage '{name}' failed: {exc.cause!r}")
+        return StageError(f"iteration {iteration}: stage '{name}' failed: {error_message(exc.cause)}")
     if isinstance(exc, StageError):
         return exc
-    return StageError(f"iteration {iteration}: stage '{name}' failed: {exc!r}")
+    return StageError(f"iteration {iteration}: stage '{name}' failed: {error_message(exc)}")
+
+
+def error_message(exc: BaseException) -> str:
+    """An error as one line for the user: DockFlow's own errors by their message (written to be read), any other
+    by its type and message (``ValueError: boom``), never its repr."""
+    text = " ".join(str(exc).split())
+    if type(exc).__module__.startswith("dockflow.") and text:
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

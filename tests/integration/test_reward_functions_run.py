@@ -84,7 +84,8 @@ def test_a_raising_function_stops_the_cli_with_one_line(tiny_overrides, user_mod
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("dockflow train: error: ") and "Traceback" not in done.stderr
     assert "reward function 'broken' raised ValueError: the scoring service refused" in last
-    assert "on sample 0" in last and "iteration 0: stage 'reward' failed" in last
+    assert "on sample 0" in last and "iteration 0: stage 'reward' failed: reward function 'broken'" in last
+    assert "RewardError" not in last  # the worker's error reaches the user as its message, not its repr
     assert not _reward_processes() - before, "a reward process or worker outlived the run"
 
 

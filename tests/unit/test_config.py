@@ -66,9 +66,14 @@ def test_missing_and_malformed_files(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "nope.yaml")
     bad = tmp_path / "bad.yaml"
-    bad.write_text("run: [unclosed")
-    with pytest.raises(ConfigError, match="not valid YAML"):
+    bad.write_text("run:\n  name: x\n  seed 0\n  output_dir: runs\n")
+    with pytest.raises(ConfigError) as err:
         load_config(bad)
+    # PyYAML's 8-line scanner message becomes one line naming the file, the line and the column
+    assert str(err.value) == (f"config file '{bad}' is not valid YAML at line 3, column 3: could not find "
+                              "expected ':' (while scanning a simple key)")
+    with pytest.raises(ConfigError, match=r"^override 'train.lr=\[1': the value is not valid YAML \(line 1, "):
+        load_config(EXAMPLE, ["train.lr=[1"])
 
 
 def test_cli_exits_nonzero_with_one_line():

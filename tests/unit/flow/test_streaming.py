@@ -60,7 +60,7 @@ def test_one_worker_sees_the_synchronous_order_with_evaluations_and_checkpoints_
 def test_a_resumed_run_starts_at_its_checkpoint_with_what_was_generated_ahead():
     tasks = ActorTasks(World(random.Random(1)))
     schedule = Schedule(start=2, end=4, max_staleness=1, eval_steps=[4], checkpoint_steps={4},
-                generated={2: {"rollout/samples": 8.0}})
+                        generated={2: {"rollout/samples": 8.0}})
     StageLoops(schedule, tasks, 60.0, waiter=tasks.actor._world).run()
     assert ("generate", 2) not in tasks.calls and ("generate", 3) in tasks.calls  # 2 came from the checkpoint
     assert [i for i, _ in tasks.closed] == [2, 3]
@@ -69,7 +69,7 @@ def test_a_resumed_run_starts_at_its_checkpoint_with_what_was_generated_ahead():
 def test_a_failing_stage_stops_the_loops_and_names_the_stage_and_iteration():
     tasks = ActorTasks(World(random.Random(2)), fail=("update", 1))
     schedule = Schedule(start=0, end=4, max_staleness=0, eval_steps=[], checkpoint_steps=set())
-    with pytest.raises(StageError, match=r"iteration 1: stage 'update' failed: ValueError\('boom'\)"):
+    with pytest.raises(StageError, match=r"iteration 1: stage 'update' failed: ValueError: boom$"):
         StageLoops(schedule, tasks, 60.0, waiter=tasks.actor._world).run()
     assert [i for i, _ in tasks.closed] == [0]
 
