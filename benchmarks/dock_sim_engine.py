@@ -137,7 +137,7 @@ class FlowSim:
     global batch). ``barrier``: each state starts when the one before has finished (deterministic takes;
     ``trace`` then lists every put and take in order, for replaying on a real dock)."""
 
-    def __init__(self, shape: Shape, backend: str, nodes: int, mib_per_s: float, gets_per_rank: int = 4,
+    def __init__(self, shape: Shape, backend: str, nodes: int, mib_per_s: float, *, gets_per_rank: int = 4,
                  shard_block: int = 0, seed: int = 0, barrier: bool = False) -> None:
         if backend not in ("centralized", "distributed"):
             raise ValueError(f"backend must be centralized or distributed, not {backend!r}")

@@ -161,7 +161,7 @@ SERIAL_PHASES = {"dockflow": ("generate", "old_log_prob", "update", "reshard"), 
 
 
 def summarize(
-    system: str, setup: str, iterations: list[IterationStats], devices: float,
+    system: str, setup: str, iterations: list[IterationStats], *, devices: float,
     accuracy_before: float, accuracy_after: float, wall_s: float, extra: dict[str, Any] | None = None,
     mode: str = "sync",
 ) -> dict[str, Any]:
@@ -239,8 +239,9 @@ def run_dockflow(setup: Setup, mode: str, iterations: int, runs_dir: str, extra:
         marks, mark = marker(load)
         summary = train(cfg, on_iteration=lambda step, m: (iters.append(dockflow_iteration(m)), mark()))
     extra_keys = {**common, "max_staleness": cfg.train.max_staleness, **cpu_record(load, marks)}
-    return summarize("dockflow", setup.name, iters, cfg.plan.model_cpus(), summary["accuracy_before"],
-                     summary["accuracy_after"], time.perf_counter() - start, extra_keys, mode)
+    return summarize("dockflow", setup.name, iters, devices=cfg.plan.model_cpus(),
+                     accuracy_before=summary["accuracy_before"], accuracy_after=summary["accuracy_after"],
+                     wall_s=time.perf_counter() - start, extra=extra_keys, mode=mode)
 
 
 def run_setup(setup: Setup, iterations: int, runs_dir: str, extra: list[str], modes: list[str]) -> list[dict[str, Any]]:
@@ -267,8 +268,9 @@ def run_setup(setup: Setup, iterations: int, runs_dir: str, extra: list[str], mo
     with CpuLoad() as load:
         marks, mark = marker(load)
         trl = run_trl(cfg, model_dir, Path(runs_dir) / f"trl_{setup.name}", on_iteration=mark)
-    out.append(summarize("trl", setup.name, trl.iterations, float(cfg.ray.torch_threads), trl.accuracy_before,
-                         trl.accuracy_after, trl.wall_s, {**common, "eval_s": trl.eval_s, **cpu_record(load, marks)}))
+    out.append(summarize("trl", setup.name, trl.iterations, devices=float(cfg.ray.torch_threads),
+                         accuracy_before=trl.accuracy_before, accuracy_after=trl.accuracy_after, wall_s=trl.wall_s,
+                         extra={**common, "eval_s": trl.eval_s, **cpu_record(load, marks)}))
     print(json.dumps({k: v for k, v in out[-1].items() if not isinstance(v, list)}), flush=True)
     return out
 

@@ -12,6 +12,7 @@ from pipelines.platform import DEFAULT_IMAGE
 def setup(
     config: str,
     overrides: list,
+    *,
     run_name: str,
     job_id: str,
     iterations: int,

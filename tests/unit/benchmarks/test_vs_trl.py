@@ -57,7 +57,7 @@ def test_summarize_applies_eq5_per_iteration_then_averages():
     assert r["accuracy_gain"] == pytest.approx(0.1) and r["iterations"] == 2
     assert r["phase_s"]["generate"] == 2.0 and r["phase_s"]["other"] == pytest.approx(3.0 - 2.0 - 0.5)
     with pytest.raises(ValueError, match="no iterations"):
-        summarize("trl", "tiny", [], 2.0, 0.0, 0.0, 1.0)
+        summarize("trl", "tiny", [], devices=2.0, accuracy_before=0.0, accuracy_after=0.0, wall_s=1.0)
 
 
 def test_dockflow_iteration_reads_the_sync_loop_metrics():
