@@ -1,0 +1,96 @@
+"""Real megatron-core GPTModels on forked gloo ranks, loaded with converted HF weights: at TP=1 (one rank) and
+TP=2 (two ranks) their response log-probs equal the HF model's (fp32, 1e-5), and the TP shards gathered back
+convert to the HF weights exactly.
+
+megatron is imported once here before the forks, so the ranks inherit it; each rank answers CUDA on CPU
+(``cpu.prepare_megatron``) in its own process only.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from fixtures.tiny_models import DECODERS, tiny_decoder
+
+from dockflow.engines.logprobs import response_log_probs
+from dockflow.engines.megatron.convert import hf_to_megatron, megatron_to_hf, spec_from_hf
+
+RESPONSE = 5
+
+
+def rollout() -> tuple[torch.Tensor, torch.Tensor]:
+    """4 rows of prompt 6 + response 5: left-padded prompts, responses of lengths 5, 3, 1, 5."""
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, 40, (4, 6 + RESPONSE), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    mask[2, :4] = 0
+    for row, length in enumerate([5, 3, 1, 5]):
+        mask[row, 6 + length:] = 0
+    return ids, mask
+
+
+def _rank(rank: int, world: int, store_path: str, out_dir: str) -> None:
+    from dockflow.engines.megatron import model as mg
+
+    torch.set_num_threads(1)
+    store = dist.FileStore(store_path, world)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    applied = mg.init_model_parallel(tp=world, pp=1, seed=0, device="cpu")
+    ids, mask = rollout()
+    result = {"applied": applied}
+    for name in DECODERS:
+        hf = tiny_decoder(name)
+        spec = spec_from_hf(hf.config)
+        model = mg.build_gpt_model(spec, tp=world)
+        mg.load_full_state(model, hf_to_megatron(hf.state_dict(), spec), spec)
+        model.eval()
+        with torch.no_grad():
+            logp = mg.response_log_probs(model, ids, mask, RESPONSE, spec.vocab_size)
+        local = {n: tuple(p.shape) for n, p in model.named_parameters()}
+        result[name] = {"logp": logp, "hf": megatron_to_hf(mg.gather_full_state(model, spec), spec), "local": local}
+    torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+    dist.barrier()
+    mg.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+def _launch(tmp: Path, world: int) -> list[dict]:
+    import megatron.core  # noqa: F401  (once, before the forks: the ranks inherit the import)
+
+    mp.start_processes(_rank, args=(world, str(tmp / "store"), str(tmp)), nprocs=world, start_method="fork")
+    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+def ranks(request, tmp_path_factory) -> list[dict]:
+    return _launch(tmp_path_factory.mktemp(f"megatron_tp{request.param}"), request.param)
+
+
+@pytest.mark.parametrize("name", list(DECODERS))
+def test_megatron_log_probs_equal_hf(ranks, name):
+    ids, mask = rollout()
+    hf = tiny_decoder(name)
+    with torch.no_grad():
+        expected = response_log_probs(hf, ids, mask, RESPONSE)
+    response_mask = mask[:, -RESPONSE:]
+    for r in ranks:
+        torch.testing.assert_close(r[name]["logp"] * response_mask, expected * response_mask, rtol=0, atol=1e-5)
+        for key, tensor in hf.state_dict().items():
+            assert torch.equal(r[name]["hf"][key], tensor), key
+
+
+def test_ranks_hold_their_shards_and_answer_cuda_on_cpu(ranks):
+    world = len(ranks)
+    local = ranks[0]["qwen2_untied"]["local"]
+    assert local["decoder.layers.0.self_attention.linear_qkv.weight"] == (64 // world, 32)  # 2 groups x (2q+k+v) x 8
+    assert local["decoder.layers.0.mlp.linear_fc2.weight"] == (32, 48 // world)
+    assert local["output_layer.weight"] == (128, 32)  # vocab 40 padded to 128 x tp, split in tp
+    assert "output_layer.weight" not in ranks[0]["qwen2_tied"]["local"]
+    for r in ranks:
+        assert "torch.cuda.current_device" in r["applied"] and "CudaDevicesOnCpu" in r["applied"]
