@@ -110,14 +110,14 @@ def load_full_state(model: Any, full: dict[str, torch.Tensor], spec: DecoderSpec
             param.copy_(shard[name])
 
 
-def gather_full_state(model: Any, spec: DecoderSpec) -> dict[str, torch.Tensor]:
-    """The full megatron state (vocabulary unpadded) from every TP rank's parameters, on every rank (PP=1)."""
+def gather_full(local: dict[str, torch.Tensor], spec: DecoderSpec) -> dict[str, torch.Tensor]:
+    """Full tensors (vocabulary unpadded) from every TP rank's ``local`` tensors named like the model's
+    parameters (the parameters themselves, or their gradients), on every rank (PP=1)."""
     import torch.distributed as dist
     from megatron.core import parallel_state
 
     tp, _ = _tp()
     group = parallel_state.get_tensor_model_parallel_group()
-    local = {n: p.detach() for n, p in model.named_parameters()}
     shards: list[dict[str, torch.Tensor]] = [{} for _ in range(tp)]
     for name, tensor in local.items():
         parts = [torch.empty_like(tensor) for _ in range(tp)]
@@ -125,6 +125,26 @@ def gather_full_state(model: Any, spec: DecoderSpec) -> dict[str, torch.Tensor]:
         for r in range(tp):
             shards[r][name] = parts[r]
     return merge_shards(shards, spec)
+
+
+def sum_partial_grads(model: Any) -> None:
+    """All-reduce (sum) over TP the gradients of ``q_layernorm`` / ``k_layernorm``: replicated on every TP rank,
+    but each rank's grad covers only its own heads. megatron's ``finalize_model_grads`` does this for a
+    DDP-wrapped model; without that wrapper call it after ``backward``."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    if _tp()[0] == 1:
+        return
+    group = parallel_state.get_tensor_model_parallel_group()
+    for name, param in model.named_parameters():
+        if param.grad is not None and ("q_layernorm" in name or "k_layernorm" in name):
+            dist.all_reduce(param.grad, group=group)
+
+
+def gather_full_state(model: Any, spec: DecoderSpec) -> dict[str, torch.Tensor]:
+    """The full megatron state from every TP rank's parameters (``gather_full``)."""
+    return gather_full({n: p.detach() for n, p in model.named_parameters()}, spec)
 
 
 def attention_mask_for(mask: torch.Tensor) -> torch.Tensor:

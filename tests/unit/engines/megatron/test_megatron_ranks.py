@@ -1,6 +1,6 @@
 """Real megatron-core GPTModels on forked gloo ranks, loaded with converted HF weights: at TP=1 (one rank) and
-TP=2 (two ranks) their response log-probs equal the HF model's (fp32, 1e-5), and the TP shards gathered back
-convert to the HF weights exactly.
+TP=2 (two ranks) their response log-probs and the gradients of a loss on them equal the HF model's (fp32, 1e-5),
+and the TP shards gathered back convert to the HF weights exactly.
 
 megatron is imported once here before the forks, so the ranks inherit it; each rank answers CUDA on CPU
 (``cpu.prepare_megatron``) in its own process only.
@@ -35,6 +35,11 @@ def rollout() -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
+def loss(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """A stand-in policy-gradient loss: minus the summed response log-probs."""
+    return -(logp * mask[:, -RESPONSE:]).sum()
+
+
 def _rank(rank: int, world: int, store_path: str, out_dir: str) -> None:
     from dockflow.engines.megatron import model as mg
 
@@ -54,6 +59,11 @@ def _rank(rank: int, world: int, store_path: str, out_dir: str) -> None:
             logp = mg.response_log_probs(model, ids, mask, RESPONSE, spec.vocab_size)
         local = {n: tuple(p.shape) for n, p in model.named_parameters()}
         result[name] = {"logp": logp, "hf": megatron_to_hf(mg.gather_full_state(model, spec), spec), "local": local}
+        model.train()  # dropout 0: the RNG tracker forks the CPU generator
+        loss(mg.response_log_probs(model, ids, mask, RESPONSE, spec.vocab_size), mask).backward()
+        mg.sum_partial_grads(model)
+        grads = mg.gather_full({n: p.grad for n, p in model.named_parameters()}, spec)
+        result[name]["grads"] = megatron_to_hf(grads, spec)
     torch.save(result, Path(out_dir) / f"rank{rank}.pt")
     dist.barrier()
     mg.destroy_model_parallel()
@@ -83,6 +93,20 @@ def test_megatron_log_probs_equal_hf(ranks, name):
         torch.testing.assert_close(r[name]["logp"] * response_mask, expected * response_mask, rtol=0, atol=1e-5)
         for key, tensor in hf.state_dict().items():
             assert torch.equal(r[name]["hf"][key], tensor), key
+
+
+@pytest.mark.parametrize("name", list(DECODERS))
+def test_megatron_gradients_gathered_from_the_shards_equal_hf(ranks, name):
+    ids, mask = rollout()
+    hf = tiny_decoder(name)
+    loss(response_log_probs(hf, ids, mask, RESPONSE), mask).backward()
+    grads = {n: p.grad for n, p in hf.named_parameters()}
+    if hf.config.tie_word_embeddings:
+        grads["lm_head.weight"] = grads["model.embed_tokens.weight"]
+    for r in ranks:
+        assert r[name]["grads"].keys() == grads.keys()
+        for key, grad in grads.items():
+            torch.testing.assert_close(r[name]["grads"][key], grad, rtol=1e-5, atol=1e-5, msg=key)
 
 
 def test_ranks_hold_their_shards_and_answer_cuda_on_cpu(ranks):
