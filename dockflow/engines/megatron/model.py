@@ -1,8 +1,7 @@
 """A megatron-core ``GPTModel`` for a ``DecoderSpec``, the rank's set-up, its weights and its log-probs.
 
 Everything here runs inside one rank's process after ``torch.distributed`` is initialised; megatron is imported
-only in the functions (after ``cpu.prepare_megatron``, which must come first on NPU). Pipeline parallelism
-builds here (``pp``) but the weights and log-probs below cover PP=1 only so far.
+only in the functions (after ``cpu.prepare_megatron``, which must come first on NPU).
 """
 
 from __future__ import annotations
@@ -15,7 +14,13 @@ import torch.nn.functional as F
 from dockflow.engines.logprobs import trim_columns
 from dockflow.engines.megatron.convert import DecoderSpec
 from dockflow.engines.megatron.cpu import prepare_megatron
-from dockflow.engines.megatron.shard import merge_shards, padded_vocab_size, shard_state
+from dockflow.engines.megatron.shard import (
+    merge_shards,
+    merge_stages,
+    padded_vocab_size,
+    shard_state,
+    stage_state,
+)
 
 # megatron's fused kernels (Apex / Transformer Engine) are absent on CPU; the unfused paths are exact in fp32.
 _UNFUSED = dict(bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
@@ -97,10 +102,17 @@ def _tp() -> tuple[int, int]:
     return parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_tensor_model_parallel_rank()
 
 
+def _pp() -> tuple[int, int]:
+    from megatron.core import parallel_state
+
+    return parallel_state.get_pipeline_model_parallel_world_size(), parallel_state.get_pipeline_model_parallel_rank()
+
+
 def load_full_state(model: Any, full: dict[str, torch.Tensor], spec: DecoderSpec, vocab_divisible_by: int = 128) -> None:
-    """Copy this TP rank's shard of a full megatron state (``convert.hf_to_megatron``) into ``model`` (PP=1)."""
-    tp, rank = _tp()
-    shard = shard_state(full, spec, tp, rank, vocab_divisible_by)
+    """Copy this rank's TP shard of its pipeline stage's part of a full megatron state
+    (``convert.hf_to_megatron``) into ``model``."""
+    (tp, tp_rank), (pp, stage) = _tp(), _pp()
+    shard = stage_state(shard_state(full, spec, tp, tp_rank, vocab_divisible_by), spec, pp, stage)
     params = dict(model.named_parameters())
     missing = sorted(set(params) - set(shard))
     if missing:
@@ -111,8 +123,9 @@ def load_full_state(model: Any, full: dict[str, torch.Tensor], spec: DecoderSpec
 
 
 def gather_full(local: dict[str, torch.Tensor], spec: DecoderSpec) -> dict[str, torch.Tensor]:
-    """Full tensors (vocabulary unpadded) from every TP rank's ``local`` tensors named like the model's
-    parameters (the parameters themselves, or their gradients), on every rank (PP=1)."""
+    """Full tensors (vocabulary unpadded, global layer numbers) from every rank's ``local`` tensors named like
+    its model's parameters (the parameters themselves, or their gradients), on every rank. TP shards are
+    all-gathered; the stages' parts travel as objects (small models; the reshard path streams real ones)."""
     import torch.distributed as dist
     from megatron.core import parallel_state
 
@@ -124,13 +137,20 @@ def gather_full(local: dict[str, torch.Tensor], spec: DecoderSpec) -> dict[str, 
         dist.all_gather(parts, tensor.contiguous(), group=group)
         for r in range(tp):
             shards[r][name] = parts[r]
-    return merge_shards(shards, spec)
+    stage = merge_shards(shards, spec)
+    pp, _ = _pp()
+    if pp == 1:
+        return stage
+    stages: list[Any] = [None] * pp
+    dist.all_gather_object(stages, stage, group=parallel_state.get_pipeline_model_parallel_group())
+    return merge_stages(stages, spec)
 
 
 def sum_partial_grads(model: Any) -> None:
     """All-reduce (sum) over TP the gradients of ``q_layernorm`` / ``k_layernorm``: replicated on every TP rank,
     but each rank's grad covers only its own heads. megatron's ``finalize_model_grads`` does this for a
-    DDP-wrapped model; without that wrapper call it after ``backward``."""
+    DDP-wrapped model; without that wrapper call it after ``backward``. (With PP > 1 and tied embeddings it
+    also sums the embedding's grads of the first and last stages: not done here yet.)"""
     import torch.distributed as dist
     from megatron.core import parallel_state
 
@@ -167,19 +187,67 @@ def token_log_probs(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int
     return -tensor_parallel.vocab_parallel_cross_entropy(logits, targets)
 
 
+def _trimmed(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int):
+    first, keep_r = trim_columns(attention_mask, response_width)
+    end = input_ids.shape[1] - response_width + keep_r
+    return input_ids[:, first:end], attention_mask[:, first:end], keep_r
+
+
+def _forward(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # RoPE is relative: megatron's own positions agree
+    return model(ids, positions, attention_mask_for(mask))
+
+
+def _response_logp(logits: torch.Tensor, ids: torch.Tensor, keep_r: int, vocab_size: int, temperature: float):
+    logits = logits[:, -keep_r - 1 : -1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return token_log_probs(logits, ids[:, -keep_r:], vocab_size)
+
+
 def response_log_probs(
     model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int, vocab_size: int,
     temperature: float = 1.0,
 ) -> torch.Tensor:
     """Log-prob of each response token [B, R] in the rollout layout (``dockflow.engines.base``), as
     ``dockflow.engines.logprobs.response_log_probs`` computes it with a Hugging Face model (PP=1)."""
-    first, keep_r = trim_columns(attention_mask, response_width)
-    end = input_ids.shape[1] - response_width + keep_r
-    ids, mask = input_ids[:, first:end], attention_mask[:, first:end]
-    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # RoPE is relative: megatron's own positions agree
-    logits = model(ids, positions, attention_mask_for(mask))[:, -keep_r - 1 : -1].float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = token_log_probs(logits, ids[:, -keep_r:], vocab_size)
+    ids, mask, keep_r = _trimmed(input_ids, attention_mask, response_width)
+    logp = _response_logp(_forward(model, ids, mask), ids, keep_r, vocab_size, temperature)
     return F.pad(logp, (0, response_width - keep_r))
 
+
+def pipeline_response_log_probs(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int, vocab_size: int,
+    *, micro_batch_size: int, temperature: float = 1.0,
+) -> torch.Tensor:
+    """``response_log_probs`` through megatron's pipeline schedule (forward only, any PP), in micro-batches of
+    ``micro_batch_size`` rows; the last stage computes them and every stage of the pipeline receives them."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    rows = input_ids.shape[0]
+    if rows % micro_batch_size:
+        raise ValueError(f"megatron log-probs: micro_batch_size={micro_batch_size} must divide the batch ({rows} rows)")
+    ids, mask, keep_r = _trimmed(input_ids, attention_mask, response_width)
+    micro = [(ids[i : i + micro_batch_size], mask[i : i + micro_batch_size]) for i in range(0, rows, micro_batch_size)]
+
+    def step(data: Any, stage_model: Any):
+        micro_ids, micro_mask = next(data)
+
+        def collect(output: torch.Tensor, non_loss_data: bool = True) -> torch.Tensor:
+            return _response_logp(output, micro_ids, keep_r, vocab_size, temperature)
+
+        return _forward(stage_model, micro_ids, micro_mask), collect
+
+    with torch.no_grad():
+        outputs = get_forward_backward_func()(
+            forward_step_func=step, data_iterator=iter(micro), model=model, num_microbatches=len(micro),
+            seq_length=ids.shape[1], micro_batch_size=micro_batch_size, forward_only=True,
+            collect_non_loss_data=True,
+        )
+    logp = torch.cat(outputs) if parallel_state.is_pipeline_last_stage() else torch.empty(rows, keep_r)
+    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+        dist.broadcast(logp, src=parallel_state.get_pipeline_model_parallel_last_rank(),
+                       group=parallel_state.get_pipeline_model_parallel_group())
+    return F.pad(logp, (0, response_width - keep_r))

@@ -1,4 +1,4 @@
-"""Tensor-parallel shards of the full megatron state (``convert.hf_to_megatron``) and back.
+"""Tensor- and pipeline-parallel shards of the full megatron state (``convert.hf_to_megatron``) and back.
 
 megatron-core's parallel linears split the local spec's parameters like this (``partition_dim`` on each
 parameter of a built ``GPTModel``):
@@ -13,6 +13,8 @@ parameter of a built ``GPTModel``):
 The vocabulary is padded to a multiple of ``divisible_by * tp`` with zero rows, as Megatron-LM does
 (``--make-vocab-size-divisible-by``, 128 by default); a model built for the padded size must never let the
 padding rows' logits into a softmax (``model.token_log_probs`` masks them).
+
+Pipeline stages (``stage_state``) take an even share of the layers, as megatron's default split does.
 """
 
 from __future__ import annotations
@@ -95,4 +97,56 @@ def merge_shards(shards: list[dict[str, torch.Tensor]], spec: DecoderSpec) -> di
         else:
             tensor = first
         out[name] = tensor
+    return out
+
+
+def check_pp(spec: DecoderSpec, pp: int) -> None:
+    """One clear error when ``pp`` cannot split the layers evenly (megatron's default layer split)."""
+    if pp < 1 or spec.num_layers % pp:
+        raise ValueError(f"train.pp={pp} must divide the model's layers ({spec.num_layers}); pick a pp that divides it")
+
+
+def _layer(name: str) -> int | None:
+    parts = name.split(".")
+    return int(parts[2]) if name.startswith("decoder.layers.") else None
+
+
+def stage_state(state: dict[str, torch.Tensor], spec: DecoderSpec, pp: int, stage: int) -> dict[str, torch.Tensor]:
+    """The tensors pipeline stage ``stage`` of ``pp`` holds, its layers numbered from 0 as megatron names them:
+    the embedding on the first stage, the final norm and ``output_layer`` on the last (with tied embeddings and
+    PP > 1 the last stage keeps its own copy of the embedding as ``output_layer.weight``)."""
+    check_pp(spec, pp)
+    per_stage = spec.num_layers // pp
+    first, last = stage == 0, stage == pp - 1
+    out = {}
+    for name, tensor in state.items():
+        layer = _layer(name)
+        if layer is not None:
+            if stage * per_stage <= layer < (stage + 1) * per_stage:
+                parts = name.split(".")
+                out[".".join([*parts[:2], str(layer - stage * per_stage), *parts[3:]])] = tensor
+        elif name == "embedding.word_embeddings.weight":
+            if first:
+                out[name] = tensor
+            if last and spec.tied and pp > 1:
+                out["output_layer.weight"] = tensor
+        elif last:
+            out[name] = tensor
+    return out
+
+
+def merge_stages(stages: list[dict[str, torch.Tensor]], spec: DecoderSpec) -> dict[str, torch.Tensor]:
+    """The inverse of ``stage_state``: every stage's tensors (in stage order) with global layer numbers."""
+    pp = len(stages)
+    per_stage = spec.num_layers // pp
+    out = {}
+    for stage, state in enumerate(stages):
+        for name, tensor in state.items():
+            layer = _layer(name)
+            if layer is not None:
+                parts = name.split(".")
+                name = ".".join([*parts[:2], str(layer + stage * per_stage), *parts[3:]])
+            elif name == "output_layer.weight" and spec.tied:
+                continue  # the last stage's copy of the tied embedding
+            out[name] = tensor
     return out

@@ -15,7 +15,15 @@ from dockflow.engines.megatron.convert import (
     spec_from_hf,
     split_qkv,
 )
-from dockflow.engines.megatron.shard import check_tp, merge_shards, padded_vocab_size, shard_state
+from dockflow.engines.megatron.shard import (
+    check_pp,
+    check_tp,
+    merge_shards,
+    merge_stages,
+    padded_vocab_size,
+    shard_state,
+    stage_state,
+)
 
 
 @pytest.mark.parametrize("name", list(DECODERS))
@@ -83,6 +91,24 @@ def test_tp2_shards_merge_back_exactly(name):
         assert torch.equal(merged[key], tensor), key
 
 
+@pytest.mark.parametrize("name", ["qwen2_tied", "llama"])
+def test_pp2_stages_number_their_layers_from_zero_and_merge_back_exactly(name):
+    model = tiny_decoder(name)
+    spec = spec_from_hf(model.config)
+    full = hf_to_megatron(model.state_dict(), spec)
+    first, last = (stage_state(full, spec, pp=2, stage=s) for s in range(2))
+    assert torch.equal(last["decoder.layers.0.mlp.linear_fc1.weight"], full["decoder.layers.1.mlp.linear_fc1.weight"])
+    assert not any(k.startswith("decoder.layers.1.") for k in [*first, *last])
+    assert "decoder.final_layernorm.weight" in last and "decoder.final_layernorm.weight" not in first
+    assert "embedding.word_embeddings.weight" in first and "embedding.word_embeddings.weight" not in last
+    head = full["output_layer.weight"] if "output_layer.weight" in full else full["embedding.word_embeddings.weight"]
+    assert torch.equal(last["output_layer.weight"], head)  # tied: the last stage's copy of the embedding
+    merged = merge_stages([first, last], spec)
+    assert merged.keys() == full.keys()
+    for key, tensor in full.items():
+        assert torch.equal(merged[key], tensor), key
+
+
 def test_bad_inputs_name_the_setting():
     with pytest.raises(ValueError, match="model_type 'gpt2' is not supported"):
         spec_from_hf(GPT2Config())
@@ -91,5 +117,7 @@ def test_bad_inputs_name_the_setting():
         spec_from_hf(scaled)
     with pytest.raises(ValueError, match=r"train.tp=4 must divide the model's key/value heads \(2\)"):
         check_tp(spec_from_hf(tiny_decoder("llama").config), 4)
+    with pytest.raises(ValueError, match=r"train.pp=3 must divide the model's layers \(2\)"):
+        check_pp(spec_from_hf(tiny_decoder("llama").config), 3)
     with pytest.raises(KeyError, match="model.norm.weight"):
         hf_to_megatron({"model.embed_tokens.weight": torch.zeros(1)}, spec_from_hf(tiny_decoder("llama").config))

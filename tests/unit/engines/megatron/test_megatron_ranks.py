@@ -1,6 +1,7 @@
-"""Real megatron-core GPTModels on forked gloo ranks, loaded with converted HF weights: at TP=1 (one rank) and
-TP=2 (two ranks) their response log-probs and the gradients of a loss on them equal the HF model's (fp32, 1e-5),
-and the TP shards gathered back convert to the HF weights exactly.
+"""Real megatron-core GPTModels on forked gloo ranks, loaded with converted HF weights, at TP=1 (one rank), TP=2,
+PP=2 (two ranks) and TP2xPP2 (four ranks): their response log-probs (through megatron's pipeline schedule, and
+called directly at PP=1) equal the HF model's (fp32, 1e-5); at PP=1 so do the gradients of a loss on them; the
+shards gathered back convert to the HF weights exactly.
 
 megatron is imported once here before the forks, so the ranks inherit it; each rank answers CUDA on CPU
 (``cpu.prepare_megatron``) in its own process only.
@@ -40,25 +41,29 @@ def loss(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return -(logp * mask[:, -RESPONSE:]).sum()
 
 
-def _rank(rank: int, world: int, store_path: str, out_dir: str) -> None:
+def _rank(rank: int, layout: tuple[int, int], store_path: str, out_dir: str) -> None:
     from dockflow.engines.megatron import model as mg
 
+    tp, pp = layout
     torch.set_num_threads(1)
-    store = dist.FileStore(store_path, world)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=60))
-    applied = mg.init_model_parallel(tp=world, pp=1, seed=0, device="cpu")
+    store = dist.FileStore(store_path, tp * pp)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=tp * pp, timeout=timedelta(seconds=60))
+    applied = mg.init_model_parallel(tp=tp, pp=pp, seed=0, device="cpu")
     ids, mask = rollout()
-    result = {"applied": applied}
+    result = {"applied": applied, "layout": layout}
     for name in DECODERS:
         hf = tiny_decoder(name)
         spec = spec_from_hf(hf.config)
-        model = mg.build_gpt_model(spec, tp=world)
+        model = mg.build_gpt_model(spec, tp=tp, pp=pp)
         mg.load_full_state(model, hf_to_megatron(hf.state_dict(), spec), spec)
         model.eval()
-        with torch.no_grad():
-            logp = mg.response_log_probs(model, ids, mask, RESPONSE, spec.vocab_size)
+        logp = mg.pipeline_response_log_probs(model, ids, mask, RESPONSE, spec.vocab_size, micro_batch_size=2)
         local = {n: tuple(p.shape) for n, p in model.named_parameters()}
         result[name] = {"logp": logp, "hf": megatron_to_hf(mg.gather_full_state(model, spec), spec), "local": local}
+        if pp > 1:
+            continue
+        with torch.no_grad():
+            result[name]["direct_logp"] = mg.response_log_probs(model, ids, mask, RESPONSE, spec.vocab_size)
         model.train()  # dropout 0: the RNG tracker forks the CPU generator
         loss(mg.response_log_probs(model, ids, mask, RESPONSE, spec.vocab_size), mask).backward()
         mg.sum_partial_grads(model)
@@ -70,16 +75,18 @@ def _rank(rank: int, world: int, store_path: str, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
-def _launch(tmp: Path, world: int) -> list[dict]:
+def _launch(tmp: Path, layout: tuple[int, int]) -> list[dict]:
     import megatron.core  # noqa: F401  (once, before the forks: the ranks inherit the import)
 
-    mp.start_processes(_rank, args=(world, str(tmp / "store"), str(tmp)), nprocs=world, start_method="fork")
+    world = layout[0] * layout[1]
+    mp.start_processes(_rank, args=(layout, str(tmp / "store"), str(tmp)), nprocs=world, start_method="fork")
     return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+@pytest.fixture(scope="module", params=[(1, 1), (2, 1), (1, 2), (2, 2)], ids=["tp1", "tp2", "pp2", "tp2pp2"])
 def ranks(request, tmp_path_factory) -> list[dict]:
-    return _launch(tmp_path_factory.mktemp(f"megatron_tp{request.param}"), request.param)
+    tp, pp = request.param
+    return _launch(tmp_path_factory.mktemp(f"megatron_tp{tp}pp{pp}"), request.param)
 
 
 @pytest.mark.parametrize("name", list(DECODERS))
@@ -91,12 +98,17 @@ def test_megatron_log_probs_equal_hf(ranks, name):
     response_mask = mask[:, -RESPONSE:]
     for r in ranks:
         torch.testing.assert_close(r[name]["logp"] * response_mask, expected * response_mask, rtol=0, atol=1e-5)
+        if "direct_logp" in r[name]:  # PP=1: the model called directly, not through the schedule
+            torch.testing.assert_close(r[name]["direct_logp"] * response_mask, expected * response_mask, rtol=0,
+                                       atol=1e-5)
         for key, tensor in hf.state_dict().items():
             assert torch.equal(r[name]["hf"][key], tensor), key
 
 
 @pytest.mark.parametrize("name", list(DECODERS))
 def test_megatron_gradients_gathered_from_the_shards_equal_hf(ranks, name):
+    if "grads" not in ranks[0][name]:
+        pytest.skip("gradients are compared at PP=1 only (the PP schedule's backward is the training engine's)")
     ids, mask = rollout()
     hf = tiny_decoder(name)
     loss(response_log_probs(hf, ids, mask, RESPONSE), mask).backward()
@@ -110,11 +122,16 @@ def test_megatron_gradients_gathered_from_the_shards_equal_hf(ranks, name):
 
 
 def test_ranks_hold_their_shards_and_answer_cuda_on_cpu(ranks):
-    world = len(ranks)
-    local = ranks[0]["qwen2_untied"]["local"]
-    assert local["decoder.layers.0.self_attention.linear_qkv.weight"] == (64 // world, 32)  # 2 groups x (2q+k+v) x 8
-    assert local["decoder.layers.0.mlp.linear_fc2.weight"] == (32, 48 // world)
-    assert local["output_layer.weight"] == (128, 32)  # vocab 40 padded to 128 x tp, split in tp
-    assert "output_layer.weight" not in ranks[0]["qwen2_tied"]["local"]
+    tp, pp = ranks[0]["layout"]
+    first, last = ranks[0], ranks[-1]  # megatron's rank order: TP fastest, then the pipeline stages
+    untied = first["qwen2_untied"]["local"]
+    assert untied["decoder.layers.0.self_attention.linear_qkv.weight"] == (64 // tp, 32)  # 2 groups x (2q+k+v) x 8
+    assert untied["decoder.layers.0.mlp.linear_fc2.weight"] == (32, 48 // tp)
+    assert untied["embedding.word_embeddings.weight"] == (128, 32)  # vocab 40 padded to 128 x tp, split in tp
+    assert last["qwen2_untied"]["local"]["output_layer.weight"] == (128, 32)
+    assert ("decoder.layers.1.mlp.linear_fc1.weight" in untied) == (pp == 1)  # one layer per stage at PP=2
+    assert ("embedding.word_embeddings.weight" in last["qwen2_untied"]["local"]) == (pp == 1)
+    # tied: no output_layer at PP=1; at PP=2 the last stage keeps its own copy of the embedding
+    assert ("output_layer.weight" in last["qwen2_tied"]["local"]) == (pp > 1)
     for r in ranks:
         assert "torch.cuda.current_device" in r["applied"] and "CudaDevicesOnCpu" in r["applied"]
