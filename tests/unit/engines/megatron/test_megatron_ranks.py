@@ -9,6 +9,7 @@ megatron is imported once here before the forks, so the ranks inherit it; each r
 
 from __future__ import annotations
 
+import functools
 from datetime import timedelta
 from pathlib import Path
 
@@ -89,19 +90,30 @@ def ranks(request, tmp_path_factory) -> list[dict]:
     return _launch(tmp_path_factory.mktemp(f"megatron_tp{tp}pp{pp}"), request.param)
 
 
-@pytest.mark.parametrize("name", list(DECODERS))
-def test_megatron_log_probs_equal_hf(ranks, name):
+@functools.cache
+def hf_reference(name: str) -> dict:
+    """The HF model's weights, response log-probs and gradients of ``loss`` (once per layout for every launch)."""
     ids, mask = rollout()
     hf = tiny_decoder(name)
-    with torch.no_grad():
-        expected = response_log_probs(hf, ids, mask, RESPONSE)
+    logp = response_log_probs(hf, ids, mask, RESPONSE)
+    loss(logp, mask).backward()
+    grads = {n: p.grad for n, p in hf.named_parameters()}
+    if hf.config.tie_word_embeddings:
+        grads["lm_head.weight"] = grads["model.embed_tokens.weight"]
+    return {"logp": logp.detach(), "state": hf.state_dict(), "grads": grads}
+
+
+@pytest.mark.parametrize("name", list(DECODERS))
+def test_megatron_log_probs_equal_hf(ranks, name):
+    _, mask = rollout()
+    expected = hf_reference(name)["logp"]
     response_mask = mask[:, -RESPONSE:]
     for r in ranks:
         torch.testing.assert_close(r[name]["logp"] * response_mask, expected * response_mask, rtol=0, atol=1e-5)
         if "direct_logp" in r[name]:  # PP=1: the model called directly, not through the schedule
             torch.testing.assert_close(r[name]["direct_logp"] * response_mask, expected * response_mask, rtol=0,
                                        atol=1e-5)
-        for key, tensor in hf.state_dict().items():
+        for key, tensor in hf_reference(name)["state"].items():
             assert torch.equal(r[name]["hf"][key], tensor), key
 
 
@@ -109,12 +121,7 @@ def test_megatron_log_probs_equal_hf(ranks, name):
 def test_megatron_gradients_gathered_from_the_shards_equal_hf(ranks, name):
     if "grads" not in ranks[0][name]:
         pytest.skip("gradients are compared at PP=1 only (the PP schedule's backward is the training engine's)")
-    ids, mask = rollout()
-    hf = tiny_decoder(name)
-    loss(response_log_probs(hf, ids, mask, RESPONSE), mask).backward()
-    grads = {n: p.grad for n, p in hf.named_parameters()}
-    if hf.config.tie_word_embeddings:
-        grads["lm_head.weight"] = grads["model.embed_tokens.weight"]
+    grads = hf_reference(name)["grads"]
     for r in ranks:
         assert r[name]["grads"].keys() == grads.keys()
         for key, grad in grads.items():
