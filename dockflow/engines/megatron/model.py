@@ -72,6 +72,7 @@ def transformer_config(spec: DecoderSpec, tp: int = 1, pp: int = 1, dtype: torch
         pipeline_dtype=dtype,
         use_cpu_initialization=True,
         batch_p2p_sync=False,  # True calls torch.cuda.synchronize around every p2p exchange
+        calculate_per_token_loss=True,  # the schedule leaves the loss as given (the recipes normalise it)
         **_UNFUSED,
     )
 
@@ -146,22 +147,6 @@ def gather_full(local: dict[str, torch.Tensor], spec: DecoderSpec) -> dict[str, 
     return merge_stages(stages, spec)
 
 
-def sum_partial_grads(model: Any) -> None:
-    """All-reduce (sum) over TP the gradients of ``q_layernorm`` / ``k_layernorm``: replicated on every TP rank,
-    but each rank's grad covers only its own heads. megatron's ``finalize_model_grads`` does this for a
-    DDP-wrapped model; without that wrapper call it after ``backward``. (With PP > 1 and tied embeddings it
-    also sums the embedding's grads of the first and last stages: not done here yet.)"""
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
-    if _tp()[0] == 1:
-        return
-    group = parallel_state.get_tensor_model_parallel_group()
-    for name, param in model.named_parameters():
-        if param.grad is not None and ("q_layernorm" in name or "k_layernorm" in name):
-            dist.all_reduce(param.grad, group=group)
-
-
 def gather_full_state(model: Any, spec: DecoderSpec) -> dict[str, torch.Tensor]:
     """The full megatron state from every TP rank's parameters (``gather_full``)."""
     return gather_full({n: p.detach() for n, p in model.named_parameters()}, spec)
@@ -187,18 +172,21 @@ def token_log_probs(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int
     return -tensor_parallel.vocab_parallel_cross_entropy(logits, targets)
 
 
-def _trimmed(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int):
+def trimmed_rollout(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int):
+    """(ids, mask, kept response columns) with the batch's all-padding columns cut off."""
     first, keep_r = trim_columns(attention_mask, response_width)
     end = input_ids.shape[1] - response_width + keep_r
     return input_ids[:, first:end], attention_mask[:, first:end], keep_r
 
 
-def _forward(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def forward_rollout(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """One stage's forward: logits [B, S, V/tp] on the last stage, hidden states on the others."""
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # RoPE is relative: megatron's own positions agree
     return model(ids, positions, attention_mask_for(mask))
 
 
-def _response_logp(logits: torch.Tensor, ids: torch.Tensor, keep_r: int, vocab_size: int, temperature: float):
+def response_logp(logits: torch.Tensor, ids: torch.Tensor, keep_r: int, vocab_size: int, temperature: float):
+    """The kept response columns' log-probs [B, keep_r] from the last stage's logits."""
     logits = logits[:, -keep_r - 1 : -1].float()
     if temperature != 1.0:
         logits = logits / temperature
@@ -211,43 +199,6 @@ def response_log_probs(
 ) -> torch.Tensor:
     """Log-prob of each response token [B, R] in the rollout layout (``dockflow.engines.base``), as
     ``dockflow.engines.logprobs.response_log_probs`` computes it with a Hugging Face model (PP=1)."""
-    ids, mask, keep_r = _trimmed(input_ids, attention_mask, response_width)
-    logp = _response_logp(_forward(model, ids, mask), ids, keep_r, vocab_size, temperature)
-    return F.pad(logp, (0, response_width - keep_r))
-
-
-def pipeline_response_log_probs(
-    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int, vocab_size: int,
-    *, micro_batch_size: int, temperature: float = 1.0,
-) -> torch.Tensor:
-    """``response_log_probs`` through megatron's pipeline schedule (forward only, any PP), in micro-batches of
-    ``micro_batch_size`` rows; the last stage computes them and every stage of the pipeline receives them."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-
-    rows = input_ids.shape[0]
-    if rows % micro_batch_size:
-        raise ValueError(f"megatron log-probs: micro_batch_size={micro_batch_size} must divide the batch ({rows} rows)")
-    ids, mask, keep_r = _trimmed(input_ids, attention_mask, response_width)
-    micro = [(ids[i : i + micro_batch_size], mask[i : i + micro_batch_size]) for i in range(0, rows, micro_batch_size)]
-
-    def step(data: Any, stage_model: Any):
-        micro_ids, micro_mask = next(data)
-
-        def collect(output: torch.Tensor, non_loss_data: bool = True) -> torch.Tensor:
-            return _response_logp(output, micro_ids, keep_r, vocab_size, temperature)
-
-        return _forward(stage_model, micro_ids, micro_mask), collect
-
-    with torch.no_grad():
-        outputs = get_forward_backward_func()(
-            forward_step_func=step, data_iterator=iter(micro), model=model, num_microbatches=len(micro),
-            seq_length=ids.shape[1], micro_batch_size=micro_batch_size, forward_only=True,
-            collect_non_loss_data=True,
-        )
-    logp = torch.cat(outputs) if parallel_state.is_pipeline_last_stage() else torch.empty(rows, keep_r)
-    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
-        dist.broadcast(logp, src=parallel_state.get_pipeline_model_parallel_last_rank(),
-                       group=parallel_state.get_pipeline_model_parallel_group())
+    ids, mask, keep_r = trimmed_rollout(input_ids, attention_mask, response_width)
+    logp = response_logp(forward_rollout(model, ids, mask), ids, keep_r, vocab_size, temperature)
     return F.pad(logp, (0, response_width - keep_r))

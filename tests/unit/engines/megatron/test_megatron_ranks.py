@@ -1,7 +1,8 @@
 """Real megatron-core GPTModels on forked gloo ranks, loaded with converted HF weights, at TP=1 (one rank), TP=2,
 PP=2 (two ranks) and TP2xPP2 (four ranks): their response log-probs (through megatron's pipeline schedule, and
-called directly at PP=1) equal the HF model's (fp32, 1e-5); at PP=1 so do the gradients of a loss on them; the
-shards gathered back convert to the HF weights exactly.
+called directly at PP=1) equal the HF model's (fp32, 1e-5), and so do the loss on them and its gradients
+(forward-backward through the schedule in 2 micro-batches, gathered from every rank's shard); the shards
+gathered back convert to the HF weights exactly.
 
 megatron is imported once here before the forks, so the ranks inherit it; each rank answers CUDA on CPU
 (``cpu.prepare_megatron``) in its own process only.
@@ -44,6 +45,11 @@ def loss(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def _rank(rank: int, layout: tuple[int, int], store_path: str, out_dir: str) -> None:
     from dockflow.engines.megatron import model as mg
+    from dockflow.engines.megatron.schedule import (
+        finalize_grads,
+        pipeline_forward_backward,
+        pipeline_response_log_probs,
+    )
 
     tp, pp = layout
     torch.set_num_threads(1)
@@ -58,16 +64,17 @@ def _rank(rank: int, layout: tuple[int, int], store_path: str, out_dir: str) -> 
         model = mg.build_gpt_model(spec, tp=tp, pp=pp)
         mg.load_full_state(model, hf_to_megatron(hf.state_dict(), spec), spec)
         model.eval()
-        logp = mg.pipeline_response_log_probs(model, ids, mask, RESPONSE, spec.vocab_size, micro_batch_size=2)
+        logp = pipeline_response_log_probs(model, ids, mask, RESPONSE, spec.vocab_size, micro_batch_size=2)
         local = {n: tuple(p.shape) for n, p in model.named_parameters()}
         result[name] = {"logp": logp, "hf": megatron_to_hf(mg.gather_full_state(model, spec), spec), "local": local}
-        if pp > 1:
-            continue
-        with torch.no_grad():
-            result[name]["direct_logp"] = mg.response_log_probs(model, ids, mask, RESPONSE, spec.vocab_size)
+        if pp == 1:
+            with torch.no_grad():
+                result[name]["direct_logp"] = mg.response_log_probs(model, ids, mask, RESPONSE, spec.vocab_size)
         model.train()  # dropout 0: the RNG tracker forks the CPU generator
-        loss(mg.response_log_probs(model, ids, mask, RESPONSE, spec.vocab_size), mask).backward()
-        mg.sum_partial_grads(model)
+        result[name]["loss"] = pipeline_forward_backward(
+            model, ids, mask, RESPONSE, spec.vocab_size, micro_batch_size=2,
+            loss_fn=lambda logp, rows: loss(logp, mask[rows]))
+        finalize_grads(model, spec)
         grads = mg.gather_full({n: p.grad for n, p in model.named_parameters()}, spec)
         result[name]["grads"] = megatron_to_hf(grads, spec)
     torch.save(result, Path(out_dir) / f"rank{rank}.pt")
@@ -100,7 +107,7 @@ def hf_reference(name: str) -> dict:
     grads = {n: p.grad for n, p in hf.named_parameters()}
     if hf.config.tie_word_embeddings:
         grads["lm_head.weight"] = grads["model.embed_tokens.weight"]
-    return {"logp": logp.detach(), "state": hf.state_dict(), "grads": grads}
+    return {"logp": logp.detach(), "state": hf.state_dict(), "grads": grads, "loss": float(loss(logp, mask))}
 
 
 @pytest.mark.parametrize("name", list(DECODERS))
@@ -119,10 +126,9 @@ def test_megatron_log_probs_equal_hf(ranks, name):
 
 @pytest.mark.parametrize("name", list(DECODERS))
 def test_megatron_gradients_gathered_from_the_shards_equal_hf(ranks, name):
-    if "grads" not in ranks[0][name]:
-        pytest.skip("gradients are compared at PP=1 only (the PP schedule's backward is the training engine's)")
     grads = hf_reference(name)["grads"]
     for r in ranks:
+        assert r[name]["loss"] == pytest.approx(hf_reference(name)["loss"], rel=1e-6)
         assert r[name]["grads"].keys() == grads.keys()
         for key, grad in grads.items():
             torch.testing.assert_close(r[name]["grads"][key], grad, rtol=1e-5, atol=1e-5, msg=key)
