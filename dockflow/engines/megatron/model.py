@@ -1,0 +1,204 @@
+"""A megatron-core ``GPTModel`` for a ``DecoderSpec``, the rank's set-up, its weights and its log-probs.
+
+Everything here runs inside one rank's process after ``torch.distributed`` is initialised; megatron is imported
+only in the functions (after ``cpu.prepare_megatron``, which must come first on NPU).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from dockflow.engines.logprobs import trim_columns
+from dockflow.engines.megatron.convert import DecoderSpec
+from dockflow.engines.megatron.cpu import prepare_megatron
+from dockflow.engines.megatron.shard import (
+    merge_shards,
+    merge_stages,
+    padded_vocab_size,
+    shard_state,
+    stage_state,
+)
+
+# megatron's fused kernels (Apex / Transformer Engine) are absent on CPU; the unfused paths are exact in fp32.
+_UNFUSED = dict(bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
+                bias_dropout_fusion=False, gradient_accumulation_fusion=False, apply_rope_fusion=False)
+
+
+def init_model_parallel(tp: int, pp: int, seed: int, device: str = "cpu") -> list[str]:
+    """Prepare the process for ``device``, split the world into TP x PP (x DP) groups and seed megatron's RNG
+    tracker; returns what ``prepare_megatron`` applied."""
+    applied = prepare_megatron(device)
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    model_parallel_cuda_manual_seed(seed)
+    return applied
+
+
+def destroy_model_parallel() -> None:
+    """Forget megatron's process groups (a rank can then initialise another layout)."""
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+
+
+def transformer_config(spec: DecoderSpec, tp: int = 1, pp: int = 1, dtype: torch.dtype = torch.float32) -> Any:
+    """megatron's ``TransformerConfig`` for ``spec``: RMSNorm, SwiGLU, GQA, no linear biases but q/k/v's."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    return TransformerConfig(
+        num_layers=spec.num_layers,
+        hidden_size=spec.hidden_size,
+        num_attention_heads=spec.num_heads,
+        num_query_groups=spec.num_kv_heads,
+        kv_channels=spec.head_dim,
+        ffn_hidden_size=spec.ffn_hidden_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=spec.norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=spec.qkv_bias,
+        qk_layernorm=spec.qk_norm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        use_cpu_initialization=True,
+        batch_p2p_sync=False,  # True calls torch.cuda.synchronize around every p2p exchange
+        calculate_per_token_loss=True,  # the schedule leaves the loss as given (the recipes normalise it)
+        **_UNFUSED,
+    )
+
+
+def build_gpt_model(spec: DecoderSpec, tp: int = 1, pp: int = 1, vocab_divisible_by: int = 128) -> Any:
+    """This rank's ``GPTModel`` (local layer spec, RoPE, padded vocabulary); needs ``init_model_parallel``."""
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    layer_spec = get_gpt_layer_local_spec(qk_layernorm=spec.qk_norm, normalization="RMSNorm")
+    return GPTModel(
+        config=transformer_config(spec, tp, pp),
+        transformer_layer_spec=layer_spec,
+        vocab_size=padded_vocab_size(spec.vocab_size, tp, vocab_divisible_by),
+        max_sequence_length=spec.max_positions,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+        position_embedding_type="rope",
+        rotary_base=int(spec.rope_theta),
+        share_embeddings_and_output_weights=spec.tied,
+    )
+
+
+def _tp() -> tuple[int, int]:
+    from megatron.core import parallel_state
+
+    return parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_tensor_model_parallel_rank()
+
+
+def _pp() -> tuple[int, int]:
+    from megatron.core import parallel_state
+
+    return parallel_state.get_pipeline_model_parallel_world_size(), parallel_state.get_pipeline_model_parallel_rank()
+
+
+def load_full_state(model: Any, full: dict[str, torch.Tensor], spec: DecoderSpec, vocab_divisible_by: int = 128) -> None:
+    """Copy this rank's TP shard of its pipeline stage's part of a full megatron state
+    (``convert.hf_to_megatron``) into ``model``."""
+    (tp, tp_rank), (pp, stage) = _tp(), _pp()
+    shard = stage_state(shard_state(full, spec, tp, tp_rank, vocab_divisible_by), spec, pp, stage)
+    params = dict(model.named_parameters())
+    missing = sorted(set(params) - set(shard))
+    if missing:
+        raise KeyError(f"megatron weights: the converted state lacks {missing[:3]}; does the spec match the model?")
+    with torch.no_grad():
+        for name, param in params.items():
+            param.copy_(shard[name])
+
+
+def gather_full(local: dict[str, torch.Tensor], spec: DecoderSpec) -> dict[str, torch.Tensor]:
+    """Full tensors (vocabulary unpadded, global layer numbers) from every rank's ``local`` tensors named like
+    its model's parameters (the parameters themselves, or their gradients), on every rank. TP shards are
+    all-gathered; the stages' parts travel as objects (small models; the reshard path streams real ones)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    tp, _ = _tp()
+    group = parallel_state.get_tensor_model_parallel_group()
+    shards: list[dict[str, torch.Tensor]] = [{} for _ in range(tp)]
+    for name, tensor in local.items():
+        parts = [torch.empty_like(tensor) for _ in range(tp)]
+        dist.all_gather(parts, tensor.contiguous(), group=group)
+        for r in range(tp):
+            shards[r][name] = parts[r]
+    stage = merge_shards(shards, spec)
+    pp, _ = _pp()
+    if pp == 1:
+        return stage
+    stages: list[Any] = [None] * pp
+    dist.all_gather_object(stages, stage, group=parallel_state.get_pipeline_model_parallel_group())
+    return merge_stages(stages, spec)
+
+
+def gather_full_state(model: Any, spec: DecoderSpec) -> dict[str, torch.Tensor]:
+    """The full megatron state from every TP rank's parameters (``gather_full``)."""
+    return gather_full({n: p.detach() for n, p in model.named_parameters()}, spec)
+
+
+def attention_mask_for(mask: torch.Tensor) -> torch.Tensor:
+    """megatron's boolean mask [B, 1, S, S] (True = not attended) from a [B, S] padding mask, causal."""
+    seq = mask.shape[1]
+    causal = torch.ones(seq, seq, dtype=torch.bool, device=mask.device).tril()
+    keep = causal[None] & mask.bool()[:, None, :]
+    return ~keep[:, None]
+
+
+def token_log_probs(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """log p(target) from this rank's vocabulary shard of the logits, with megatron's vocab-parallel
+    cross-entropy (the full vocabulary is never gathered); the padding rows past ``vocab_size`` are excluded."""
+    from megatron.core import tensor_parallel
+
+    _, rank = _tp()
+    width = logits.shape[-1]
+    column = torch.arange(rank * width, (rank + 1) * width, device=logits.device)
+    logits = logits.masked_fill(column >= vocab_size, float("-inf"))
+    return -tensor_parallel.vocab_parallel_cross_entropy(logits, targets)
+
+
+def trimmed_rollout(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int):
+    """(ids, mask, kept response columns) with the batch's all-padding columns cut off."""
+    first, keep_r = trim_columns(attention_mask, response_width)
+    end = input_ids.shape[1] - response_width + keep_r
+    return input_ids[:, first:end], attention_mask[:, first:end], keep_r
+
+
+def forward_rollout(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """One stage's forward: logits [B, S, V/tp] on the last stage, hidden states on the others."""
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # RoPE is relative: megatron's own positions agree
+    return model(ids, positions, attention_mask_for(mask))
+
+
+def response_logp(logits: torch.Tensor, ids: torch.Tensor, keep_r: int, vocab_size: int, temperature: float):
+    """The kept response columns' log-probs [B, keep_r] from the last stage's logits."""
+    logits = logits[:, -keep_r - 1 : -1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return token_log_probs(logits, ids[:, -keep_r:], vocab_size)
+
+
+def response_log_probs(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int, vocab_size: int,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Log-prob of each response token [B, R] in the rollout layout (``dockflow.engines.base``), as
+    ``dockflow.engines.logprobs.response_log_probs`` computes it with a Hugging Face model (PP=1)."""
+    ids, mask, keep_r = trimmed_rollout(input_ids, attention_mask, response_width)
+    logp = response_logp(forward_rollout(model, ids, mask), ids, keep_r, vocab_size, temperature)
+    return F.pad(logp, (0, response_width - keep_r))

@@ -1,0 +1,111 @@
+"""Micro-batches of the rollout layout through megatron's pipeline schedule (``get_forward_backward_func``, any
+PP): forward-only log-probs, a forward-backward with a loss on the log-probs, and the gradient reductions
+megatron's DDP wrapper would do (``finalize_grads``). Runs inside a rank after ``model.init_model_parallel``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from dockflow.engines.megatron.convert import DecoderSpec
+from dockflow.engines.megatron.model import forward_rollout, response_logp, trimmed_rollout
+
+# (log-probs [b, R] of the micro-batch's rows, those rows of the batch) -> the micro-batch's loss
+MicroLoss = Callable[[torch.Tensor, slice], torch.Tensor]
+
+
+def _micro_batches(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int, size: int):
+    """([(rows, ids, mask)] per micro-batch, kept response columns, trimmed sequence length)."""
+    batch = input_ids.shape[0]
+    if size < 1 or batch % size:
+        raise ValueError(f"megatron micro-batches: micro_batch_size={size} must divide the batch ({batch} rows)")
+    ids, mask, keep_r = trimmed_rollout(input_ids, attention_mask, response_width)
+    micro = [(slice(i, i + size), ids[i : i + size], mask[i : i + size]) for i in range(0, batch, size)]
+    return micro, keep_r, ids.shape[1]
+
+
+def _run(model: Any, micro: list, seq: int, forward_only: bool, to_output: Callable) -> list[Any]:
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    def step(data: Any, stage_model: Any):
+        rows, micro_ids, micro_mask = next(data)
+        return forward_rollout(stage_model, micro_ids, micro_mask), lambda out, **_: to_output(out, rows, micro_ids)
+
+    return get_forward_backward_func()(
+        forward_step_func=step, data_iterator=iter(micro), model=model, num_microbatches=len(micro),
+        seq_length=seq, micro_batch_size=micro[0][1].shape[0], forward_only=forward_only,
+        collect_non_loss_data=forward_only,
+    )
+
+
+def _from_last_stage(tensor: torch.Tensor) -> torch.Tensor:
+    """The last pipeline stage's ``tensor`` on every stage (the others pass one of the same shape)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+        dist.broadcast(tensor, src=parallel_state.get_pipeline_model_parallel_last_rank(),
+                       group=parallel_state.get_pipeline_model_parallel_group())
+    return tensor
+
+
+def pipeline_response_log_probs(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int, vocab_size: int,
+    *, micro_batch_size: int, temperature: float = 1.0,
+) -> torch.Tensor:
+    """``model.response_log_probs`` through the schedule (forward only) in micro-batches of ``micro_batch_size``
+    rows; the last stage computes them and every stage of the pipeline receives them."""
+    from megatron.core import parallel_state
+
+    micro, keep_r, seq = _micro_batches(input_ids, attention_mask, response_width, micro_batch_size)
+    with torch.no_grad():
+        outputs = _run(model, micro, seq, True,
+                       lambda out, rows, ids: response_logp(out, ids, keep_r, vocab_size, temperature))
+    last = parallel_state.is_pipeline_last_stage()
+    logp = torch.cat(outputs) if last else torch.empty(input_ids.shape[0], keep_r)
+    return F.pad(_from_last_stage(logp), (0, response_width - keep_r))
+
+
+def pipeline_forward_backward(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int, vocab_size: int,
+    *, micro_batch_size: int, loss_fn: MicroLoss, temperature: float = 1.0,
+) -> float:
+    """Forward and backward every micro-batch through the schedule, ``loss_fn`` on each micro-batch's response
+    log-probs (taken as it is: normalise it in ``loss_fn``); gradients accumulate in the parameters' ``.grad``
+    (call ``finalize_grads`` next). Returns the summed loss, on every stage."""
+    from megatron.core import parallel_state
+
+    micro, keep_r, seq = _micro_batches(input_ids, attention_mask, response_width, micro_batch_size)
+
+    def loss_of(out: torch.Tensor, rows: slice, ids: torch.Tensor):
+        logp = F.pad(response_logp(out, ids, keep_r, vocab_size, temperature), (0, response_width - keep_r))
+        loss = loss_fn(logp, rows)
+        return loss, torch.ones((), dtype=torch.int), {"loss": loss.detach()}
+
+    outputs = _run(model, micro, seq, False, loss_of)
+    last = parallel_state.is_pipeline_last_stage()
+    total = torch.stack([o["loss"] for o in outputs]).sum().reshape(1) if last else torch.zeros(1)
+    return float(_from_last_stage(total))
+
+
+def finalize_grads(model: Any, spec: DecoderSpec) -> None:
+    """What megatron's ``finalize_model_grads`` does for a DDP-wrapped model, for a bare one: sum over TP the
+    grads of ``q_layernorm`` / ``k_layernorm`` (replicated, but each rank's covers only its heads), and with
+    tied embeddings and PP > 1 sum the first stage's embedding grad with the last stage's ``output_layer`` copy
+    over the embedding group. Data-parallel averaging is not done here."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    if parallel_state.get_tensor_model_parallel_world_size() > 1:
+        group = parallel_state.get_tensor_model_parallel_group()
+        for name, param in model.named_parameters():
+            if param.grad is not None and ("q_layernorm" in name or "k_layernorm" in name):
+                dist.all_reduce(param.grad, group=group)
+    if spec.tied and parallel_state.get_pipeline_model_parallel_world_size() > 1:
+        if parallel_state.is_rank_in_embedding_group():
+            weight = model.shared_embedding_or_output_weight()
+            dist.all_reduce(weight.grad, group=parallel_state.get_embedding_group())
