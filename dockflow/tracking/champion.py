@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from mlflow.entities.model_registry import ModelVersion
@@ -31,19 +30,24 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from dockflow.config import RegistryConfig
+from dockflow.tracking.champion_rule import (
+    Rescored,
+    Rescorer,
+    Side,
+    Verdict,
+    fp,
+    judge,
+    num,
+    rescore_champion,
+)
 from dockflow.tracking.registry import METRIC_TAG, SCORE_TAG, lock_model_name, parse_score, registered_name
 from dockflow.tracking.registry_client import RegistryError, call, is_missing, open_client
 from dockflow.tracking.registry_lock import RegistryLock
 from dockflow.tracking.store import explain
-from dockflow.tracking.tags import BASE_MODEL_TAG, FINGERPRINT_TAG, TASK_TAG
 
 __all__ = ["ChampionDecision", "Rescorer", "decide_champion", "decision_metrics"]
 
 log = logging.getLogger(__name__)
-
-Rescorer = Callable[[int], tuple[float, str]]
-"""Scores champion version ``v`` on the challenger's evaluation: (its ``registry.score_metric``, the fingerprint
-of the evaluation it ran). Raises when the version cannot be loaded or scored."""
 
 RESCORE_ROUNDS = 3  # champions re-scored for one decision before giving up (the alias kept moving meanwhile)
 
@@ -71,164 +75,14 @@ class ChampionDecision:
 
     def compared(self) -> str:
         """One line: what was compared with what."""
-        mine = f"v{self.version} {_num(self.score)} on evaluation {_fp(self.fingerprint)}"
+        mine = f"v{self.version} {num(self.score)} on evaluation {fp(self.fingerprint)}"
         if self.compared_score is None:
             return f"{mine}; no score compared ({self.comparison or 'none'})"
         rescored = " (re-scored)" if self.comparison == "rescored" else ""
         return (
-            f"{mine} vs v{self.previous_version} {_num(self.compared_score)} on evaluation "
-            f"{_fp(self.compared_on)}{rescored}"
+            f"{mine} vs v{self.previous_version} {num(self.compared_score)} on evaluation "
+            f"{fp(self.compared_on)}{rescored}"
         )
-
-
-def _num(x: float | None) -> str:
-    return "-" if x is None else f"{x:.6g}"
-
-
-def _fp(fingerprint: str | None) -> str:
-    return fingerprint or "unknown"
-
-
-@dataclass(frozen=True)
-class Side:
-    """What the gate knows of one registered version: its identity tags (None where absent)."""
-
-    version: int
-    fingerprint: str | None
-    task: str | None
-    base_model: str | None
-
-    @classmethod
-    def of(cls, mv: ModelVersion) -> Side:
-        tags = mv.tags or {}
-        return cls(int(mv.version), tags.get(FINGERPRINT_TAG), tags.get(TASK_TAG), tags.get(BASE_MODEL_TAG))
-
-    def lineage_differs(self, champion: Side) -> str | None:
-        """Why ``champion`` is of another lineage than this version (None: the same task and base model)."""
-        for what, mine, theirs in (
-            ("task", self.task, champion.task),
-            ("base model", self.base_model, champion.base_model),
-        ):
-            if mine is None or theirs is None:
-                who = f"v{self.version}" if mine is None else f"v{champion.version}"
-                return f"{who} has no {what} tag (registered before DockFlow tagged lineage): its {what} is unknown"
-            if mine != theirs:
-                return f"its {what} is '{theirs}', v{self.version}'s is '{mine}'"
-        return None
-
-    def same_evaluation(self, champion: Side) -> bool:
-        return self.fingerprint is not None and self.fingerprint == champion.fingerprint
-
-
-@dataclass(frozen=True)
-class Rescored:
-    """The champion scored on the challenger's evaluation, or why it could not be."""
-
-    score: float | None
-    fingerprint: str | None
-    error: str | None = None
-
-
-def _rescore(fn: Rescorer, version: int) -> Rescored:
-    try:
-        score, fingerprint = fn(version)
-        return Rescored(float(score), fingerprint)
-    except Exception as exc:  # any failure to load or score keeps the alias where it is, with the reason
-        lines = str(exc).strip().splitlines()
-        why = lines[0] if lines else type(exc).__name__
-        log.warning("re-scoring champion v%s failed: %s", version, why)
-        return Rescored(None, None, why)
-
-
-@dataclass(frozen=True)
-class Verdict:
-    moved: bool
-    reason: str
-    comparison: str
-    compared_score: float | None = None
-    compared_on: str | None = None
-
-
-def judge(
-    cfg: RegistryConfig,
-    me: Side,
-    score: float,
-    champ: Side | None,
-    own: float | None,
-    rescored: Rescored | None,
-) -> Verdict:
-    """The gate's rule (module doc) for candidate ``me`` with ``score`` against ``champ`` (its own recorded score
-    ``own``; ``rescored``: it on ``me``'s evaluation, None when not done)."""
-    alias, margin, v = cfg.champion_alias, cfg.champion_margin, me.version
-    if not math.isfinite(score):
-        return Verdict(
-            False,
-            f"v{v} does not take '{alias}': its {cfg.score_metric} is {score} (not finite)",
-            "not_finite",
-        )
-    if champ is None:
-        return Verdict(
-            True, f"v{v} takes '{alias}': no champion yet ({cfg.score_metric} {score:.6g})", "first"
-        )
-    pv = champ.version
-    if pv == v:
-        return Verdict(False, f"v{v} already holds '{alias}'", "already")
-    stays = f"'{alias}' stays on v{pv}"
-    if why := me.lineage_differs(champ):
-        return Verdict(False, f"{stays}, not ranked against v{v}: {why}", "other_lineage")
-    if me.same_evaluation(champ):
-        against, on, kind, where = (
-            own,
-            me.fingerprint,
-            "same_evaluation",
-            f"on the same evaluation {me.fingerprint}",
-        )
-    elif rescored is None:
-        return Verdict(
-            False,
-            f"{stays}: it was scored on another evaluation ({_fp(champ.fingerprint)}, v{v}'s is "
-            f"{_fp(me.fingerprint)}) and no re-scoring was possible here",
-            "not_scored",
-        )
-    elif rescored.error is not None:
-        return Verdict(
-            False,
-            f"{stays}: it could not be scored on v{v}'s evaluation {_fp(me.fingerprint)} ({rescored.error})",
-            "not_scored",
-        )
-    elif rescored.fingerprint != me.fingerprint:
-        return Verdict(
-            False,
-            f"{stays}: re-scored, it ran evaluation {_fp(rescored.fingerprint)}, not v{v}'s "
-            f"{_fp(me.fingerprint)} (another chat template)",
-            "not_scored",
-        )
-    else:
-        against, on, kind = rescored.score, me.fingerprint, "rescored"
-        where = f"on v{v}'s evaluation {me.fingerprint} (v{pv} re-scored; its own {_num(own)} on {_fp(champ.fingerprint)})"
-    if against is None or not math.isfinite(against):  # None: never (_champion_score raises first)
-        return Verdict(
-            True,
-            f"v{v} takes '{alias}' from v{pv}, whose {cfg.score_metric} is {against} ({score:.6g})",
-            kind,
-            against,
-            on,
-        )
-    if score > against + margin:
-        return Verdict(
-            True,
-            f"v{v} takes '{alias}' from v{pv}: {score:.6g} > {against:.6g} + margin {margin:g} {where}",
-            kind,
-            against,
-            on,
-        )
-    return Verdict(
-        False,
-        f"{stays}: v{v}'s {score:.6g} is not above {against:.6g} + margin {margin:g} {where}",
-        kind,
-        against,
-        on,
-    )
 
 
 def _champion_score(client: MlflowClient, uri: str, cfg: RegistryConfig, mv: ModelVersion) -> float:
@@ -268,25 +122,17 @@ class _Gate:
         score: float,
         rescore: Rescorer | None,
     ) -> None:
-        self.client, self.uri, self.cfg, self.mv, self.score, self.rescore = (
-            client,
-            uri,
-            cfg,
-            mv,
-            score,
-            rescore,
-        )
+        self.client, self.uri, self.cfg, self.score, self.rescore = client, uri, cfg, score, rescore
         self.me = Side.of(mv)
         self.rescored: dict[int, Rescored] = {}
 
     def needs_rescore(self, champ: ModelVersion | None) -> bool:
+        """Whether ``champ`` must be scored on the candidate's evaluation before the rule can compare."""
         if champ is None or self.rescore is None or not math.isfinite(self.score):
             return False
         side = Side.of(champ)
-        return (
-            side.version != self.me.version
-            and self.me.lineage_differs(side) is None
-            and not (self.me.same_evaluation(side))
+        return side.version != self.me.version and self.me.lineage_differs(side) is None and (
+            not self.me.same_evaluation(side)
         )
 
     def rescore_outside_lock(self) -> None:
@@ -294,7 +140,7 @@ class _Gate:
             return
         champ = _champion(self.client, self.cfg)
         if self.needs_rescore(champ) and int(champ.version) not in self.rescored:
-            self.rescored[int(champ.version)] = _rescore(self.rescore, int(champ.version))
+            self.rescored[int(champ.version)] = rescore_champion(self.rescore, int(champ.version))
 
     def decide(self, lock: RegistryLock | None) -> ChampionDecision | None:
         """Under ``lock``: decide and move the alias; None when the champion changed to one not re-scored yet."""
@@ -303,26 +149,21 @@ class _Gate:
         if self.needs_rescore(champ) and int(champ.version) not in self.rescored:
             return None
         side = Side.of(champ) if champ is not None else None
-        own = None
-        if side is not None:
-            same = self.me.same_evaluation(side) and self.me.lineage_differs(side) is None
-            own = (
-                _champion_score(self.client, self.uri, cfg, champ)
-                if same and side.version != self.me.version
-                else (
-                    parse_score(champ.tags.get(SCORE_TAG))
-                    if champ.tags.get(METRIC_TAG) == cfg.score_metric
-                    else None
-                )
-            )
-        verdict = judge(
-            cfg, self.me, self.score, side, own, self.rescored.get(side.version) if side else None
-        )
+        own = self.own_score(champ) if champ is not None else None
+        verdict = judge(cfg, self.me, self.score, side, own, self.rescored.get(side.version) if side else None)
         if verdict.moved:
             if lock is not None:
                 lock.check_held()
             self.client.set_registered_model_alias(name, cfg.champion_alias, str(self.me.version))
         return self.decision(verdict, side, own)
+
+    def own_score(self, champ: ModelVersion) -> float | None:
+        """The champion's recorded score: required (``_champion_score``) when it is compared as recorded."""
+        side = Side.of(champ)
+        if side.version != self.me.version and self.me.same_evaluation(side) and self.me.lineage_differs(side) is None:
+            return _champion_score(self.client, self.uri, self.cfg, champ)
+        metric = champ.tags.get(METRIC_TAG, self.cfg.score_metric)
+        return parse_score(champ.tags.get(SCORE_TAG)) if metric == self.cfg.score_metric else None
 
     def decision(self, verdict: Verdict, side: Side | None, own: float | None) -> ChampionDecision:
         after = self.me.version if verdict.moved else (side.version if side else None)
@@ -401,7 +242,7 @@ def decide_champion(
 
 def _describe(client: MlflowClient, cfg: RegistryConfig, d: ChampionDecision) -> None:
     """The version's description: its score, the evaluation it comes from, and the decision (best effort)."""
-    text = f"{cfg.score_metric}={d.score:.6g} on evaluation {_fp(d.fingerprint)}. {d.compared()}. {d.reason}"
+    text = f"{cfg.score_metric}={d.score:.6g} on evaluation {fp(d.fingerprint)}. {d.compared()}. {d.reason}"
     try:
         client.update_model_version(d.model_name, str(d.version), description=text)
     except MlflowException as exc:

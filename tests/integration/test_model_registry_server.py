@@ -14,7 +14,12 @@ from mlflow.tracking import MlflowClient
 from dockflow.config import RegistryConfig, TrackingConfig
 from dockflow.tracking import Tracker
 from dockflow.tracking.champion import decide_champion
-from dockflow.tracking.registry import RegistryError, fetch_registered_model, lock_model_name, register_final_model
+from dockflow.tracking.registry import (
+    RegistryError,
+    fetch_registered_model,
+    lock_model_name,
+    register_final_model,
+)
 from dockflow.tracking.tags import identity_tags
 
 SAME = identity_tags("0123456789abcdef", {}, "arithmetic digits=2 ops=+-", "tiny qwen2")

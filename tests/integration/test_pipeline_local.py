@@ -181,6 +181,17 @@ def test_recurring_runs_build_on_the_champion_with_their_own_identity(cluster, m
     for run, moved in ((first, 1.0), (second, 0.0)):
         assert [v for _, v in read_metric_history(mlflow_server, run["mlflow_run_id"], "registry/champion_moved")] == [moved]
         assert client.get_run(run["mlflow_run_id"]).info.status == "FINISHED"
+    # one evaluation and one lineage along the chain (the second run's base model is the champion's own), so the
+    # second is compared with the first as recorded; the run and the version carry the identity
+    fingerprint = first["evaluation"]["fingerprint"]
+    assert second["evaluation"] == first["evaluation"] and second["lineage"] == first["lineage"]
+    assert first["lineage"]["base_model"].startswith("tiny qwen2") and first["lineage"]["task"].startswith("arithmetic")
+    assert second["registry"]["comparison"] == "same_evaluation" and second["registry"]["compared_on"] == fingerprint
+    for run, version in ((first, "1"), (second, "2")):
+        run_tags, mv = client.get_run(run["mlflow_run_id"]).data.tags, client.get_model_version(model, version)
+        assert run_tags["dockflow.eval.fingerprint"] == mv.tags["dockflow.eval.fingerprint"] == fingerprint
+        assert mv.tags["dockflow.lineage.base_model"] == run_tags["dockflow.lineage.base_model"] == first["lineage"]["base_model"]
+        assert run_tags["registry.compared"] == run["registry"]["compared"] and run["registry"]["decision"] in mv.description
 
 
 def test_a_run_no_task_attaches_to_stops_itself(cluster, mlflow_server, tiny_overrides):

@@ -19,7 +19,12 @@ from mlflow.tracking import MlflowClient
 
 from dockflow.config import RegistryConfig
 from dockflow.tracking.champion import ChampionDecision, decide_champion
-from dockflow.tracking.registry import RegistryError, RegistryLockTimeout, lock_model_name, register_final_model
+from dockflow.tracking.registry import (
+    RegistryError,
+    RegistryLockTimeout,
+    lock_model_name,
+    register_final_model,
+)
 from dockflow.tracking.registry_lock import OWNER_TAG, TICKET_SOURCE, RegistryLock
 
 REPO = Path(__file__).resolve().parents[3]
