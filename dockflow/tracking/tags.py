@@ -21,6 +21,11 @@ FINGERPRINT_TAG = "dockflow.eval.fingerprint"  # the identity of the evaluation 
 TASK_TAG = "dockflow.lineage.task"
 BASE_MODEL_TAG = "dockflow.lineage.base_model"
 IDENTITY_KEYS = (FINGERPRINT_TAG, TASK_TAG, BASE_MODEL_TAG)
+FIELD_CHARS = 500
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= FIELD_CHARS else text[: FIELD_CHARS - 1] + "…"
 
 
 def git_commit(path: str | Path | None = None) -> str:
@@ -46,9 +51,11 @@ def dockflow_version() -> str:
 
 def identity_tags(fingerprint: str, fields: dict[str, str], task: str, base_model: str) -> dict[str, str]:
     """The tags a run and its registered version carry: the evaluation's fingerprint and each of its ``fields``
-    (``dockflow.eval.<field>``), and the lineage (``dockflow.lineage.task``, ``dockflow.lineage.base_model``)."""
-    tags = {f"{EVAL_TAG_PREFIX}{k}": v for k, v in fields.items()}
-    tags |= {FINGERPRINT_TAG: fingerprint, TASK_TAG: task, BASE_MODEL_TAG: base_model}
+    (``dockflow.eval.<field>``), and the lineage (``dockflow.lineage.task``,
+    ``dockflow.lineage.base_model``). Values are cut to ``FIELD_CHARS``: a long system prompt must not exceed
+    MLflow's limit on a tag value (the fingerprint hashes the whole)."""
+    tags = {f"{EVAL_TAG_PREFIX}{k}": _clip(v) for k, v in fields.items()}
+    tags |= {FINGERPRINT_TAG: fingerprint, TASK_TAG: _clip(task), BASE_MODEL_TAG: _clip(base_model)}
     return tags
 
 
