@@ -1,4 +1,4 @@
-"""Partition rules: how each parameter of a Qwen2 / Qwen2-MoE / Qwen3-MoE model splits over a layout.
+"""Partition rules: how each parameter of a Qwen2 / Qwen2-MoE / Qwen3-MoE (or megatron-core, ``megatron.py``) model splits over a layout.
 
 A rule is ``regex -> kind`` (first match wins, user overrides first). Kinds:
 
