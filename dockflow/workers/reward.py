@@ -3,9 +3,9 @@
 
 It holds no model, only the tokenizer (to decode) and the task's train rows (looked up by the prompt id that the
 dock carries as metadata): their prompts, answers and other columns are what the reward functions get, in TRL's
-convention (``dockflow.rewards.functions``). The functions run in a child process under ``reward.timeout_s``
-(``dockflow.rewards.runner``); reward models' scores come from the dock (``rm_scores``, written by the
-reward-model worker). Light: it asks Ray for no CPU. The algorithm's recipe shapes the combined reward (DAPO:
+convention (``dockflow.rewards.functions``). The built-ins run here, the user's functions in a child process,
+under ``reward.timeout_s`` (``dockflow.rewards.runner``; ``reward.functions[].isolate``); reward models' scores
+come from the dock (``rm_scores``, written by the reward-model worker). Light: it asks Ray for no CPU. The algorithm's recipe shapes the combined reward (DAPO:
 overlong responses); ``AdvantageState`` gives advantages to the groups the run plan's sampling selects.
 """
 
@@ -27,7 +27,7 @@ from dockflow.rewards.runner import RewardBatch, RewardRunner, RunState
 from dockflow.rewards.verifier import task_verifier
 from dockflow.storage.objects import fetch_model
 from dockflow.workers.advantage import AdvantageState, RoundAdvantages
-from dockflow.workers.consume import consume
+from dockflow.workers.consume import WaitClock, consume
 
 
 def row_columns(examples: list[Example], answer_key: str = "answer") -> dict[str, list]:
@@ -57,8 +57,9 @@ class RewardWorker:
         self.examples = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint).train
         self.verifier = task_verifier(cfg.data)  # reward/correct_fraction counts what held-out accuracy counts
         rc = cfg.reward
-        self.runner = RewardRunner([(f.label, function_path(f)) for f in rc.functions], rc.timeout_s)
-        self.runner.start()  # from the actor's own thread, whose end the child process follows
+        self.runner = RewardRunner([(f.label, function_path(f)) for f in rc.functions], rc.timeout_s,
+                                   in_process={f.label for f in rc.functions if f.in_worker})
+        self.runner.start()  # from the actor's own thread, whose end the child process (if any) follows
         self.labels = [f.label for f in rc.functions] + [m.label for m in rc.models]
         self.weights = [f.weight for f in rc.functions] + [m.weight for m in rc.models]
         self.columns = cfg.plan.role("reward").reads  # its states' dock columns: reward, advantage
@@ -68,8 +69,9 @@ class RewardWorker:
     def ready(self) -> bool:
         return True
 
-    def _score(self, batch, iteration: int, texts: list[str]) -> tuple[list[list[float]], dict[str, list[float]]]:
-        """Per-source values (functions, then models) of one dock batch, and what the functions logged."""
+    def _score(self, batch, iteration: int, texts: list[str]) -> tuple[list[list[float]], dict[str, list[float]], float]:
+        """Per-source values (functions, then models) of one dock batch, what the functions logged, and the
+        functions' own seconds (where they ran, without the process hop)."""
         rows = [self.examples[int(p)] for p in batch.meta["prompt_id"]]
         mask = batch.data["response_mask"].bool()
         lo = self.cfg.dock_window(iteration)[0]
@@ -87,7 +89,7 @@ class RewardWorker:
         for result in scored.values():
             for name, value in result.metrics.items():
                 logged.setdefault(name, []).append(value)
-        return columns, logged
+        return columns, logged, sum(r.seconds for r in scored.values())
 
     def compute_rewards(self, iteration: int) -> dict[str, float]:
         """Score one generation round (G x N samples) into ``rewards``: the weighted sum of every reward
@@ -100,9 +102,12 @@ class RewardWorker:
         bs = self.cfg.train.infer_batch_size
         columns = self.columns["reward"]
         request = DockRequest("reward", bs, columns, window=self.cfg.dock_window(iteration))
-        for batch in consume(self.dock, request, self.cfg.global_batch):
+        waited, functions_s, own_s = WaitClock(), 0.0, 0.0
+        for batch in consume(self.dock, request, self.cfg.global_batch, clock=waited):
             texts = decode_responses(self.tokenizer, batch.data["responses"], batch.data["response_mask"])
-            values, batch_logged = self._score(batch, iteration, texts)
+            scoring = time.perf_counter()
+            values, batch_logged, own = self._score(batch, iteration, texts)
+            functions_s, own_s = functions_s + time.perf_counter() - scoring, own_s + own
             for acc, col in zip(per_source, values, strict=True):
                 acc.extend(col)
             for name, v in batch_logged.items():
@@ -116,7 +121,10 @@ class RewardWorker:
             combined.extend(score.tolist())
         mean, std = _stats(combined)
         metrics = {"reward/mean": mean, "reward/std": std, "reward/correct_fraction": correct / len(combined),
-                   "reward/unscorable_fraction": unscorable / len(combined), "timing/reward_s": time.perf_counter() - start}
+                   "reward/unscorable_fraction": unscorable / len(combined), "timing/reward_s": time.perf_counter() - start,
+                   "timing/reward_wait_s": waited.seconds,  # of reward_s: waiting on the dock for responses
+                   "timing/reward_functions_s": functions_s,  # of reward_s: the calls, with any process hop
+                   "timing/reward_functions_own_s": own_s}  # of those: the functions' own time
         for label, values in zip(self.labels, per_source, strict=True):
             metrics[f"rewards/{label}/mean"], metrics[f"rewards/{label}/std"] = _stats(values)
         metrics.update({name: sum(v) / len(v) for name, v in logged.items()})
