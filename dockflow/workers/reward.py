@@ -20,7 +20,7 @@ from tensordict import TensorDict
 from dockflow.config import Config
 from dockflow.data import Example, load_task
 from dockflow.dock import DockRequest, TransferDock
-from dockflow.engines import decode_responses
+from dockflow.engines import decode_responses, response_ids
 from dockflow.models import load_tokenizer
 from dockflow.rewards.functions import combine, function_path
 from dockflow.rewards.runner import RewardBatch, RewardRunner, RunState
@@ -69,19 +69,22 @@ class RewardWorker:
     def ready(self) -> bool:
         return True
 
-    def _score(self, batch, iteration: int, texts: list[str]) -> tuple[list[list[float]], dict[str, list[float]], float]:
-        """Per-source values (functions, then models) of one dock batch, what the functions logged, and the
-        functions' own seconds (where they ran, without the process hop)."""
-        rows = [self.examples[int(p)] for p in batch.meta["prompt_id"]]
-        mask = batch.data["response_mask"].bool()
+    def _score(
+        self, batch, iteration: int, texts: list[str], ids: list[list[int]]
+    ) -> tuple[list[list[float]], dict[str, list[float]], float, float]:
+        """Per-source values (functions, then models) of one dock batch, what the functions logged, the scoring
+        call's seconds (with any process hop) and the functions' own (where they ran)."""
+        rows = [self.examples[p] for p in batch.meta["prompt_id"].tolist()]
         lo = self.cfg.dock_window(iteration)[0]
-        scored = self.runner.score(RewardBatch(
-            prompts=[ex.prompt for ex in rows], completions=texts,
-            completion_ids=[r[m].tolist() for r, m in zip(batch.data["responses"], mask, strict=True)],
+        request = RewardBatch(
+            prompts=[ex.prompt for ex in rows], completions=texts, completion_ids=ids,
             columns=row_columns(rows, self.cfg.data.answer_key),
             state=RunState(global_step=iteration, max_steps=self.cfg.train.iterations),
             sample_ids=[i - lo for i in batch.indices],
-        ))
+        )
+        start = time.perf_counter()
+        scored = self.runner.score(request)
+        call_s = time.perf_counter() - start
         columns = [r.values for r in scored.values()]
         if self.cfg.reward.models:
             columns += batch.data["rm_scores"].T.tolist()
@@ -89,7 +92,7 @@ class RewardWorker:
         for result in scored.values():
             for name, value in result.metrics.items():
                 logged.setdefault(name, []).append(value)
-        return columns, logged, sum(r.seconds for r in scored.values())
+        return columns, logged, call_s, sum(r.seconds for r in scored.values())
 
     def compute_rewards(self, iteration: int) -> dict[str, float]:
         """Score one generation round (G x N samples) into ``rewards``: the weighted sum of every reward
@@ -104,17 +107,17 @@ class RewardWorker:
         request = DockRequest("reward", bs, columns, window=self.cfg.dock_window(iteration))
         waited, functions_s, own_s = WaitClock(), 0.0, 0.0
         for batch in consume(self.dock, request, self.cfg.global_batch, clock=waited):
-            texts = decode_responses(self.tokenizer, batch.data["responses"], batch.data["response_mask"])
-            scoring = time.perf_counter()
-            values, batch_logged, own = self._score(batch, iteration, texts)
-            functions_s, own_s = functions_s + time.perf_counter() - scoring, own_s + own
+            ids = response_ids(batch.data["responses"], batch.data["response_mask"])
+            texts = decode_responses(self.tokenizer, batch.data["responses"], batch.data["response_mask"], ids)
+            values, batch_logged, call_s, own = self._score(batch, iteration, texts, ids)
+            functions_s, own_s = functions_s + call_s, own_s + own
             for acc, col in zip(per_source, values, strict=True):
                 acc.extend(col)
             for name, v in batch_logged.items():
                 logged.setdefault(name, []).extend(v)
             unscorable += sum(all(math.isnan(col[i]) for col in values) for i in range(len(texts)))
-            correct += sum(self.verifier(t, self.examples[int(p)]) > 0
-                           for t, p in zip(texts, batch.meta["prompt_id"], strict=True))
+            correct += sum(self.verifier(t, self.examples[p]) > 0
+                           for t, p in zip(texts, batch.meta["prompt_id"].tolist(), strict=True))
             score = torch.tensor(combine(values, self.weights), dtype=torch.float32)
             score = self.recipe.shape_rewards(self.cfg, score, batch.meta["response_length"])  # DAPO: overlong shaping
             self.dock.put(batch.indices, TensorDict({"rewards": score}, batch_size=[len(batch)]))
