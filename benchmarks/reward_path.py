@@ -14,8 +14,10 @@ Reported per path (median over ``--repeats`` passes after two uncounted warm-ups
 scoring call, any process hop included), of that ``own`` (the function's own time where it ran); ``hop``
 (functions - own: pickling, the pipe, waking the child up), ``rest`` (reward - wait - functions: decoding, the
 verifier's ``reward/correct_fraction``, shaping, the dock put) and ``advantage`` (``compute_advantages`` as the
-driver sees it). In the driver, on the same rollouts: ``decode_rows`` (``tokenizer.decode`` row by row, as the
-worker decodes), ``verify`` (``math_verify`` on the 256 completions). Timings are not asserted anywhere.
+driver sees it). In the driver, on the same rollouts: ``decode_before`` and ``decode_now`` (the token ids and
+texts the functions get: tensor indexing and ``tokenizer.decode`` row by row, as the worker did before, and
+``response_ids`` with one batch decode, as it does now), ``verify`` (``math_verify`` on the 256 completions).
+Timings are not asserted anywhere.
 
 Usage: ``python -m benchmarks.reward_path --out reward_path.json [--repeats 20] [--seed 0]``.
 """
@@ -39,7 +41,7 @@ from tensordict import TensorDict  # noqa: E402
 from benchmarks.results_file import write_results  # noqa: E402
 from dockflow.config import Config, load_config  # noqa: E402
 from dockflow.data import load_task  # noqa: E402
-from dockflow.engines import decode_responses  # noqa: E402
+from dockflow.engines import decode_responses, response_ids  # noqa: E402
 from dockflow.models import build_char_tokenizer  # noqa: E402
 from dockflow.rewards.builtins import math_verify  # noqa: E402
 
@@ -97,13 +99,20 @@ def one_pass(worker: Any, dock: Any, cfg: Config, iteration: int, rollout: tuple
 
 
 def driver_parts(tokenizer: Any, rollout: tuple[TensorDict, dict], answers: list[str], n: int) -> dict[str, float]:
-    """Milliseconds, here in the driver: decoding the responses row by row, and math_verify on them."""
-    data = rollout[0]
+    """Milliseconds, here in the driver: the responses' token ids and texts as the worker took them before
+    (tensor indexing and ``decode`` row by row) and now (``response_ids``, one batch decode), and math_verify."""
+    responses, mask = rollout[0]["responses"], rollout[0]["response_mask"]
     start = time.perf_counter()
-    texts = decode_responses(tokenizer, data["responses"], data["response_mask"])
+    ids = [r[m.bool()].tolist() for r, m in zip(responses, mask, strict=True)]
+    before = [tokenizer.decode(row, skip_special_tokens=True) for row in ids]
+    rows = time.perf_counter()
+    ids = response_ids(responses, mask)
+    texts = decode_responses(tokenizer, responses, mask, ids)
     decoded = time.perf_counter()
+    assert texts == before
     math_verify([""] * len(texts), texts, answer=[answers[k // n] for k in range(len(texts))])
-    return {"decode_rows": (decoded - start) * 1e3, "verify": (time.perf_counter() - decoded) * 1e3}
+    return {"decode_before": (rows - start) * 1e3, "decode_now": (decoded - rows) * 1e3,
+            "verify": (time.perf_counter() - decoded) * 1e3}
 
 
 def run(repeats: int, seed: int) -> dict[str, Any]:
@@ -138,7 +147,7 @@ def run(repeats: int, seed: int) -> dict[str, Any]:
         ray.shutdown()
     results = [{"path": p, "samples": len(rollout[0]), "repeats": repeats,
                 **{c: statistics.median(s[c] for s in samples[p]) for c in COLUMNS}} for p in PATHS]
-    driver = {c: statistics.median(x[c] for x in local[2:]) for c in ("decode_rows", "verify")}
+    driver = {c: statistics.median(x[c] for x in local[2:]) for c in ("decode_before", "decode_now", "verify")}
     return {"results": results, "driver": driver, "load_1min": os.getloadavg()[0]}
 
 
@@ -153,7 +162,8 @@ def print_table(found: dict[str, Any]) -> None:
         table.add_row(r["path"], *(f"{r[c]:.2f}" for c in COLUMNS))
     Console().print(table)
     d = found["driver"]
-    print(f"in the driver: decode row by row {d['decode_rows']:.2f} ms, math_verify {d['verify']:.2f} ms; "
+    print(f"in the driver: token ids and texts before {d['decode_before']:.2f} ms, now {d['decode_now']:.2f} ms; "
+          f"math_verify {d['verify']:.2f} ms; "
           f"load average (1 min) {found['load_1min']:.2f}")
 
 
