@@ -196,9 +196,10 @@ class RewardRunner:
             self.close()
             raise RewardError(message)
 
-    def _receive(self, timeout_s: float, what: str) -> tuple[str, Any]:
+    def _receive(self, timeout_s: float, what: str, wait_s: float | None = None) -> tuple[str, Any]:
+        """The child's next answer within ``wait_s`` (default: ``timeout_s``, the limit the message names)."""
         assert self.conn is not None
-        if not self.conn.poll(timeout_s):
+        if not self.conn.poll(timeout_s if wait_s is None else wait_s):
             self.close()
             raise RewardError(f"{what} ran past reward.timeout_s={timeout_s:g}s; the reward process was killed. Make "
                               "the function faster (or bound its work), or raise reward.timeout_s")
@@ -224,12 +225,14 @@ class RewardRunner:
                 self._start_child()
             assert self.conn is not None
             self.conn.send(batch)
+        sent = time.monotonic()  # the child's first function starts on the batch now
         span = f"on samples {batch.sample_ids[0]}-{batch.sample_ids[-1]}"
         out: dict[str, FunctionResult] = {}
         for label, fn in self.loaded.items():
             out[label] = self._checked(self._score_here(label, fn, batch, span))
-        for label, _ in self.isolated:
-            out[label] = self._checked(self._receive(self.timeout_s, f"reward function '{label}' {span}"))
+        for k, (label, _) in enumerate(self.isolated):
+            left = max(0.0, self.timeout_s - (time.monotonic() - sent)) if k == 0 else None  # less the time spent here
+            out[label] = self._checked(self._receive(self.timeout_s, f"reward function '{label}' {span}", left))
         return {label: out[label] for label, _ in self.functions}
 
     def _score_here(self, label: str, fn: Callable[..., Any], batch: RewardBatch, span: str) -> tuple[str, Any]:

@@ -20,6 +20,10 @@ SLOW = textwrap.dedent('''
     def slow(prompts, completions, **kwargs):
         time.sleep(1.3)
         return [0.5 for _ in completions]
+
+    def one_second(prompts, completions, **kwargs):
+        time.sleep(1.0)
+        return [0.5 for _ in completions]
 ''')
 
 
@@ -86,6 +90,15 @@ def test_the_timeout_still_kills_an_isolated_function_beside_an_in_process_one(u
         r.score(batch())
     assert time.monotonic() - start < 10
     assert r.process is None  # killed
+
+
+def test_the_child_clock_runs_while_in_process_functions_do(user_module: str) -> None:
+    """The isolated function got the batch before the in-process one started: its timeout counts from then."""
+    r = runner(user_module, "one_second", "bigint", here=("one_second",), timeout_s=2.0)
+    start = time.monotonic()
+    with pytest.raises(RewardError, match=r"'bigint' on samples 40-42 ran past reward.timeout_s=2s; the reward pro"):
+        r.score(batch())
+    assert time.monotonic() - start < 2.7  # not 1 s here + 2 s there
 
 
 @pytest.mark.parametrize(
