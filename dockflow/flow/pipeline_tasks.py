@@ -234,7 +234,8 @@ def _wait_started(sup: Any, cfg: Any) -> dict[str, Any]:
 def follow_stage(stage: str, namespace: str, run_name: str, address: str | None) -> dict[str, Any]:
     """Attach to ``stage``'s loop: print its progress until it has done every iteration, then return its metrics
     (mean per key). Finding the run failed on attaching (a KFP retry) restarts the run's loops from the latest
-    checkpoint; a failure while attached fails this task with the stage's error."""
+    checkpoint; a failure while attached fails this task with the stage's error. A supervisor that Ray restarts
+    (its process died) is re-attached to once it answers (``_reattach``)."""
     from dockflow.flow.waiting import StageError
 
     with _joined(address, namespace):

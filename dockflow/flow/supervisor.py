@@ -11,6 +11,9 @@ iteration runs unobserved.
   KFP retry) restarts the loops together from the latest committed checkpoint (``restart``), at most
   ``fault_tolerance.max_restarts`` times; a worker that dies restarts them at once with
   ``fault_tolerance.restart``.
+- When this actor's process dies, Ray restarts it (``max_restarts``): the new one waits until the old workers'
+  and dock's names are released, resumes from the latest committed checkpoint (one more restart), and the
+  attached stage tasks re-attach (``dockflow.flow.pipeline_tasks.follow_stage``).
 - Every ``follow`` is a heartbeat. When no task has attached for ``fault_tolerance.attach_grace_s`` (KFP
   terminated the run, and its exit handler may not have run), the loops stop, the MLflow run is marked
   KILLED and the actor kills itself with the run's workers and dock.

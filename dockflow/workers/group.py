@@ -132,8 +132,8 @@ def _wait_ready(cfg: Config, handles: dict[str, Any]) -> None:
 
 
 def start_error(exc: BaseException) -> str:
-    """A worker's start-up error as one line: the constructor's own exception (type and message), not Ray's
-    traceback of it."""
+    """A worker's start-up error as one line: the constructor's own exception (DockFlow's by its message, any other
+    by type and message), not Ray's traceback of it."""
     import ray
 
     if isinstance(exc, ray.exceptions.RayTaskError) and exc.cause is not None:
@@ -145,6 +145,8 @@ def start_error(exc: BaseException) -> str:
         if message and " " not in head:
             return message if head.startswith("dockflow.") else f"{head.rsplit('.', 1)[-1]}: {message}"
     text = " ".join(str(exc).split())
+    if type(exc).__module__.startswith("dockflow.") and text:  # ours are written to be read
+        return text
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 

@@ -1,11 +1,11 @@
 """The one-line rule over ``dockflow train``'s config load and start-up: each bad input below ends in exactly one
-stderr line, ``dockflow train: error: ...``, naming the thing and what to do, and exit status 2; none starts Ray.
+stderr line, ``dockflow train: error: ...``, naming the thing and what to do, and exit status 2, before SFT and
+the workers; none starts Ray (the cluster's resources are those of a 2-CPU local one).
 
-Covered elsewhere, also one line and exit 2: an unknown key through a real process (``test_config.py``), reward
-functions that do not import (``rewards/test_functions.py``), a device the cluster lacks
-(``integration/test_device_check.py``), an unreachable MLflow server (``integration/test_mlflow_server.py``), a
-stage that fails in a worker (``flow/test_waiting.py``, ``integration/test_reward_functions_run.py``), the Ray head
-lost mid-run (``integration/test_head_loss.py``)."""
+Covered elsewhere, also one line and exit 2: reward functions that do not import (``rewards/test_functions.py``),
+an unreachable MLflow server (``integration/test_mlflow_server.py``), a stage that fails in a worker
+(``flow/test_waiting.py``, ``integration/test_reward_functions_run.py``), the Ray head lost mid-run, through a
+real ``dockflow train`` process (``integration/test_head_loss.py``)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import socket
 from pathlib import Path
 
 import pytest
+import ray
 
 from dockflow.cli import main
 from dockflow.flow import trainer
@@ -62,6 +63,9 @@ def cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
                             "checkpoint.s3_attempts=1"], f"at http://127.0.0.1:{port} failed"),
         "Ray head unreachable": ([CONFIG, f"ray.address=127.0.0.1:{port}", "ray.head_timeout_s=1"],
                                  f"no Ray head answers at ray.address='127.0.0.1:{port}'"),
+        "device missing": ([CONFIG, "engine.device=cuda"],
+                           "engine.device=cuda needs 1 GPU (actor 1) but the Ray cluster has 0: install a CUDA build of "
+                           "torch (and vllm for engine.backend=vllm) on nodes with NVIDIA GPUs, or set engine.device=cpu"),
     }
 
 
@@ -87,10 +91,11 @@ def test_each_bad_input_is_one_line_and_exit_2(kind: str, tracking_uri: str, tmp
         return False
 
     monkeypatch.setattr(trainer, "connect", no_local_cluster)
-    monkeypatch.setattr(trainer, "check_devices", lambda cfg: None)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})  # what the local cluster would have
     extra = [f"run.output_dir={tmp_path / 'runs'}", f"sft.cache_dir={tmp_path / 'sft'}",
              f"tracking.uri={tracking_uri}"] if len(args) > 1 else []
     assert main(["train", *args, *extra]) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [err.strip()], err
     assert err.startswith("dockflow train: error: ") and says in err, err
+    assert not list((tmp_path / "runs").rglob("initial_model"))  # each fails before SFT and the workers
