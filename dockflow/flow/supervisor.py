@@ -216,6 +216,8 @@ class RunSupervisor:
         """Once every loop is done: the final model, summary and registry (``dockflow.flow.finish``). Idempotent."""
         with self.lock:
             self.attached_at = time.monotonic()
+            self.followed = True  # a finish task is attached too: a supervisor Ray restarted runs what is left
+            self.lock.notify_all()
             ok = self.lock.wait_for(lambda: self.phase not in ("starting", "ready", "running"),
                                     timeout=self.cfg.train.stage_timeout_s)
             if self.summary is not None:
