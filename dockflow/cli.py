@@ -11,7 +11,8 @@
     dockflow pipeline schedule [--config FILE] --host URL --cron "0 0 2 * * *" [--continue-from champion] [...]
     dockflow pipeline teardown RUN_NAME --ray-address ADDRESS
 
-Errors in the config or inputs print one line naming the problem and exit with status 2.
+Errors in the config or inputs, and a Ray head that is not there or goes away mid-run, print one line naming the
+problem and exit with status 2.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -108,8 +110,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from dockflow.report import ProgressBar, print_train_summary
 
     progress = ProgressBar(cfg.train.iterations)
+
+    def head_lost(message: str) -> None:  # from the watch thread: the main one waits in Ray
+        progress.close()
+        print(f"dockflow train: error: {message}", file=sys.stderr, flush=True)
+        os._exit(2)
+
     try:
-        summary = train(cfg, resume=args.resume, on_iteration=progress)
+        summary = train(cfg, resume=args.resume, on_iteration=progress, on_head_lost=head_lost)
     finally:
         progress.close()
     print_train_summary(summary)
@@ -202,6 +210,8 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)  # its retries; the error line counts them
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # "Creating initial MLflow database tables"
     args = _parser().parse_args(argv)
     try:
         commands = {"train": _cmd_train, "eval": _cmd_eval, "compare": _cmd_compare, "sft": _cmd_sft,

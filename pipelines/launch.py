@@ -137,6 +137,13 @@ def _follow_iterations(known: dict[str, tuple[str, str]], on_iteration: Any, sto
     while sup is not None and on_iteration is not None and not stop.is_set():
         try:
             out = ray.get(sup.follow.remote("iterations", cursor, False, 2.0), timeout=60)
+        except ray.exceptions.RayActorError:  # Ray restarting it: follow it again from where it resumes
+            time.sleep(1.0)
+            try:
+                sup, cursor = ray.get_actor(name, namespace=namespace), 0
+            except ValueError:  # gone for good; the tasks report why
+                return
+            continue
         except Exception:  # noqa: BLE001 - the run ended; the tasks report why
             return
         cursor = out["cursor"]

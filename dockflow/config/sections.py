@@ -25,6 +25,10 @@ class RayConfig(Section):
     critic_cpus: float = Field(1.0, description="CPUs reserved by the critic worker (PPO, PF-PPO).")
     torch_threads: int = Field(2, description="torch intra-op threads per model worker.")
     init_timeout_s: float = Field(120.0, description="Seconds to wait for workers to start before failing.")
+    head_timeout_s: float = Field(
+        15.0, gt=0.0, description="With ray.address: seconds the Ray head may stay unreachable (on joining, and "
+        "mid-run) before dockflow train stops with one line; raise it if the head restarts with GCS fault tolerance.",
+    )
 
 
 class ArithmeticConfig(Section):

@@ -37,6 +37,10 @@ class PipelineError(RuntimeError):
     """A pipeline task cannot find or use its run; the message says what to do."""
 
 
+class SupervisorLost(PipelineError):
+    """The run's supervisor died during a call (Ray may be restarting it: ``fault_tolerance.max_restarts``)."""
+
+
 @dataclass(frozen=True)
 class RunParams:
     """The pipeline's run-time parameters (the Create-run form); 0 / -1 / "" keep the config's value."""
@@ -135,7 +139,7 @@ def _get(ref: Any, what: str, timeout_s: float = RPC_TIMEOUT_S) -> Any:
     except ray.exceptions.GetTimeoutError:
         raise PipelineError(f"the run's supervisor did not answer {what} within {timeout_s:.0f}s") from None
     except ray.exceptions.RayActorError as exc:
-        raise PipelineError(f"the run's supervisor died during {what}: {exc}") from None
+        raise SupervisorLost(f"the run's supervisor died during {what}: {' '.join(str(exc).split())}") from None
 
 
 def end_previous_attempt(run_name: str, namespace: str) -> bool:
@@ -168,7 +172,7 @@ def setup(config: str, overrides: list[str], params: RunParams, address: str | N
 
     from dockflow.flow.initial_model import prepare_initial_model
     from dockflow.flow.run_record import RunRecord
-    from dockflow.flow.run_setup import check_reward_functions, run_dir_of
+    from dockflow.flow.run_setup import check_model_path, check_reward_functions, run_dir_of
     from dockflow.flow.supervisor import RunSupervisor
     from dockflow.storage import run_store
     from dockflow.tracking import Tracker, run_tags
@@ -183,6 +187,8 @@ def setup(config: str, overrides: list[str], params: RunParams, address: str | N
         store = run_store(cfg.checkpoint, cfg.run)
         step = store.latest()
         state = RunRecord.from_dict(store.read_part(step, "driver", weights_only=False)) if step is not None else None
+        if state is None:
+            check_model_path(cfg)  # a resumed run starts from its staged initial model
         tracker = Tracker.start(cfg.tracking, cfg.run.output_dir, cfg.run.name, params=cfg.flat() if state is None else None,
                                  tags={**run_tags(cfg.algorithm.name, cfg.model.path, cfg.dock.backend, cfg.run.name), "driver": "kfp"},
                                  run_id=state.mlflow_run_id if state else None)
@@ -228,14 +234,22 @@ def _wait_started(sup: Any, cfg: Any) -> dict[str, Any]:
 def follow_stage(stage: str, namespace: str, run_name: str, address: str | None) -> dict[str, Any]:
     """Attach to ``stage``'s loop: print its progress until it has done every iteration, then return its metrics
     (mean per key). Finding the run failed on attaching (a KFP retry) restarts the run's loops from the latest
-    checkpoint; a failure while attached fails this task with the stage's error."""
+    checkpoint; a failure while attached fails this task with the stage's error. A supervisor that Ray restarts
+    (its process died) is re-attached to once it answers (``_reattach``)."""
     from dockflow.flow.waiting import StageError
 
     with _joined(address, namespace):
         sup = _supervisor(run_name, namespace)
         cursor, epoch, first = 0, None, True
         while True:
-            out = _get(sup.follow.remote(stage, cursor, True, POLL_S), f"follow({stage})", POLL_S + RPC_TIMEOUT_S)
+            try:
+                out = _get(sup.follow.remote(stage, cursor, True, POLL_S), f"follow({stage})", POLL_S + RPC_TIMEOUT_S)
+            except SupervisorLost as exc:
+                sup = _reattach(run_name, namespace, exc)
+                cursor, epoch = 0, None
+                print(f"{stage}: run {run_name!r}: its supervisor died and Ray restarted it; re-attached (it resumes "
+                      "from the latest checkpoint)", flush=True)
+                continue
             if epoch is not None and out["epoch"] != epoch:
                 print(f"{stage}: the run restarted from its latest checkpoint (attempt {out['epoch'] + 1})", flush=True)
             epoch, cursor = out["epoch"], out["cursor"]
@@ -253,6 +267,28 @@ def follow_stage(stage: str, namespace: str, run_name: str, address: str | None)
             if out["complete"]:
                 return {"metrics": out.get("metrics", {}), "mlflow_run_id": out["mlflow_run_id"],
                         "checkpoint_uri": out["checkpoint_uri"]}
+
+
+def _reattach(run_name: str, namespace: str, lost: SupervisorLost) -> Any:
+    """The supervisor Ray is restarting under the same name, once it answers (bounded by ``RPC_TIMEOUT_S``); a
+    supervisor that is gone for good (killed, or out of ``fault_tolerance.max_restarts``) fails the task with
+    ``lost``."""
+    import ray
+
+    deadline = time.monotonic() + RPC_TIMEOUT_S
+    while True:
+        sup = _supervisor(run_name, namespace, missing_ok=True)
+        if sup is None:
+            raise lost
+        try:
+            ray.get(sup.heartbeat.remote(), timeout=max(1.0, deadline - time.monotonic()))
+            return sup
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass  # still restarting (ActorUnavailableError), or dead and its name not yet released
+        if time.monotonic() > deadline:
+            raise PipelineError(f"run {run_name!r}: its supervisor died and Ray did not bring it back within "
+                                f"{RPC_TIMEOUT_S:.0f}s ({lost})") from None
+        time.sleep(1.0)
 
 
 def worth_a_line(index: int, iterations: int) -> bool:

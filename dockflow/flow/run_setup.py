@@ -3,6 +3,7 @@
 functions.
 
     check_reward_functions(cfg)             # RewardError naming the path, before any worker starts
+    check_model_path(cfg)                   # ModelFilesError naming model.path, before Ray starts (a new run)
     write_run_config(cfg, run_dir_of(cfg))
 """
 
@@ -32,3 +33,18 @@ def check_reward_functions(cfg: Config) -> None:
     from dockflow.rewards.functions import check_functions
 
     check_functions(cfg.reward)
+
+
+def check_model_path(cfg: Config) -> None:
+    """A local ``model.path`` that a new run starts from must be a loadable model directory: checked where the run
+    starts, so it fails with one line (:class:`~dockflow.models.factory.ModelFilesError`) before Ray and the
+    workers, not in every worker's constructor. An ``s3://`` model is checked where it is fetched."""
+    path = cfg.model.path
+    if not path or path.startswith("s3://") or cfg.model.continue_from != "base":
+        return
+    from dockflow.models.factory import ModelFilesError, check_model_dir
+
+    try:
+        check_model_dir(Path(path))
+    except ModelFilesError as exc:
+        raise ModelFilesError(f"model.path: {exc}") from None

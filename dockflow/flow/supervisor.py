@@ -11,6 +11,9 @@ iteration runs unobserved.
   KFP retry) restarts the loops together from the latest committed checkpoint (``restart``), at most
   ``fault_tolerance.max_restarts`` times; a worker that dies restarts them at once with
   ``fault_tolerance.restart``.
+- When this actor's process dies, Ray restarts it (``max_restarts``): the new one waits until the old workers'
+  and dock's names are released, resumes from the latest committed checkpoint (one more restart), and the
+  attached stage tasks re-attach (``dockflow.flow.pipeline_tasks.follow_stage``).
 - Every ``follow`` is a heartbeat. When no task has attached for ``fault_tolerance.attach_grace_s`` (KFP
   terminated the run, and its exit handler may not have run), the loops stop, the MLflow run is marked
   KILLED and the actor kills itself with the run's workers and dock.
@@ -20,9 +23,13 @@ Only light imports at module level: a task that looks this actor up imports this
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+import warnings
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 PHASES = ("starting", "ready", "running", "done", "failed", "finished", "stopped")
 HEADLINES = {  # what a stage task prints per iteration, besides the seconds
@@ -75,10 +82,7 @@ class RunSupervisor:
     # ---- the loops ----
 
     def _main(self, restart_reason: str | None) -> None:
-        from dockflow.flow import record
-        from dockflow.flow.run_record import RunRecord
         from dockflow.flow.run_setup import write_run_config
-        from dockflow.flow.session import RunSession
         from dockflow.flow.streaming import RunStopped
 
         try:
@@ -86,12 +90,7 @@ class RunSupervisor:
                 self.session.restart(restart_reason)
             else:
                 write_run_config(self.cfg, self.run_dir)
-                step = self.store.latest()
-                state = RunRecord(init_metrics=dict(self.init_metrics)) if step is None else \
-                    record.read_record(self.store, step)
-                state.mlflow_run_id = self.tracker.run_id
-                self.session = RunSession(self.cfg, self.model_uri, self.store, self.tracker, state, self.run_dir)
-                self.session.start()
+                self._start_session()
                 self._set_phase("ready")
                 with self.lock:  # no iteration runs unobserved: the loops start when a stage task attaches
                     while not (self.followed or self.stop.is_set()):
@@ -106,6 +105,34 @@ class RunSupervisor:
             self._set_phase("stopped")
         except BaseException as exc:  # noqa: BLE001 - every failure ends the loops; tasks report it
             self._set_phase("failed", f"{type(exc).__name__}: {exc}")
+
+    def _start_session(self) -> None:
+        """The run's session from its latest committed checkpoint (or its start). Ray restarting this actor (its
+        process died: ``max_restarts``) counts as a restart of the run; the earlier incarnation's workers and dock
+        die with it, and their names must be free before this one creates its own."""
+        import ray
+
+        from dockflow.flow import record
+        from dockflow.flow.run_record import RunRecord
+        from dockflow.flow.session import RunSession
+        from dockflow.workers.cluster import run_namespace
+        from dockflow.workers.group import wait_run_names_released
+
+        waited = wait_run_names_released(self.cfg, run_namespace(self.cfg), self.cfg.ray.init_timeout_s)
+        with warnings.catch_warnings():  # Ray 2.60's property reads its own deprecated actor_id
+            warnings.simplefilter("ignore")
+            reconstructed = bool(ray.get_runtime_context().was_current_actor_reconstructed)
+        step = self.store.latest()
+        state = RunRecord(init_metrics=dict(self.init_metrics)) if step is None else record.read_record(self.store, step)
+        state.mlflow_run_id = self.tracker.run_id
+        if reconstructed:
+            state.restarts += 1
+            log.warning("run %r: its supervisor was restarted by Ray; resuming from %s (waited %.1fs for the earlier "
+                        "workers' names)", self.cfg.run.name, f"checkpoint {step}" if step else "the start", waited)
+        self.session = RunSession(self.cfg, self.model_uri, self.store, self.tracker, state, self.run_dir)
+        self.session.start()
+        if reconstructed:
+            self.tracker.log_metrics_or_defer({"fault/restarts": state.restarts}, step=self.session.schedule.start)
 
     def _set_phase(self, phase: str, error: str = "") -> None:
         with self.lock:
@@ -189,6 +216,8 @@ class RunSupervisor:
         """Once every loop is done: the final model, summary and registry (``dockflow.flow.finish``). Idempotent."""
         with self.lock:
             self.attached_at = time.monotonic()
+            self.followed = True  # a finish task is attached too: a supervisor Ray restarted runs what is left
+            self.lock.notify_all()
             ok = self.lock.wait_for(lambda: self.phase not in ("starting", "ready", "running"),
                                     timeout=self.cfg.train.stage_timeout_s)
             if self.summary is not None:

@@ -12,7 +12,10 @@ driver only ever handles prompt indices and scalar metrics.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from dockflow.config import Config, ConfigError
@@ -20,11 +23,19 @@ from dockflow.flow import record
 from dockflow.flow.initial_model import prepare_initial_model
 from dockflow.flow.iteration import ProgressFn
 from dockflow.flow.run_record import RunRecord
-from dockflow.flow.run_setup import check_reward_functions, run_dir_of, write_run_config
+from dockflow.flow.run_setup import check_model_path, check_reward_functions, run_dir_of, write_run_config
 from dockflow.flow.session import RunSession
 from dockflow.storage import run_store
 from dockflow.tracking import Tracker, run_tags
-from dockflow.workers.cluster import connect, disconnect, run_namespace, run_runtime_env
+from dockflow.workers.cluster import (
+    HeadWatch,
+    connect,
+    disconnect,
+    head_endpoint,
+    joined_address,
+    run_namespace,
+    run_runtime_env,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,21 +65,55 @@ def check_devices(cfg: Config) -> None:
     check_cluster_devices(cfg.engine.device, cfg.plan.devices(), ray.cluster_resources())
 
 
-def train(cfg: Config, resume: bool = False, on_iteration: ProgressFn | None = None) -> dict[str, Any]:
-    """Run SFT (cached) then ``cfg.train.iterations`` RL iterations; returns the summary."""
+def _exit_on_head_lost(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    os._exit(2)
+
+
+def watch_head(cfg: Config, store: Any, tracker: Tracker, on_lost: Callable[[str], None]) -> HeadWatch | None:
+    """With ``ray.address``: a watch on the head that, when it is lost, marks the MLflow run FAILED and calls
+    ``on_lost`` with one line naming what was lost, the latest checkpoint and how to resume (``on_lost`` must end
+    the process: the stage loops wait in Ray, which would kill it after 60 s with its own message)."""
+    if not cfg.ray.address:
+        return None
+    address = cfg.ray.address if head_endpoint(cfg.ray.address) else joined_address()  # "auto": the one joined
+
+    def lost(what: str) -> None:
+        try:
+            step = store.latest()
+        except Exception:  # noqa: BLE001 - the line matters more than the step
+            step = None
+        where = f"its latest checkpoint is iteration {step} in {store.location()}" if step else "it has no checkpoint yet"
+        try:
+            tracker.end("FAILED")
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not mark the MLflow run FAILED: %s", exc)
+        on_lost(f"{what}: run {cfg.run.name!r} stopped and {where}. Start the cluster again and rerun the same "
+                "command with --resume")
+
+    return HeadWatch(address, cfg.ray.head_timeout_s, lost)
+
+
+def train(cfg: Config, resume: bool = False, on_iteration: ProgressFn | None = None,
+          on_head_lost: Callable[[str], None] = _exit_on_head_lost) -> dict[str, Any]:
+    """Run SFT (cached) then ``cfg.train.iterations`` RL iterations; returns the summary. ``on_head_lost``: what
+    ends the process when the joined cluster's head is lost (``watch_head``)."""
     t_start = time.perf_counter()
     check_reward_functions(cfg)
     run_dir = run_dir_of(cfg)
     write_run_config(cfg, run_dir)
     store = run_store(cfg.checkpoint, cfg.run)
     state = start_state(store, resume, cfg.run.name)
+    if state is None:
+        check_model_path(cfg)  # a resumed run starts from its staged initial model
     tags = run_tags(cfg.algorithm.name, cfg.model.path, cfg.dock.backend, cfg.run.name)
     tracker = Tracker.start(cfg.tracking, cfg.run.output_dir, cfg.run.name, params=cfg.flat(), tags=tags,
                             run_id=state.mlflow_run_id if state else None)
     status = "FAILED"
-    owns_ray = session = None
+    owns_ray = session = watch = None
     try:
         owns_ray = connect(cfg.ray, run_namespace(cfg), run_runtime_env(cfg))
+        watch = watch_head(cfg, store, tracker, on_head_lost)
         check_devices(cfg)  # a GPU / NPU asked for and missing fails here, before SFT and the workers
         model_uri, init_metrics = prepare_initial_model(cfg, store, run_dir, tracker.tracking_uri)
         if state is None:
@@ -82,8 +127,12 @@ def train(cfg: Config, resume: bool = False, on_iteration: ProgressFn | None = N
         status = "FINISHED"
         return summary
     finally:
-        if session is not None:
-            session.close()
-        if owns_ray:
-            disconnect()
+        try:
+            if session is not None:
+                session.close()  # its calls to Ray wait forever for a lost head: the watch ends the process then
+            if owns_ray:
+                disconnect()
+        finally:
+            if watch is not None:
+                watch.stop()
         tracker.end(status)

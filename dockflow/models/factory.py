@@ -180,7 +180,8 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def _check_model_dir(p: Path) -> None:
+def check_model_dir(p: Path) -> None:
+    """Raise ModelFilesError naming the directory and what it lacks unless it holds a loadable causal LM."""
     if not p.is_dir():
         raise ModelFilesError(f"model directory '{p}' does not exist: set model.path to a local HF model directory")
     missing = missing_model_files(p)
@@ -199,7 +200,7 @@ def load_model_and_tokenizer(
     The tokenizer pads on the left; if it has no pad token, EOS is used as pad.
     """
     p = Path(path)
-    _check_model_dir(p)
+    check_model_dir(p)
     tokenizer = load_tokenizer(p)
     model = AutoModelForCausalLM.from_pretrained(p, local_files_only=True, dtype=torch_dtype(dtype))
     _set_generation_ids(model, tokenizer)
@@ -213,7 +214,7 @@ def load_critic(path: str | Path, dtype: str | torch.dtype = "float32") -> PreTr
     dropout is off so that training and inference see the same values.
     """
     p = Path(path)
-    _check_model_dir(p)
+    check_model_dir(p)
     config = AutoConfig.from_pretrained(p, local_files_only=True, num_labels=1)
     config.classifier_dropout = 0.0
     critic = AutoModelForTokenClassification.from_pretrained(p, config=config, local_files_only=True, dtype=torch_dtype(dtype))

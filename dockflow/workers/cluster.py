@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from dockflow.algos.recipe import PreferenceSection
 from dockflow.config import Config, RayConfig
@@ -34,6 +35,7 @@ def connect(cfg: RayConfig, namespace: str, runtime_env: dict | None = None) -> 
                     "runtime_env": runtime_env or None}
     if cfg.address:
         kwargs.pop("include_dashboard")
+        probe_head(cfg.address, cfg.head_timeout_s)  # ray.init would wait minutes for a head that is not there
         try:
             ray.init(address=cfg.address, **kwargs)
         except Exception as exc:  # noqa: BLE001 - Ray raises several types for an unreachable head
@@ -45,6 +47,82 @@ def connect(cfg: RayConfig, namespace: str, runtime_env: dict | None = None) -> 
     # address="local": always a fresh cluster of our own, never one that happens to run on this machine.
     ray.init(address="local", num_cpus=cfg.num_cpus, **kwargs)
     return True
+
+
+def head_endpoint(address: str) -> tuple[str, int] | None:
+    """(host, port) that answers for the head at ``address`` (``host:port`` or ``ray://host:port``); None for
+    ``auto`` and other forms Ray resolves itself."""
+    rest = address.removeprefix("ray://")
+    host, _, port = rest.rpartition(":")
+    return (host, int(port)) if host and port.isdigit() else None
+
+
+def head_reachable(endpoint: tuple[str, int], timeout_s: float = 2.0) -> bool:
+    """A TCP connection to the head's port opens within ``timeout_s``."""
+    import socket
+
+    try:
+        with socket.create_connection(endpoint, timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def probe_head(address: str, timeout_s: float) -> None:
+    """Raise ClusterError when the head at ``address`` does not accept a connection within ``timeout_s``."""
+    import time
+
+    endpoint = head_endpoint(address)
+    if endpoint is None:
+        return
+    deadline = time.monotonic() + timeout_s
+    while not head_reachable(endpoint, min(2.0, timeout_s)):
+        if time.monotonic() >= deadline:
+            raise ClusterError(
+                f"no Ray head answers at ray.address={address!r} (waited {timeout_s:.0f}s, ray.head_timeout_s): start "
+                "it (ray start --head --port PORT) or fix the address; ray.address: null starts a local cluster"
+            )
+        time.sleep(0.5)
+
+
+class HeadWatch:
+    """Watches the joined cluster's head from this driver: when it stays unreachable for ``timeout_s``, calls
+    ``on_lost(message)`` once (from the watch thread; Ray itself would kill this process only after 60 s, with
+    its own multi-line message). ``stop()`` ends the watch."""
+
+    def __init__(self, address: str, timeout_s: float, on_lost: Callable[[str], None], interval_s: float = 1.0) -> None:
+        import threading
+
+        self.address, self.timeout_s, self.on_lost, self.interval_s = address, timeout_s, on_lost, interval_s
+        self.endpoint = head_endpoint(address)
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True, name="ray-head-watch")
+        if self.endpoint is not None:
+            self.thread.start()
+
+    def _watch(self) -> None:
+        import time
+
+        down_since: float | None = None
+        while not self._stop.wait(self.interval_s):
+            if head_reachable(self.endpoint, min(2.0, self.timeout_s)):
+                down_since = None
+                continue
+            down_since = time.monotonic() if down_since is None else down_since
+            if time.monotonic() - down_since >= self.timeout_s and not self._stop.is_set():
+                self.on_lost(f"lost the Ray head at {self.address} (unreachable for {self.timeout_s:.0f}s, "
+                             "ray.head_timeout_s)")
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def joined_address() -> str:
+    """The GCS address (host:port) of the cluster this process is connected to."""
+    import ray
+
+    return ray.get_runtime_context().gcs_address
 
 
 def run_runtime_env(cfg: Config) -> dict:

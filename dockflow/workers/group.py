@@ -19,6 +19,7 @@ from dockflow.workers.reference import ReferenceWorker
 from dockflow.workers.reward import RewardWorker
 from dockflow.workers.reward_model import RewardModelWorker
 from dockflow.workers.rollout_queue import RolloutQueue, queue_settings
+from dockflow.workers.run_dock import run_dock_name
 
 # the class each role of the plan runs (``dockflow.algos.plan.ROLES``)
 WORKER_CLASSES: dict[str, type] = {
@@ -127,7 +128,26 @@ def _wait_ready(cfg: Config, handles: dict[str, Any]) -> None:
         try:
             ray.get(r)
         except Exception as exc:  # noqa: BLE001 - surface the worker's own error with its name
-            raise WorkerStartError(f"the {label} worker failed to start: {exc}") from None
+            raise WorkerStartError(f"the {label} worker failed to start: {start_error(exc)}") from None
+
+
+def start_error(exc: BaseException) -> str:
+    """A worker's start-up error as one line: the constructor's own exception (DockFlow's by its message, any other
+    by type and message), not Ray's traceback of it."""
+    import ray
+
+    if isinstance(exc, ray.exceptions.RayTaskError) and exc.cause is not None:
+        exc = exc.cause
+    elif isinstance(exc, ray.exceptions.RayActorError) and exc.actor_init_failed:
+        # the creation task's traceback: its last line is the exception ("module.Error: message")
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        head, _, message = (lines[-1] if lines else "").partition(": ")
+        if message and " " not in head:
+            return message if head.startswith("dockflow.") else f"{head.rsplit('.', 1)[-1]}: {message}"
+    text = " ".join(str(exc).split())
+    if type(exc).__module__.startswith("dockflow.") and text:  # ours are written to be read
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def create_workers(cfg: Config, model_dir: str, dock: TransferDock, name: str) -> Workers:
@@ -159,3 +179,30 @@ def kill_workers(workers: Workers, timeout_s: float = 60.0) -> None:
             time.sleep(0.1)
         else:
             raise WorkerStartError(f"worker '{name}' was killed but Ray still lists it after {timeout_s:.0f}s")
+
+
+def held_run_names(cfg: Config, namespace: str) -> list[str]:
+    """The names of this run's workers and dock actors that Ray still holds in ``namespace``."""
+    import ray
+
+    workers = {f"{cfg.run.name}-{label}" for label in worker_cpus(cfg.plan)}
+    dock = f"{run_dock_name(cfg)}/"
+    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                  if a["namespace"] == namespace and (a["name"] in workers or a["name"].startswith(dock)))
+
+
+def wait_run_names_released(cfg: Config, namespace: str, timeout_s: float) -> float:
+    """Wait until Ray has released the names of an earlier attempt's workers and dock (they die with their owner,
+    a killed or restarted supervisor, but asynchronously: a name still held fails the next create). Returns the
+    seconds waited."""
+    start = time.monotonic()
+    while held := held_run_names(cfg, namespace):
+        waited = time.monotonic() - start
+        if waited > timeout_s:
+            raise WorkerStartError(
+                f"run {cfg.run.name!r}: Ray still holds the names {held[:4]} of an earlier attempt's actors in namespace "
+                f"{namespace!r} after {timeout_s:.0f}s (waited for them to die with their owner); kill them "
+                f"(dockflow pipeline teardown {cfg.run.name}) and resubmit the run"
+            )
+        time.sleep(0.2)
+    return time.monotonic() - start

@@ -45,13 +45,18 @@ COLUMNS: dict[str, torch.dtype] = {
 ROLLOUT_COLUMNS = ("input_ids", "attention_mask", "responses", "response_mask")
 
 
+def run_dock_name(cfg: Config) -> str:
+    """The run's dock: its actors are named ``<run>-dock/...`` (warehouses, controllers, or the central buffer)."""
+    return f"{cfg.run.name}-dock"
+
+
 def create_run_dock(cfg: Config, namespace: str) -> TransferDock:
     """The run's transfer dock with this config's schema, every consumer registered (both drivers use it)."""
     from dockflow.dock import DockSpec, create_dock
 
     dock = create_dock(DockSpec(
         columns=COLUMNS, capacity=cfg.dock_capacity, group_size=cfg.rollout.group_size, backend=cfg.dock.backend,
-        num_warehouses=cfg.dock.num_warehouses, name=f"{cfg.run.name}-dock", namespace=namespace,
+        num_warehouses=cfg.dock.num_warehouses, name=run_dock_name(cfg), namespace=namespace,
         get_timeout_s=cfg.dock.get_timeout_s,
     ))
     try:

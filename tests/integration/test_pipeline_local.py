@@ -6,7 +6,9 @@ one MLflow tracking server:
   re-attaches and the run finishes with every sample trained once;
 - the same run, started under its own name in another process that is killed mid-way, resubmitted with that
   name: the earlier attempt's live actors are ended, the run resumes from its S3 checkpoint in the same MLflow
-  run, and its final weights equal the uninterrupted run's bit for bit (max_staleness 0);
+  run; mid-way its supervisor is killed too and Ray restarts it (``max_restarts``): it resumes from its latest
+  checkpoint, the attached stage task re-attaches by itself (no KFP retry), and the final weights equal the
+  uninterrupted run's bit for bit (max_staleness 0);
 - two recurring runs with no run name: different names, namespaces, checkpoint prefixes and MLflow runs; the
   second starts from the first's registered champion (one lineage), is scored on fewer prompts (another
   evaluation: its actor re-scores the champion on it, as the run's evaluation would), registers its own version
@@ -115,6 +117,46 @@ def kill_one_stage_task_mid_run(cfg, killed: list[str]) -> None:
         time.sleep(0.2)
 
 
+def kill_the_supervisor_mid_run(cfg, old_id: str, out: dict) -> None:
+    """``ray.kill`` (Ray restarts it) the run's supervisor once this attempt's has closed an iteration, not near the
+    end; time until the restarted one (another process) runs the loops again and until it closes an iteration."""
+    name, namespace = f"{cfg.run.name}-supervisor", f"dockflow-{cfg.run.name}"
+
+    def pid_and_status(sup) -> tuple[int, dict]:
+        try:
+            return ray.get(sup.__ray_call__.remote(lambda self: (os.getpid(), self.status())), timeout=10)
+        except ray.exceptions.RayError:  # restarting
+            return 0, {}
+
+    start, deadline = None, time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            sup = ray.get_actor(name, namespace=namespace)
+        except ValueError:
+            sup = None
+        pid, status = pid_and_status(sup) if sup is not None and sup._actor_id.hex() != old_id else (0, {})
+        if status.get("phase") == "running":
+            start = status["iteration"] if start is None else start
+            if start < status["iteration"] < cfg.train.iterations - 4:
+                out["killed_at"] = run_store(cfg.checkpoint, cfg.run).latest() or 0
+                killed = time.monotonic()
+                ray.kill(sup, no_restart=False)
+                break
+        time.sleep(0.2)
+    else:
+        return
+    resumed_at = None
+    while time.monotonic() - killed < 300:
+        new_pid, status = pid_and_status(sup)
+        if new_pid not in (0, pid) and status["phase"] == "running":
+            if resumed_at is None:
+                resumed_at, out["running_s"] = status["iteration"], time.monotonic() - killed
+            elif status["iteration"] > resumed_at:
+                out["first_iteration_s"] = time.monotonic() - killed
+                return
+        time.sleep(0.1)
+
+
 def weights(model_uri: str, cfg) -> dict:
     return load_file(str(fetch_model(model_uri, cfg.checkpoint) / "model.safetensors"))
 
@@ -153,8 +195,22 @@ def test_s3_run_survives_a_killed_stage_task_and_a_resumed_run_matches_it_bit_fo
     first.wait()
     store = run_store(resumed_cfg.checkpoint, resumed_cfg.run)
     first_run_id = read_record(store, store.latest()).mlflow_run_id
-    assert ray.get_actor("resubmitted-supervisor", namespace="dockflow-resubmitted")  # still alive
-    resumed = run_local(CONFIG, overrides, resumed_cfg, options=quick, run_name="resubmitted")
+    old_supervisor = ray.get_actor("resubmitted-supervisor", namespace="dockflow-resubmitted")  # still alive
+
+    # Resubmitted; its own supervisor is killed mid-run and restarted by Ray. No task retries: the attached stage
+    # task must re-attach to the restarted supervisor by itself.
+    chaos: dict = {}
+    killer = threading.Thread(target=kill_the_supervisor_mid_run,
+                              args=(resumed_cfg, old_supervisor._actor_id.hex(), chaos), daemon=True)
+    killer.start()
+    no_retries = type(options)(**{**options.__dict__, "retries": 0})
+    resumed = run_local(CONFIG, overrides, resumed_cfg, options=no_retries, run_name="resubmitted")
+    killer.join(timeout=5)
+    assert "killed_at" in chaos, "the supervisor was not killed mid-run"
+    print(f"supervisor killed after checkpoint {chaos['killed_at']}: loops running again after "
+          f"{chaos.get('running_s', -1):.1f}s, next iteration closed after {chaos.get('first_iteration_s', -1):.1f}s")
+    assert chaos["running_s"] < 120, chaos
+    assert resumed["restarts"] == 1 and resumed["resumed_from"] >= chaos["killed_at"], (resumed["restarts"], chaos)
     assert resumed["mlflow_run_id"] == first_run_id and resumed["samples_trained"] == S3_RUN_ITERATIONS * cfg.train_batch
     assert 4 <= resumed["resumed_from"] < S3_RUN_ITERATIONS, resumed["resumed_from"]
     assert resumed["reward_per_iteration"] == full["reward_per_iteration"]

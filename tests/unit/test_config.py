@@ -1,7 +1,5 @@
 """Config loading: the example YAML is complete, overrides apply, bad keys and values name themselves."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -74,20 +72,6 @@ def test_missing_and_malformed_files(tmp_path):
                               "expected ':' (while scanning a simple key)")
     with pytest.raises(ConfigError, match=r"^override 'train.lr=\[1': the value is not valid YAML \(line 1, "):
         load_config(EXAMPLE, ["train.lr=[1"])
-
-
-def test_cli_exits_nonzero_with_one_line():
-    proc = subprocess.run(
-        [sys.executable, "-m", "dockflow.cli", "train", str(EXAMPLE), "train.iteratons=3"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [
-        "dockflow train: error: unknown config key 'train.iteratons' (did you mean 'train.iterations'?)"
-    ]
 
 
 def test_defaults_equal_the_example_yaml():
