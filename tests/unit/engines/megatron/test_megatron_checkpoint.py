@@ -4,7 +4,8 @@ At TP=2 a tiny tied Qwen2 takes two AdamW steps; the checkpoint of step 1 goes t
 to an S3 one (moto on loopback). Then: a save whose commit is interrupted leaves step 1 the latest (and a later
 save of that step commits); a fresh model and optimizer at TP=2 loaded from it take the same second step bit for
 bit; at TP=1 (the two ranks as data parallel, from S3) and at PP=2 (local) the loaded weights and optimizer state,
-gathered, equal the TP=2 ones exactly, and so do they at TP=1 after a save at PP=2; the weights load alone too.
+gathered, equal the TP=2 ones exactly, and so do they through saves at PP=2 and at TP=1 x DP=2; the weights load
+alone too.
 
 megatron is imported once here before the forks, so the ranks inherit it (as in ``test_megatron_ranks.py``).
 """
@@ -114,7 +115,7 @@ def _rank(rank: int, store_path: str, out_dir: str, s3: tuple[str, dict[str, str
     dist.init_process_group(
         "gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2, timeout=timedelta(seconds=60)
     )
-    store = LocalCheckpointStore(Path(out_dir) / "ckpt", keep=3)
+    store = LocalCheckpointStore(Path(out_dir) / "ckpt", keep=4)
     os.environ.update(s3[1])
     s3_store = S3CheckpointStore(s3[0], keep=3, options=S3Options.from_config(CheckpointConfig()))
     result: dict = {}
@@ -143,6 +144,10 @@ def _rank(rank: int, store_path: str, out_dir: str, s3: tuple[str, dict[str, str
     model, spec, optimizer = _build(1, 1)
     result["pp2_layout"] = load_checkpoint(store, 3, model, optimizer)
     result["tp1_from_pp2"] = _gathered(model, spec, optimizer)
+    save_checkpoint(store, 4, model, optimizer, {"iteration": 1})  # from TP=1 x DP=2 (replicas), back to TP=2
+    model, spec, optimizer = _build(2, 1)
+    load_checkpoint(store, 4, model, optimizer)
+    result["tp2_from_dp2"] = _gathered(model, spec, optimizer)
     model, spec, _ = _build(1, 2)
     load_checkpoint(store, 1, model, None)  # the weights alone (for inference or export)
     result["weights_only"] = mg.gather_full_state(model, spec)
@@ -182,11 +187,17 @@ def test_resume_at_the_same_layout_takes_the_uninterrupted_step_bit_for_bit(rank
         )  # the step moved it
 
 
-@pytest.mark.parametrize("layout", ["tp2_to_tp1_from_s3", "tp2_to_pp2", "tp2_to_pp2_to_tp1"])
+LAYOUTS = {
+    "tp2_to_tp1_from_s3": "tp1pp1",
+    "tp2_to_pp2": "tp1pp2",
+    "tp2_to_pp2_to_tp1": "tp1_from_pp2",
+    "tp2_to_pp2_to_dp2_to_tp2": "tp2_from_dp2",
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_checkpoint_saved_at_tp2_loads_at_another_layout_exactly(ranks, layout):
-    key = {"tp2_to_tp1_from_s3": "tp1pp1", "tp2_to_pp2": "tp1pp2", "tp2_to_pp2_to_tp1": "tp1_from_pp2"}[
-        layout
-    ]
+    key = LAYOUTS[layout]
     for r in ranks:
         _assert_equal(r[key], r["saved"])
         assert r["pp2_layout"] == {"tp": 1, "pp": 2, "world": 2}
