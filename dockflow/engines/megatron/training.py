@@ -33,6 +33,7 @@ from dockflow.engines.base import LossFn, TrainingEngine
 from dockflow.engines.logprobs import trim_columns
 from dockflow.engines.megatron import model as mg
 from dockflow.engines.megatron.convert import DecoderSpec, hf_to_megatron, megatron_to_hf, spec_from_hf
+from dockflow.engines.megatron.cpu import prepare_megatron
 from dockflow.engines.megatron.schedule import (
     finalize_grads,
     pipeline_forward_backward,
@@ -76,6 +77,7 @@ class MegatronTrainingEngine(TrainingEngine):
             raise ValueError(f"train.tp={tp} x train.pp={pp} must divide the actor's {world} ranks; "
                              "pick tp and pp whose product divides them")
         self.spec: DecoderSpec = spec_from_hf(model.config)
+        prepare_megatron(device)  # before megatron is imported (MindSpeed's adaptor on NPU)
         from megatron.core import parallel_state
 
         if not parallel_state.model_parallel_is_initialized():
@@ -141,8 +143,11 @@ class MegatronTrainingEngine(TrainingEngine):
         return box[0]
 
     def train_mini_batch(self, batch: TensorDict, loss_fn: LossFn, micro_batch_size: int) -> dict[str, float]:
-        """One AdamW step over this DP rank's ``batch`` (its share of the mini-batch); ``micro_batch_size`` must
-        divide it (the pipeline schedule runs equal micro-batches)."""
+        """One AdamW step over this DP rank's ``batch`` (its share of the mini-batch), in micro-batches of the
+        largest size up to ``micro_batch_size`` that divides it (the pipeline schedule runs equal micro-batches;
+        the loss is normalised by the mini-batch's tokens, so the split does not change the step)."""
+        rows = batch.batch_size[0]
+        micro_batch_size = max(d for d in range(1, min(micro_batch_size, rows) + 1) if rows % d == 0)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         tokens = float(self._dp_sum(batch["response_mask"].sum().to(torch.float64)).clamp(min=1))
