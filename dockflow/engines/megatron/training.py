@@ -219,14 +219,18 @@ class MegatronTrainingEngine(TrainingEngine):
     def _local_from_hf(self, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return mg.local_shard(hf_to_megatron(hf, self.spec), self.spec)
 
-    def generation_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The reshard (collective on every rank): full HF-named weights, bound into ``generation_model``."""
+    def _refresh_generation(self) -> None:
+        """Gather the shards into ``generation_model`` if it lags them (collective on every rank)."""
         if self._stale:
             full = self._gather_hf({n: p.detach() for n, p in self.model.named_parameters()})
             with torch.no_grad():
                 for name, param in self.generation_model.named_parameters():
                     param.copy_(full[name])
             self._stale = False
+
+    def generation_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The reshard (collective on every rank): full HF-named weights, bound into ``generation_model``."""
+        self._refresh_generation()
         for name, param in self.generation_model.named_parameters():
             yield name, param.detach()
 
@@ -236,8 +240,7 @@ class MegatronTrainingEngine(TrainingEngine):
     def save_pretrained(self, path: str | Path) -> Path:
         """The current policy as a Hugging Face directory (collective; rank 0 writes it, atomically: a temporary
         sibling renamed into place). The tokenizer is the caller's."""
-        for _ in self.generation_weights():
-            pass
+        self._refresh_generation()
         path = Path(path)
         if self.rank == 0:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -266,7 +269,8 @@ class MegatronTrainingEngine(TrainingEngine):
         return {"model": self._gather_hf({n: p.detach() for n, p in params.items()}), "optimizer": optimizer}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Each rank keeps its shard of :meth:`state_dict` output, saved at any TP / PP."""
+        """Each rank keeps its shard of :meth:`state_dict` output, saved at any TP / PP; then the generation copy
+        takes the loaded weights (collective), as after a reshard."""
         params = dict(self.model.named_parameters())
         weights = self._local_from_hf(state["model"])
         with torch.no_grad():
@@ -282,3 +286,4 @@ class MegatronTrainingEngine(TrainingEngine):
                 self.optimizer.state[param] = {"step": torch.tensor(saved["step"]),
                                                **{key: moments[key][name].clone() for key in ADAM_MOMENTS}}
         self._stale = True
+        self._refresh_generation()
