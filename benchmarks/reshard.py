@@ -11,7 +11,10 @@ largest temporary allgather buffer) and ``bucket_bytes``, ``reshard_s`` (allgath
 (device -> host) and ``swap_back_s`` (medians over ``--repeats``). Models are built from transformers
 configs on the meta device; weights are random; nothing is downloaded.
 
-Usage: ``python -m benchmarks.reshard --out reshard.json [--quick] [--bucket-mb 16] [--repeats 3]``.
+``--megatron``: the same on real megatron-core shards (TP2DP2, PP2DP2, TP2xPP2 -> TP1DP4,
+``benchmarks.reshard_megatron``).
+
+Usage: ``python -m benchmarks.reshard --out reshard.json [--quick] [--megatron] [--bucket-mb 16] [--repeats 3]``.
 """
 
 from __future__ import annotations
@@ -221,13 +224,13 @@ def _mib(n: float | None) -> str:
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
-    header = (f"{'model':<15}{'method':<16}{'params':>8}{'gen peak':>10}{'upd state':>10}{'redundant':>10}"
+    header = (f"{'model':<15}{'update':<12}{'method':<16}{'params':>8}{'gen peak':>10}{'upd state':>10}{'redundant':>10}"
               f"{'Eq.(3)':>9}{'temp peak':>10}{'bucket':>8}{'reshard s':>10}{'swap s':>8}{'back s':>8}")
     print("MiB per rank except redundant / Eq.(3) (sum over the 4 ranks); params in millions")
     print(header)
     print("-" * len(header))
     for r in results:
-        print(f"{r['model']:<15}{r['method']:<16}{r['params'] / 1e6:>8.1f}{_mib(r['gen_peak_bytes']):>10}"
+        print(f"{r['model']:<15}{r['update_layout']:<12}{r['method']:<16}{r['params'] / 1e6:>8.1f}{_mib(r['gen_peak_bytes']):>10}"
               f"{_mib(r['update_state_bytes_in_gen']):>10}{_mib(r['redundant_bytes']):>10}"
               f"{_mib(r['predicted_redundant_bytes']):>9}{_mib(r['temp_peak_bytes']):>10}{_mib(r['bucket_bytes']):>8}"
               f"{r['reshard_s']:>10.3f}{r['swap_s']:>8.3f}{r['swap_back_s']:>8.3f}")
@@ -239,12 +242,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}, one repeat")
     parser.add_argument("--bucket-mb", type=float, default=16.0, help="allgather-swap bucket size in MiB")
     parser.add_argument("--repeats", type=int, default=3, help="runs per model and method (timings: median)")
+    parser.add_argument("--megatron", action="store_true", help="real megatron-core shards (TP2, PP2, TP2xPP2)")
     args = parser.parse_args(argv)
     models = QUICK if args.quick else list(MODELS)
     repeats = 1 if args.quick else args.repeats
     bucket_bytes = int(args.bucket_mb * 2**20)
     started = time.perf_counter()
-    results = run(models, bucket_bytes, repeats)
+    if args.megatron:
+        from benchmarks import reshard_megatron
+
+        results = reshard_megatron.run(args.quick, bucket_bytes, repeats)
+    else:
+        results = run(models, bucket_bytes, repeats)
     write_results(args.out, results, torch=torch.__version__, backend="gloo", device="cpu (tracked tensors)",
                   world=WORLD, wall_s=round(time.perf_counter() - started, 1))
     print_table(results)

@@ -142,13 +142,16 @@ def model_params(model_dir: str) -> int:
 
 
 def dockflow_iteration(metrics: dict[str, float]) -> IterationStats:
-    """One DockFlow iteration from its metrics; phases are the seconds each worker measured."""
+    """One DockFlow iteration from its metrics; phases are the seconds each worker measured (the reward worker's
+    without its wait for the responses: scoring time, comparable with TRL's)."""
     phases = {
         name: metrics[f"timing/{key}_s"]
         for name, key in (("generate", "generate"), ("old_log_prob", "old_log_prob"), ("update", "update"),
                           ("reshard", "reshard"), ("reward", "reward"), ("advantage", "advantage"))
         if f"timing/{key}_s" in metrics
     }
+    if "reward" in phases:  # the reward call starts as generation does and waits in the dock for its responses
+        phases["reward"] -= metrics.get("timing/reward_wait_s", 0.0)
     return IterationStats(
         int(metrics["rollout/samples"]), metrics["rollout/prompt_length"], metrics["rollout/response_length"],
         metrics["timing/iteration_s"], metrics["reward/mean"], phases,

@@ -15,7 +15,8 @@ def finish(
     """After every stage has done every iteration: stage the final model in the checkpoint store, write
     ``summary.json`` (the summary ``dockflow train`` writes) and log it to MLflow; with ``registry.model_name``
     register the final model and move the champion alias only if its held-out score beats the champion's by more
-    than ``registry.champion_margin``. ``metrics`` and ``report`` say the scores and the decision."""
+    than ``registry.champion_margin`` on the same evaluation (``dockflow.tracking.champion``). ``metrics`` and
+    ``report`` say the scores, the evaluation's fingerprint, what was compared with what and the decision."""
     import json
 
     from dockflow.flow.pipeline_tasks import finish_run, kfp_metrics, run_report

@@ -1,5 +1,6 @@
 """What a run shows in the terminal: a progress bar per iteration, then tables of held-out accuracy at each
-evaluation, reward per iteration and, with a registry, the champion decision. ``dockflow train`` and
+evaluation, reward per iteration, the evaluation's fingerprint and, with a registry, what the champion gate
+compared and its decision. ``dockflow train`` and
 ``dockflow pipeline run --local`` show the same."""
 
 from __future__ import annotations
@@ -41,9 +42,15 @@ def print_train_summary(summary: dict[str, Any], console: Console | None = None)
     totals.add_row("seconds per iteration", f"{summary.get('seconds_per_iteration', 0.0):.3f}")
     totals.add_row("wall seconds", f"{summary['wall_seconds']:.1f}")
     totals.add_row("MLflow run id", str(summary["mlflow_run_id"]))
+    evaluation = summary.get("evaluation")
+    if evaluation:
+        totals.add_row("evaluation fingerprint", f"{evaluation['fingerprint']} ({evaluation['num_prompts']} prompts, "
+                       f"test set {evaluation['test_set']})")
     reg = summary.get("registry")
     if reg:
         totals.add_row("registered", f"{reg['model_name']} version {reg['version']} (score {reg['score']:.3f})")
+        if reg.get("compared"):
+            totals.add_row("compared", reg["compared"])
         totals.add_row("champion", reg["decision"])
     console.print(totals)
 

@@ -6,6 +6,7 @@
           weight: 1.0
         - path: my_rewards:brevity       # any importable module:function
           weight: 0.1
+          isolate: true                  # the default for a path: its own process, killed at reward.timeout_s
       models:
         - path: s3://models/my-rm        # AutoModelForSequenceClassification, 1 label
           weight: 0.5
@@ -34,6 +35,13 @@ class RewardFunctionConfig(Section):
         "list[float | None]; the module must be importable where the run starts (e.g. on PYTHONPATH).",
     )
     weight: float = Field(1.0, description="Weight of this function in the combined reward.")
+    isolate: bool | None = Field(
+        None,
+        description="true: call it in the reward worker's child process (killed at reward.timeout_s; a crash stops the "
+        "run with one line); false: in the reward worker itself (no process hop per batch; for quick code you trust: "
+        "a hang cannot be cut short, a crash takes the worker down); null: built-ins (name) in the worker, "
+        "path functions in the child process.",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> RewardFunctionConfig:
@@ -47,6 +55,11 @@ class RewardFunctionConfig(Section):
     def label(self) -> str:
         """The name its metrics are logged under."""
         return self.name or self.path.rsplit(":", 1)[1]
+
+    @property
+    def in_worker(self) -> bool:
+        """Whether it is called in the reward worker itself rather than in its child process (``isolate``)."""
+        return not self.isolate if self.isolate is not None else self.path is None
 
 
 class RewardModelConfig(Section):

@@ -19,7 +19,7 @@ from dockflow.engines.base import EngineInputs, GenerationEngine, LossFn, Sampli
 from dockflow.engines.devices import DeviceError, check_worker_device
 from dockflow.engines.hf_generation import HFGenerationEngine
 from dockflow.engines.logprobs import batched_log_probs, response_log_probs, response_values
-from dockflow.engines.rollout_layout import decode_responses, encode_rollouts, first_eos_mask
+from dockflow.engines.rollout_layout import decode_responses, encode_rollouts, first_eos_mask, response_ids
 from dockflow.engines.torch_training import TorchTrainingEngine
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "decode_responses",
     "encode_rollouts",
     "first_eos_mask",
+    "response_ids",
     "response_log_probs",
     "response_values",
 ]

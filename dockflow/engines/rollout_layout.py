@@ -16,12 +16,19 @@ def first_eos_mask(tokens: torch.Tensor, eos_id: int) -> torch.Tensor:
     return (~after_eos).long()
 
 
-def decode_responses(tokenizer, responses: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
-    """Response tokens to text, keeping masked-in tokens and dropping special ones (EOS)."""
-    return [
-        tokenizer.decode(row[mask.bool()].tolist(), skip_special_tokens=True)
-        for row, mask in zip(responses, response_mask, strict=True)
-    ]
+def response_ids(responses: torch.Tensor, response_mask: torch.Tensor) -> list[list[int]]:
+    """Each row's masked-in response token ids (EOS included), as lists."""
+    # One tolist per tensor: indexing row by row costs ~7 us a row (1.8 ms for the demo's 256 rows).
+    return [[t for t, keep in zip(row, mask, strict=True) if keep]
+            for row, mask in zip(responses.tolist(), response_mask.tolist(), strict=True)]
+
+
+def decode_responses(tokenizer, responses: torch.Tensor, response_mask: torch.Tensor,
+                     ids: list[list[int]] | None = None) -> list[str]:
+    """Response tokens to text, keeping masked-in tokens and dropping special ones (EOS); ``ids``: the rows'
+    ``response_ids`` when the caller has them already."""
+    ids = response_ids(responses, response_mask) if ids is None else ids
+    return tokenizer.batch_decode(ids, skip_special_tokens=True)
 
 
 def left_pad_prompts(tokenizer, prompts: list[str], width: int | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,7 +3,8 @@
 Greedy accuracy always; pass@k and avg@k when ``eval.pass_k`` (``--k``) is above 1. With ``--mlflow-run`` the
 scores are also logged to that run (``tracking.uri`` of the config) as ``eval/<name>_accuracy``,
 ``eval/<name>_pass_at_<k>``, ``eval/<name>_avg_at_<k>``, where ``<name>`` is the split or the file's stem, at
-the run's ``train.iterations`` step (the final model's iteration).
+the run's ``train.iterations`` step (the final model's iteration), with the evaluation's fingerprint
+(``dockflow.eval.identity``) as the run's tag ``dockflow.eval.<name>_fingerprint``; the printed result has it too.
 
     scoring = EvalInputs(cfg.eval, cfg.data, cfg.rollout.max_new_tokens, cfg.run.seed)
     setup = EvalRun(scoring, cfg.checkpoint, cfg.run, cfg.tracking, cfg.model.dtype)
@@ -19,6 +20,7 @@ from typing import Any
 from dockflow.config.sections import CheckpointConfig, RunConfig, TrackingConfig
 from dockflow.data import load_task
 from dockflow.data.loaders import Columns, load_examples
+from dockflow.eval.identity import eval_identity
 from dockflow.eval.policy import EvalInputs, metric_key, score_examples
 from dockflow.models import load_model_and_tokenizer
 from dockflow.storage import run_store
@@ -86,12 +88,14 @@ def run_eval(
     lm, tok = load_model_and_tokenizer(model_dir, dtype=setup.dtype)
     scores = score_examples(lm, tok, examples, setup.scoring)
     name = Path(data.rstrip("/")).stem if data else split
+    fingerprint = eval_identity(examples, setup.scoring, tok).fingerprint
     out: dict[str, Any] = {"model": str(model_dir), **({"data": data} if data else {"split": split})}
-    out |= {"prompts": len(examples), **scores}
+    out |= {"prompts": len(examples), "fingerprint": fingerprint, **scores}
     ev = setup.scoring.eval
     if ev.pass_k > 1:
         out |= {"k": ev.pass_k, "temperature": ev.temperature, "top_p": ev.top_p}
     if tracker is not None:
         out["mlflow"] = {"run_id": tracker.run_id, "metrics": log_scores(tracker, name, scores)}
+        tracker.set_tags({f"dockflow.eval.{name}_fingerprint": fingerprint})  # which evaluation these metrics are
     return out
 

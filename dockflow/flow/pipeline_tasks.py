@@ -327,8 +327,11 @@ def run_report(summary: dict[str, Any]) -> str:
              f"| iterations / samples trained | {summary['iterations']} / {summary['samples_trained']} |",
              f"| throughput (Eq. 5) | {summary['throughput_tps']:.1f} tokens/s/device |",
              f"| final model | `{summary['final_model']}` |"]
+    if summary.get("evaluation"):
+        lines.append(f"| evaluation fingerprint | `{summary['evaluation']['fingerprint']}` |")
     reg = summary.get("registry")
     if reg:
         lines += [f"| registered | `{reg['model_name']}` version {reg['version']}, score {reg['score']:.4f} |",
+                  *([f"| compared | {reg['compared']} |"] if reg.get("compared") else []),
                   f"| champion | {reg['decision']} |"]
     return "\n".join(lines) + "\n"

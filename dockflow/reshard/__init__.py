@@ -3,7 +3,8 @@
 ``ParallelLayout`` describes a TP / DP / EP (/ FSDP) layout; ``ModelPartition`` applies per-parameter rules
 (``PartitionRules``) to a model's parameters; ``naive_reshard`` and ``allgather_swap`` turn this rank's update
 shards into its generation shards over torch.distributed; ``MemoryLedger`` measures device bytes by category;
-``eq3_inputs`` / ``predicted_redundant_bytes`` give the paper's Eq. (3). See docs/reshard.md.
+``eq3_inputs`` / ``predicted_redundant_bytes`` give the paper's Eq. (3); ``megatron_rules`` partitions megatron-core's
+GPTModel names over TP and PP. See docs/reshard.md.
 """
 
 from dockflow.reshard.allgather_swap import DEFAULT_BUCKET_BYTES, allgather_swap
@@ -12,6 +13,7 @@ from dockflow.reshard.gather import ReshardResult
 from dockflow.reshard.groups import ReshardGroups
 from dockflow.reshard.layout import ParallelLayout, RankCoords
 from dockflow.reshard.ledger import CATEGORIES, UPDATE_STATE, MemoryLedger, Snapshot, storage_bytes
+from dockflow.reshard.megatron import MEGATRON_RULES, MEGATRON_VOCAB_MULTIPLE, global_names, megatron_rules
 from dockflow.reshard.naive import naive_reshard
 from dockflow.reshard.redundancy import (
     Eq3Inputs,
@@ -26,6 +28,7 @@ from dockflow.reshard.rules import (
     ModelPartition,
     ParamMeta,
     PartitionRules,
+    StageRules,
     UnknownParameterError,
     param_meta,
     qkv_sections_from_config,
@@ -34,10 +37,12 @@ from dockflow.reshard.state import UpdateState
 from dockflow.reshard.swap import HostSwap
 
 __all__ = [
-    "CATEGORIES", "DEFAULT_BUCKET_BYTES", "DEFAULT_RULES", "KINDS", "UPDATE_STATE", "Block", "Eq3Inputs",
+    "CATEGORIES", "DEFAULT_BUCKET_BYTES", "DEFAULT_RULES", "KINDS", "MEGATRON_RULES", "MEGATRON_VOCAB_MULTIPLE",
+    "UPDATE_STATE", "Block", "Eq3Inputs",
     "HostSwap", "MemoryLedger", "ModelPartition", "ParallelLayout", "ParamMeta", "PartitionRules", "RankCoords",
-    "ReshardGroups", "ReshardResult", "BlockMap", "Snapshot", "UnknownParameterError", "UpdateState",
-    "allgather_swap", "eq3_inputs", "measured_redundant_bytes", "naive_reshard", "param_meta",
+    "ReshardGroups", "ReshardResult", "BlockMap", "Snapshot", "StageRules", "UnknownParameterError", "UpdateState",
+    "allgather_swap", "eq3_inputs", "global_names", "measured_redundant_bytes", "megatron_rules", "naive_reshard",
+    "param_meta",
     "predicted_redundant_bytes", "predicted_redundant_bytes_per_rank", "qkv_sections_from_config",
     "storage_bytes",
 ]

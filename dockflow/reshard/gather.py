@@ -46,12 +46,9 @@ class ReshardResult:
 
 
 def check_layouts(update: ParallelLayout, gen: ParallelLayout, groups: ReshardGroups) -> None:
-    """Both layouts on the same ranks, no pipeline stages, groups built for the update layout."""
+    """Both layouts on the same ranks, groups built for the update layout."""
     if groups.layout != update:
         raise ValueError(f"ReshardGroups were built for layout {groups.layout}, the update layout is {update}")
-    for layout, which in ((update, "update"), (gen, "generation")):
-        if layout.pp != 1:
-            raise ValueError(f"{which} layout {layout}: resharding across pipeline stages is not supported (pp must be 1)")
     if gen.size != update.size:
         raise ValueError(f"update layout {update} spans {update.size} ranks, generation layout {gen} {gen.size}")
 

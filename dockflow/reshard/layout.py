@@ -4,14 +4,16 @@ Ranks are laid out Megatron-style, tensor parallel fastest: ``rank = (pp * dp_si
 Expert parallelism is carved out of data parallelism (``ep`` divides ``dp``): ``ep_rank = dp % ep`` and the
 expert-data-parallel replica is ``dp // ep``, so the expert-model-parallel group (TP x EP) of the paper's
 TP2EP2DP2 case is the whole 4-rank world. ``fsdp=True`` marks an update state whose weights are additionally sharded over the
-ranks that would otherwise hold identical copies (ZeRO-3 / FSDP2 style dim-0 chunks, see ``partition.py``).
+ranks that would otherwise hold identical copies (ZeRO-3 / FSDP2 style dim-0 chunks, see ``rules.py``).
+``vocab_multiple`` pads vocabulary-parallel parameters to a multiple of ``vocab_multiple * tp`` rows, as Megatron does
+(``--make-vocab-size-divisible-by``, 128); 1 (the default) pads only to a multiple of ``tp``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-GROUP_KINDS = ("tp", "dp", "ep", "expert_dp", "pp", "tp_ep", "stage")
+GROUP_KINDS = ("tp", "dp", "ep", "expert_dp", "pp", "tp_ep", "stage", "tp_pp")
 
 
 @dataclass(frozen=True)
@@ -34,9 +36,10 @@ class ParallelLayout:
     pp: int = 1
     world_size: int | None = None  # None: tp * dp * pp; always set after construction
     fsdp: bool = False
+    vocab_multiple: int = 1  # vocab-parallel rows padded to a multiple of vocab_multiple * tp (Megatron: 128)
 
     def __post_init__(self) -> None:
-        for name in ("tp", "dp", "ep", "pp"):
+        for name in ("tp", "dp", "ep", "pp", "vocab_multiple"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"ParallelLayout.{name} must be a positive int, got {value!r}")
@@ -55,7 +58,8 @@ class ParallelLayout:
         object.__setattr__(self, "world_size", world)
 
     @classmethod
-    def for_world(cls, world_size: int, tp: int = 1, ep: int = 1, pp: int = 1, fsdp: bool = False) -> ParallelLayout:
+    def for_world(cls, world_size: int, tp: int = 1, ep: int = 1, pp: int = 1, fsdp: bool = False,
+                  vocab_multiple: int = 1) -> ParallelLayout:
         """The layout with ``dp`` derived as ``world_size / (tp * pp)``; ValueError names a size that does not fit."""
         for name, value in (("tp", tp), ("pp", pp)):
             if not isinstance(value, int) or value < 1:
@@ -64,7 +68,8 @@ class ParallelLayout:
                 raise ValueError(f"ParallelLayout.{name}={value} does not divide world_size={world_size}")
         if world_size % (tp * pp):
             raise ValueError(f"ParallelLayout: tp*pp = {tp * pp} does not divide world_size={world_size}")
-        return cls(tp=tp, dp=world_size // (tp * pp), ep=ep, pp=pp, world_size=world_size, fsdp=fsdp)
+        return cls(tp=tp, dp=world_size // (tp * pp), ep=ep, pp=pp, world_size=world_size, fsdp=fsdp,
+                   vocab_multiple=vocab_multiple)
 
     @property
     def size(self) -> int:
@@ -125,6 +130,7 @@ class ParallelLayout:
             "pp": (c.dp, c.tp),
             "tp_ep": (c.pp, edp),  # expert-model-parallel group: TP x EP, one full copy of the experts
             "stage": (c.pp,),  # every rank of one pipeline stage (TP x DP)
+            "tp_pp": (c.dp,),  # model-parallel group (TP x PP): one full copy of a pipelined model
         }
         if kind not in keys:
             raise ValueError(f"unknown group kind {kind!r}; expected one of {GROUP_KINDS}")

@@ -3,7 +3,9 @@ then the allgather buckets. Pure bookkeeping, no communication: every rank compu
 the groups it shares with others, which keeps the collectives in step.
 
 A route's ``members`` are the update-layout ranks (this rank among them) whose shards together make one
-full copy of the parameter (its TP group, its TP x EP group for experts, its DP / stage group under FSDP).
+full copy of the parameter (its TP group, its TP x EP group for experts, its DP / stage group under FSDP;
+with pipeline stages its PP group for a replicated parameter, its TP x PP group for a TP-split one, where
+the members on other stages hold none of it).
 Allgathering inside that group gives this rank every element, so any generation layout can be served.
 Buckets are built per group kind, in a fixed kind order, so no two ranks can wait on each other's groups
 in opposite orders. A bucket is one flat byte buffer of ``slot_bytes`` per member; a parameter too large
@@ -22,7 +24,7 @@ from dockflow.reshard.layout import ParallelLayout
 from dockflow.reshard.rules import ModelPartition
 
 ALIGN = 64  # byte alignment of every piece in a bucket, so each can be viewed as its dtype
-KIND_ORDER = ("tp", "dp", "tp_ep", "stage")
+KIND_ORDER = ("tp", "dp", "tp_ep", "stage", "pp", "tp_pp")
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,11 @@ R multiplies it by GDP, the device count of the paper's Fig. 3 where generation 
 Eq. (3) has no FSDP term. For an FSDP-sharded update layout we apply it with every weight counted as
 "split" (``TW`` := all weight bytes, ``EW`` := 0) and ``UTP`` := tp * dp, the total shard factor: under
 naive resharding each rank then keeps its 1/(tp*dp) flat shard beside the gathered weights.
+
+Eq. (3) has no pipeline term either. A stage holds 1/pp of the layers, so with pipeline stages the TP-split
+weights are spread over tp * pp shards: ``UTP`` := tp * pp. A padded vocabulary (Megatron's, ``vocab_multiple``)
+adds its zero rows, which naive resharding keeps resident beside the unpadded generation copy even at TP=1:
+``PAD`` (the padding bytes of one full copy) counts with TW, ``R = GDP * ((TW + PAD) / (UTP * UPP) + EW / GEP)``.
 """
 
 from __future__ import annotations
@@ -44,14 +49,19 @@ class Eq3Inputs:
     update_tp: int
     gen_dp: int
     gen_ep: int
+    pad_bytes: int = 0  # vocabulary padding of one full copy in the update layout
+    update_pp: int = 1
 
     @property
     def total(self) -> float:
-        return predicted_redundant_bytes(self.tw_bytes, self.ew_bytes, self.update_tp, self.gen_dp, self.gen_ep)
+        return predicted_redundant_bytes(self.tw_bytes + self.pad_bytes, self.ew_bytes,
+                                         self.update_tp * self.update_pp, self.gen_dp, self.gen_ep)
 
     @property
     def per_rank(self) -> float:
-        return predicted_redundant_bytes_per_rank(self.tw_bytes, self.ew_bytes, self.update_tp, self.gen_ep)
+        """The bracket; with pipeline stages the mean over ranks (stages may hold unequal shares)."""
+        return predicted_redundant_bytes_per_rank(self.tw_bytes + self.pad_bytes, self.ew_bytes,
+                                                  self.update_tp * self.update_pp, self.gen_ep)
 
 
 def eq3_inputs(partition: ModelPartition, update: ParallelLayout, gen: ParallelLayout) -> Eq3Inputs:
@@ -62,7 +72,15 @@ def eq3_inputs(partition: ModelPartition, update: ParallelLayout, gen: ParallelL
     tw = sum(partition.nbytes(n) for n in partition.meta
              if update.tp > 1 and not partition.is_expert(n) and partition.kind(n).tp_dim is not None)
     ew = sum(partition.nbytes(n) for n in partition.meta if partition.is_expert(n))
-    return Eq3Inputs(tw, ew, update.tp, gen.dp, gen.ep)
+    pad = sum(_padding_bytes(partition, n, update) for n in partition.meta if partition.kind(n).vocab)
+    return Eq3Inputs(tw, ew, update.tp, gen.dp, gen.ep, pad, update.pp)
+
+
+def _padding_bytes(partition: ModelPartition, name: str, layout: ParallelLayout) -> int:
+    """Bytes of the zero rows ``layout`` pads the vocabulary-parallel ``name`` with (one full copy)."""
+    rows = partition.meta[name].shape[0]
+    multiple = layout.vocab_multiple * layout.tp
+    return (-(-rows // multiple) * multiple - rows) * partition.nbytes(name) // rows
 
 
 def measured_redundant_bytes(update_weights: Iterable[torch.Tensor], generation_weights: Iterable[torch.Tensor],

@@ -1,4 +1,4 @@
-"""Partition rules: how each parameter of a Qwen2 / Qwen2-MoE / Qwen3-MoE model splits over a layout.
+"""Partition rules: how each parameter of a Qwen2 / Qwen2-MoE / Qwen3-MoE (or megatron-core, ``megatron.py``) model splits over a layout.
 
 A rule is ``regex -> kind`` (first match wins, user overrides first). Kinds:
 
@@ -10,6 +10,13 @@ A rule is ``regex -> kind`` (first match wins, user overrides first). Kinds:
   ``N // (E / ep)``, then the column / row / fused-gate-up TP split inside the expert.
 - ``stacked_expert_*``: transformers >= 5 stores experts stacked (``mlp.experts.gate_up_proj``, shape
   ``[E, 2I, H]``; ``mlp.experts.down_proj``, ``[E, H, I]``): dim 0 splits over EP, then TP inside.
+- ``vocab_column``: a vocabulary-parallel embedding / output layer, padded to a multiple of
+  ``layout.vocab_multiple * tp`` rows before the dim-0 split (Megatron's padded vocabulary).
+- ``grouped_qkv``: Megatron's ``linear_qkv``, rows ordered by query group, so a TP rank holds a contiguous
+  chunk of whole groups (``PartitionRules(query_groups=...)`` must divide by tp).
+
+With pipeline stages (``layout.pp > 1``) ``PartitionRules(stages=StageRules(...))`` says which stage owns
+each parameter by name; the partition's names are the global ones (layers numbered over the whole model).
 
 On top, a layout with ``fsdp=True`` chunks each rank's tensor along dim 0 over the ranks that would hold
 identical copies (the DP group; the expert-DP group for experts), padded to equal chunks as FSDP2 does.
@@ -42,7 +49,9 @@ class Kind:
 
     expert: str | None = None
     tp_dim: int | None = None
-    fused: str | None = None  # "qkv": sections from PartitionRules.qkv_sections; "halves": two equal ones
+    fused: str | None = None  # "qkv": sections from PartitionRules.qkv_sections; "halves": two equal ones;
+    # "groups": whole query groups per rank (PartitionRules.query_groups)
+    vocab: bool = False  # dim 0 padded to a multiple of layout.vocab_multiple * tp first
 
 
 KINDS: dict[str, Kind] = {
@@ -57,6 +66,8 @@ KINDS: dict[str, Kind] = {
     "stacked_expert_column": Kind(expert="stacked", tp_dim=1),
     "stacked_expert_row": Kind(expert="stacked", tp_dim=2),
     "stacked_expert_fused_gate_up": Kind(expert="stacked", tp_dim=1, fused="halves"),
+    "vocab_column": Kind(tp_dim=0, vocab=True),
+    "grouped_qkv": Kind(tp_dim=0, fused="groups"),
 }
 
 # Matched with re.search against the full parameter name, in order; the first match wins.
@@ -87,12 +98,42 @@ class UnknownParameterError(ValueError):
     """No partition rule matches a parameter name."""
 
 
+@dataclass(frozen=True)
+class StageRules:
+    """Which pipeline stage owns a parameter, by name, as Megatron's default split does: layer ``i`` (group
+    ``layer`` of its regex) of ``num_layers`` on stage ``i // (num_layers / pp)``; names matching ``first`` on
+    stage 0, ``last`` on stage pp - 1."""
+
+    num_layers: int
+    layer: str = r"(^|\.)layers\.(?P<layer>\d+)\."
+    first: str = r"(^|\.)(embedding|embed_tokens)\."
+    last: str = r"(^|\.)(final_layernorm|output_layer|norm|lm_head)\."
+
+    def stage_of(self, name: str, pp: int) -> int:
+        """The stage of ``name`` over ``pp`` stages; ValueError for an uneven split or a name no pattern matches."""
+        if self.num_layers % pp:
+            raise ValueError(f"pp={pp} does not divide the model's {self.num_layers} layers; pick a pp that divides it")
+        match = re.search(self.layer, name)
+        if match is not None:
+            layer = int(match["layer"])
+            if layer >= self.num_layers:
+                raise ValueError(f"parameter {name!r}: layer {layer} is past StageRules.num_layers={self.num_layers}")
+            return layer // (self.num_layers // pp)
+        if re.search(self.first, name):
+            return 0
+        if re.search(self.last, name):
+            return pp - 1
+        raise ValueError(f"parameter {name!r} is in no layer and matches neither StageRules.first {self.first!r} "
+                         f"nor .last {self.last!r}; pass StageRules(first=..., last=...) that place it")
+
+
 class PartitionRules:
     """Ordered ``regex -> kind`` rules; ``overrides`` (e.g. from a config) are tried before the defaults."""
 
     def __init__(self, overrides: Mapping[str, str] | None = None,
                  rules: Sequence[tuple[str, str]] = DEFAULT_RULES,
-                 qkv_sections: Sequence[int] | None = None) -> None:
+                 qkv_sections: Sequence[int] | None = None, query_groups: int | None = None,
+                 stages: StageRules | None = None) -> None:
         self.rules: list[tuple[re.Pattern[str], str]] = []
         for pattern, kind in [*(overrides or {}).items(), *rules]:
             if kind not in KINDS:
@@ -102,6 +143,8 @@ class PartitionRules:
             except re.error as err:
                 raise ValueError(f"partition rule {pattern!r} is not a valid regex: {err}") from err
         self.qkv_sections = tuple(qkv_sections) if qkv_sections is not None else None
+        self.query_groups = query_groups
+        self.stages = stages
 
     def kind_of(self, name: str, shape: Sequence[int] | None = None) -> str:
         """The kind of parameter ``name``; UnknownParameterError says how to add a rule."""
@@ -164,6 +207,8 @@ class ModelPartition:
     def holders_kind(self, name: str, layout: ParallelLayout) -> str | None:
         """The layout group kind whose ranks' shards of ``name`` together make one full copy (None: each rank's own)."""
         kind = self.kind(name)
+        if layout.pp > 1:
+            return "tp_pp" if kind.tp_dim is not None else "pp"
         if layout.fsdp:
             return "stage" if kind.expert or kind.tp_dim is not None else "dp"
         if kind.expert:
@@ -172,13 +217,15 @@ class ModelPartition:
 
     def shard_map(self, name: str, layout: ParallelLayout, rank: int) -> BlockMap | None:
         """Which part of ``name`` rank ``rank`` holds in ``layout``; None when it holds none (another EP rank's expert)."""
-        if layout.pp != 1:
-            raise ValueError(f"layout {layout}: pipeline-parallel partitions (pp={layout.pp}) are not supported; "
-                             "ModelPartition splits parameters over TP, EP and FSDP only")
         shape, _ = self.meta[name]
         kind = self.kind(name)
         coords = layout.coords(rank)
+        if layout.pp > 1 and self._stage(name, kind, layout) != coords.pp:
+            return None
         smap = BlockMap.full(shape)
+        if kind.vocab:
+            multiple = layout.vocab_multiple * layout.tp
+            smap = smap.pad(0, -(-shape[0] // multiple) * multiple)
         if kind.expert == "stacked":
             per = _split_size(name, "experts (dim 0)", shape[0], layout.ep, "ep")
             smap = smap.narrow(0, coords.ep * per, per)
@@ -196,6 +243,15 @@ class ModelPartition:
                 smap = _fsdp_chunk(smap, degree, index)
         return smap
 
+    def _stage(self, name: str, kind: Kind, layout: ParallelLayout) -> int:
+        if layout.fsdp or kind.expert:
+            raise ValueError(f"layout {layout}: pipeline stages with FSDP or experts are not supported "
+                             f"(parameter {name!r}); use pp=1 there")
+        if self.rules.stages is None:
+            raise ValueError(f"layout {layout} has pipeline stages: pass PartitionRules(stages=StageRules(num_layers)) "
+                             "to say which stage owns each parameter")
+        return self.rules.stages.stage_of(name, layout.pp)
+
     def _tp_split(self, name: str, smap: BlockMap, kind: Kind, tp: int, tp_rank: int) -> BlockMap:
         dim = kind.tp_dim
         assert dim is not None
@@ -205,6 +261,13 @@ class ModelPartition:
                 raise ValueError(f"parameter {name!r} is a fused QKV projection: pass PartitionRules(qkv_sections="
                                  "(q_rows, k_rows, v_rows)), e.g. qkv_sections_from_config(model.config)")
             sections = self.rules.qkv_sections
+        elif kind.fused == "groups":
+            groups = self.rules.query_groups
+            if groups is None:
+                raise ValueError(f"parameter {name!r} is a grouped QKV projection: pass PartitionRules(query_groups=N), "
+                                 "N the model's key/value heads")
+            _split_size(name, "query groups", groups, tp, "tp")
+            sections = (size,)
         elif kind.fused == "halves":
             if size % 2:
                 raise ValueError(f"parameter {name!r}: fused gate_up has an odd size {size} along dim {dim}")

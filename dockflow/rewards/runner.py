@@ -1,11 +1,16 @@
-"""Reward functions run in a child process of the reward worker, one batch at a time, under ``reward.timeout_s``.
+"""Reward functions, batch by batch, under ``reward.timeout_s``: in the reward worker itself, or in its child process.
 
 A user's function may hang, and in ways no thread can interrupt (``9**9**9`` holds the interpreter for good),
-so it runs in its own process: a call past the timeout kills that process and stops the run with one line
-naming the function and the batch's samples. A function that raises is tried again sample by sample, so the
-error names the first sample it fails on. Async functions are awaited.
+or kill its process, so by default it runs in a child process started once with the worker: each batch goes down
+one pipe to it, and a call past the timeout kills that process and stops the run with one line naming the function
+and the batch's samples. The built-ins (DockFlow's own, bounded code) are called in the worker instead: no process
+hop, they cost what the function costs; a call that returns past the timeout still stops the run with the same
+line. ``in_process`` names the functions called in the worker (``reward.functions[].isolate`` decides it). Either
+way a function that raises is tried again sample by sample, so the error names the first sample it fails on, and
+what it returns is checked the same way. Async functions are awaited.
 
-    runner = RewardRunner([("math_verify", "dockflow.rewards.builtins:math_verify")], timeout_s=60)
+    runner = RewardRunner([("math_verify", "dockflow.rewards.builtins:math_verify")], timeout_s=60,
+                          in_process={"math_verify"})
     results = runner.score(RewardBatch(prompts, completions, completion_ids, {"answer": answers}, RunState(3, 500)))
     results["math_verify"].values    # one float per completion, NaN where it does not apply
     runner.close()
@@ -19,7 +24,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import defaultdict
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -51,6 +58,7 @@ class RewardBatch:
 class FunctionResult:
     values: list[float]  # NaN where the function does not apply
     metrics: dict[str, float]  # what it logged with log_metric (mean per name over the batch's calls)
+    seconds: float = 0.0  # the call's own time, where it ran (no process hop)
 
 
 def _call(fn: Any, batch: RewardBatch, rows: list[int], metrics: dict[str, list[float]]) -> Any:
@@ -68,6 +76,27 @@ def _first_failing_sample(fn: Any, batch: RewardBatch) -> tuple[int, BaseExcepti
         except Exception as exc:  # noqa: BLE001 - we are looking for the user's exception
             return i, exc
     return None
+
+
+def score_function(label: str, fn: Callable[..., Any], batch: RewardBatch) -> tuple[str, Any]:
+    """``fn`` on the whole batch, where it runs (the worker or the child): ``("result", FunctionResult)``, or
+    ``("error", message)`` naming the function and the sample."""
+    n = len(batch.completions)
+    metrics: dict[str, list[float]] = defaultdict(list)
+    start = time.perf_counter()
+    try:
+        out = _call(fn, batch, list(range(n)), metrics)
+    except Exception as exc:  # noqa: BLE001 - the user's function raised: find the sample
+        found = _first_failing_sample(fn, batch)
+        i, err = found if found else (None, exc)
+        where = f"on sample {batch.sample_ids[i]}" if i is not None else f"on a batch of {n} samples"
+        return "error", f"reward function '{label}' raised {type(err).__name__}: {err} {where}"
+    seconds = time.perf_counter() - start
+    try:
+        values = checked_output(label, out, n)
+    except RewardError as exc:
+        return "error", _renumber(str(exc), batch.sample_ids)
+    return "result", FunctionResult(values, {k: sum(v) / len(v) for k, v in metrics.items()}, seconds)
 
 
 def _die_with_parent() -> None:
@@ -117,23 +146,8 @@ def _serve(conn: _Duplex) -> None:
             batch = conn.recv()
         except EOFError:
             return
-        n = len(batch.completions)
         for label, fn in loaded:
-            metrics: dict[str, list[float]] = defaultdict(list)
-            try:
-                out = _call(fn, batch, list(range(n)), metrics)
-            except Exception as exc:  # noqa: BLE001 - the user's function raised: find the sample
-                found = _first_failing_sample(fn, batch)
-                i, err = found if found else (None, exc)
-                where = f"on sample {batch.sample_ids[i]}" if i is not None else f"on a batch of {n} samples"
-                conn.send(("error", f"reward function '{label}' raised {type(err).__name__}: {err} {where}"))
-                continue
-            try:
-                values = checked_output(label, out, n)
-            except RewardError as exc:
-                conn.send(("error", _renumber(str(exc), batch.sample_ids)))
-                continue
-            conn.send(("result", FunctionResult(values, {k: sum(v) / len(v) for k, v in metrics.items()})))
+            conn.send(score_function(label, fn, batch))
 
 
 def _renumber(message: str, sample_ids: list[int]) -> str:
@@ -146,15 +160,26 @@ def _renumber(message: str, sample_ids: list[int]) -> str:
 
 
 class RewardRunner:
-    """The reward functions ``[(label, module:function)]`` in one child process, called batch by batch."""
+    """The reward functions ``[(label, module:function)]``, called batch by batch: those named in ``in_process`` in
+    this process, the others in one child process (started only if there are any)."""
 
-    def __init__(self, functions: list[tuple[str, str]], timeout_s: float, start_timeout_s: float = 120.0) -> None:
+    def __init__(self, functions: list[tuple[str, str]], timeout_s: float, start_timeout_s: float = 120.0,
+                 in_process: Collection[str] = ()) -> None:
         self.functions, self.timeout_s, self.start_timeout_s = functions, timeout_s, start_timeout_s
+        self.isolated = [(label, path) for label, path in functions if label not in in_process]
+        self.local = {label: path for label, path in functions if label in in_process}
+        self.loaded: dict[str, Callable[..., Any]] = {}  # the in-process functions, once imported
         self.process: subprocess.Popen | None = None
         self.conn: _Duplex | None = None
 
     def start(self) -> None:
-        """Start the child process and load the functions (``score`` starts it too, if it is not running)."""
+        """Import the in-process functions, and start the child process with the others (``score`` does it too,
+        if it has not been done)."""
+        self.loaded = {label: import_function(path) for label, path in self.local.items()}
+        if self.isolated:
+            self._start_child()
+
+    def _start_child(self) -> None:
         # A fresh interpreter (not fork: the worker's threads and locks; not multiprocessing's spawn: it re-runs the
         # parent's __main__, which in a Ray worker is Ray's own script). It gets the worker's sys.path, so a module
         # Ray shipped to the worker (runtime_env py_modules) imports there too.
@@ -165,15 +190,16 @@ class RewardRunner:
         os.close(down_r)
         os.close(up_w)
         self.conn = _Duplex(Connection(up_r, writable=False), Connection(down_w, readable=False))
-        self.conn.send((list(sys.path), self.functions))
+        self.conn.send((list(sys.path), self.isolated))
         kind, message = self._receive(self.start_timeout_s, "loading the reward functions")
         if kind == "error":
             self.close()
             raise RewardError(message)
 
-    def _receive(self, timeout_s: float, what: str) -> tuple[str, Any]:
+    def _receive(self, timeout_s: float, what: str, wait_s: float | None = None) -> tuple[str, Any]:
+        """The child's next answer within ``wait_s`` (default: ``timeout_s``, the limit the message names)."""
         assert self.conn is not None
-        if not self.conn.poll(timeout_s):
+        if not self.conn.poll(timeout_s if wait_s is None else wait_s):
             self.close()
             raise RewardError(f"{what} ran past reward.timeout_s={timeout_s:g}s; the reward process was killed. Make "
                               "the function faster (or bound its work), or raise reward.timeout_s")
@@ -188,23 +214,43 @@ class RewardRunner:
             raise RewardError(f"the reward process died (exit code {code}) while {what}") from None
 
     def score(self, batch: RewardBatch) -> dict[str, FunctionResult]:
-        """Every function's values on ``batch``; a RewardError (the run stops) on the first that misbehaves."""
+        """Every function's values on ``batch``, in the order given; a RewardError (the run stops) on the first that
+        misbehaves. The child process scores its functions while the in-process ones run here."""
         if not batch.sample_ids:
             batch.sample_ids = list(range(len(batch.completions)))
-        if self.process is None or self.process.poll() is not None:
-            self.start()
-        assert self.conn is not None
-        self.conn.send(batch)
+        if len(self.loaded) < len(self.local):
+            self.loaded = {label: import_function(path) for label, path in self.local.items()}
+        if self.isolated:
+            if self.process is None or self.process.poll() is not None:
+                self._start_child()
+            assert self.conn is not None
+            self.conn.send(batch)
+        sent = time.monotonic()  # the child's first function starts on the batch now
+        span = f"on samples {batch.sample_ids[0]}-{batch.sample_ids[-1]}"
         out: dict[str, FunctionResult] = {}
-        first, last = batch.sample_ids[0], batch.sample_ids[-1]
-        for label, _ in self.functions:
-            what = f"reward function '{label}' on samples {first}-{last}"
-            kind, payload = self._receive(self.timeout_s, what)
-            if kind == "error":
-                self.close()  # its later answers to this batch are of no use
-                raise RewardError(payload)
-            out[label] = payload
-        return out
+        for label, fn in self.loaded.items():
+            out[label] = self._checked(self._score_here(label, fn, batch, span))
+        for k, (label, _) in enumerate(self.isolated):
+            left = max(0.0, self.timeout_s - (time.monotonic() - sent)) if k == 0 else None  # less the time spent here
+            out[label] = self._checked(self._receive(self.timeout_s, f"reward function '{label}' {span}", left))
+        return {label: out[label] for label, _ in self.functions}
+
+    def _score_here(self, label: str, fn: Callable[..., Any], batch: RewardBatch, span: str) -> tuple[str, Any]:
+        """An in-process call: it cannot be stopped early, so its time is checked when it returns."""
+        kind, payload = score_function(label, fn, batch)
+        if kind == "result" and payload.seconds > self.timeout_s:
+            return "error", (f"reward function '{label}' {span} ran past reward.timeout_s={self.timeout_s:g}s (it "
+                             f"returned after {payload.seconds:.1f}s in the reward worker, where it cannot be stopped "
+                             "early). Make the function faster, raise reward.timeout_s, or give it 'isolate: true' "
+                             "to run it in the reward process, killed at the timeout")
+        return kind, payload
+
+    def _checked(self, answer: tuple[str, Any]) -> FunctionResult:
+        kind, payload = answer
+        if kind == "error":
+            self.close()  # the child's later answers to this batch are of no use
+            raise RewardError(payload)
+        return payload
 
     def close(self) -> None:
         """Stop the child process (killed: it may be stuck in the user's code)."""
@@ -215,7 +261,6 @@ class RewardRunner:
         if self.conn is not None:
             self.conn.close()
         self.process = self.conn = None
-
 
 
 if __name__ == "__main__":  # the child: python -m dockflow.rewards.runner <read fd> <write fd>

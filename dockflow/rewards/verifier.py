@@ -26,6 +26,13 @@ def verify_answer(response: str, example: Example) -> float:
     return verify(response, example.answer)
 
 
+def verifier_name(data: DataConfig) -> str:
+    """The name of ``task_verifier(data)``: ``reasoning_gym:<task>`` (its scorer is the task's), else ``math_verify``."""
+    if data.source == "reasoning_gym":
+        return f"reasoning_gym:{data.reasoning_gym.name}"
+    return "math_verify"
+
+
 def task_verifier(data: DataConfig) -> Verifier:
     """The verifier of ``data.source``: reasoning-gym's own scorer for its tasks, else the math verifier."""
     if data.source == "reasoning_gym":

@@ -1,6 +1,6 @@
 """MLflow tracking: one run per DockFlow run (params, metrics, artifacts, tags, optional system metrics), curve
 plots, metric read-back; run comparison lives in ``dockflow.tracking.compare``; the Model Registry (register the
-final model, the champion alias, fetch a start) in ``dockflow.tracking.registry``.
+final model, fetch a start) in ``dockflow.tracking.registry``; the champion gate in ``dockflow.tracking.champion``.
 
     from dockflow.tracking import Tracker, plot_curves, run_tags
     tags = run_tags(cfg.algorithm.name, cfg.model.path, cfg.dock.backend, cfg.run.name)
@@ -8,15 +8,13 @@ final model, the champion alias, fetch a start) in ``dockflow.tracking.registry`
         tr.log_metrics({"train/reward_mean": r}, step=it)
 """
 
+from dockflow.tracking.champion import ChampionDecision, decide_champion, decision_metrics
 from dockflow.tracking.mlflow_tracker import Tracker, flatten_params, read_metric_history
 from dockflow.tracking.plots import plot_curves
 from dockflow.tracking.registry import (
-    ChampionDecision,
     FetchedModel,
     RegistryError,
     RegistryLockTimeout,
-    decide_champion,
-    decision_metrics,
     fetch_registered_model,
     register_final_model,
 )

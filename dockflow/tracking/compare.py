@@ -1,4 +1,5 @@
-"""Side-by-side comparison of MLflow runs: tags, final key metrics, and the params that differ.
+"""Side-by-side comparison of MLflow runs: tags (the evaluation's fingerprint and the lineage among them: runs
+whose fingerprints differ were scored on different evaluations), final key metrics, and the params that differ.
 
 Each reference is resolved, in this order, as a run id, a run name (every run with that name), or an
 experiment name (all of its runs); duplicates are dropped. A metric's "final" value is the one MLflow keeps
@@ -21,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dockflow.tracking.store import TrackingError, apply_http_env_defaults, explain, require_existing_store
-from dockflow.tracking.tags import TAG_KEYS
+from dockflow.tracking.tags import IDENTITY_KEYS, TAG_KEYS
 
 DEFAULT_METRICS = ("eval/test_accuracy", "reward/mean", "perf/throughput_tps", "timing/iteration_s")
 _NOT_A_RUN_ID = ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
@@ -84,7 +85,8 @@ def find_runs(uri: str, refs: Sequence[str]) -> tuple[list[Run], dict[str, str]]
 
 def compare_runs(refs: Sequence[str], uri: str | None = None, metrics: Sequence[str] = DEFAULT_METRICS) -> dict[str, Any]:
     """``{"tracking_uri", "runs", "tags", "metrics", "params"}``; tags/metrics/params map a key to one value per
-    run (None where a run lacks it), params only where the runs differ."""
+    run (None where a run lacks it), params only where the runs differ. Tags: ``TAG_KEYS`` and the identity
+    tags (``dockflow.eval.fingerprint``, ``dockflow.lineage.task``, ``dockflow.lineage.base_model``)."""
     uri = compare_uri(uri)
     runs, experiments = find_runs(uri, refs)
     all_params = sorted({k for r in runs for k in r.data.params})
@@ -100,7 +102,7 @@ def compare_runs(refs: Sequence[str], uri: str | None = None, metrics: Sequence[
             }
             for r in runs
         ],
-        "tags": {k: [r.data.tags.get(k) for r in runs] for k in TAG_KEYS},
+        "tags": {k: [r.data.tags.get(k) for r in runs] for k in (*TAG_KEYS, *IDENTITY_KEYS)},
         "metrics": {k: [r.data.metrics.get(k) for r in runs] for k in metrics},
         "params": {k: v for k, v in params.items() if len(set(v)) > 1},
     }

@@ -1,29 +1,25 @@
-"""MLflow Model Registry for recurring runs: register the final model, move the champion alias, fetch a start.
+"""MLflow Model Registry for recurring runs: register the final model, fetch a start.
 
-    version = register_final_model(uri, cfg.registry, run_id, final_model_dir, score)
-    decision = decide_champion(uri, cfg.registry, version, score)
-    metrics, tags = decision_metrics(decision)       # log them to the run
+    version = register_final_model(uri, cfg.registry, run_id, final_model_dir, score, tags=identity)
     start = fetch_registered_model(uri, cfg.registry, "champion", work_dir)   # start.local_dir: HF dir
+    other = fetch_model_version(uri, cfg.registry, 3, work_dir)
 
 A finished run logs its final Hugging Face directory as artifacts of its MLflow run (under ``model/``, in the
 MLflow artifact store, which checkpoint retention never touches) and registers them as a new version of
-``registry.model_name``, tagged with its held-out score (``dockflow.score``) and the metric's name
-(``dockflow.score_metric``). The ``champion`` alias moves to the new version only when its score is finite and
-beats the champion's by more than ``registry.champion_margin`` (the first finite version always takes it).
-The read of the champion's score and the alias move happen under a lock kept in MLflow's own registry
-(``dockflow.tracking.registry_lock``: its docstring explains the primitive and its limits), so two runs
-finishing together cannot both win against the same old champion: the second compares against the first's
-result.
+``registry.model_name``, tagged with its held-out score (``dockflow.score``), the metric's name
+(``dockflow.score_metric``) and the identity of the evaluation and lineage it comes from (``dockflow.eval.*``,
+``dockflow.lineage.*``: ``dockflow.tracking.tags``). Whether it takes the champion alias is the gate's
+decision (``dockflow.tracking.champion``).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -43,18 +39,16 @@ from dockflow.tracking.registry_client import (
     open_client,
     retry_transient,
 )
-from dockflow.tracking.registry_lock import RegistryLock
 from dockflow.tracking.store import explain
 
 __all__ = [
-    "ChampionDecision",
     "FetchedModel",
     "RegistryError",
     "RegistryLockTimeout",
-    "decide_champion",
-    "decision_metrics",
+    "fetch_model_version",
     "fetch_registered_model",
     "lock_model_name",
+    "model_version_tags",
     "register_final_model",
 ]
 
@@ -74,25 +68,10 @@ class FetchedModel:
     score: float | None  # the version's ``dockflow.score`` tag; None when absent
     local_dir: Path  # the downloaded Hugging Face directory
     source: str  # where MLflow keeps it
+    tags: dict[str, str] = field(default_factory=dict)  # the version's tags (its identity, its score)
 
 
-@dataclass(frozen=True)
-class ChampionDecision:
-    """The outcome of ``decide_champion``."""
-
-    model_name: str
-    alias: str
-    version: int  # the candidate
-    score: float  # the candidate's score
-    margin: float
-    moved: bool  # the alias now points at ``version`` because of this decision
-    champion_version: int | None  # the alias's version after the decision (None: no champion)
-    previous_version: int | None  # before the decision
-    previous_score: float | None
-    reason: str  # one line
-
-
-def _model_name(cfg: RegistryConfig) -> str:
+def registered_name(cfg: RegistryConfig) -> str:
     if not cfg.model_name:
         raise RegistryError("registry.model_name is null: set it to the registered model that runs build on")
     filter_by_name(cfg.model_name)  # rejects a name no search filter can quote
@@ -101,10 +80,10 @@ def _model_name(cfg: RegistryConfig) -> str:
 
 def lock_model_name(cfg: RegistryConfig) -> str:
     """The registered model that holds the champion lock's tickets."""
-    return f"{_model_name(cfg)}.{cfg.champion_alias}.lock"
+    return f"{registered_name(cfg)}.{cfg.champion_alias}.lock"
 
 
-def _parse_score(text: str | None) -> float | None:
+def parse_score(text: str | None) -> float | None:
     try:
         return float(text) if text is not None else None
     except ValueError:
@@ -123,15 +102,22 @@ def _version_of_run(client: MlflowClient, name: str, run_id: str) -> int | None:
 
 
 def register_final_model(
-    tracking_uri: str, cfg: RegistryConfig, run_id: str, model_dir: str | Path, score: float
+    tracking_uri: str,
+    cfg: RegistryConfig,
+    run_id: str,
+    model_dir: str | Path,
+    score: float,
+    *,
+    tags: Mapping[str, str] | None = None,
 ) -> int:
     """Log ``model_dir`` (a Hugging Face directory) under ``model/`` of run ``run_id`` and register it as a new
-    version of ``cfg.model_name`` (created if missing), tagged with ``score``. Returns the version number.
+    version of ``cfg.model_name`` (created if missing), tagged with ``score`` and ``tags`` (the identity tags of
+    ``dockflow.tracking.tags.identity_tags``). Returns the version number.
     A run registers one version: when ``run_id`` already has one (a retried task), that one is returned.
 
     Raises RegistryError when the name is null, the directory is not a model, the run does not exist, or
     MLflow fails."""
-    name = _model_name(cfg)
+    name = registered_name(cfg)
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise RegistryError(
@@ -158,13 +144,13 @@ def register_final_model(
     description = f"DockFlow models; versions are ranked by {cfg.score_metric} (higher is better)."
     call(tracking_uri, where, lambda: ensure_registered_model(client, name, description, {}))
     score = float(score)
-    tags = {SCORE_TAG: repr(score), METRIC_TAG: cfg.score_metric}
+    version_tags = {**(tags or {}), SCORE_TAG: repr(score), METRIC_TAG: cfg.score_metric}
     mv = call(
         tracking_uri,
         where,
         lambda: retry_transient(
             lambda: client.create_model_version(
-                name, source, run_id=run_id, tags=tags, description=f"{cfg.score_metric}={score:.6g}"
+                name, source, run_id=run_id, tags=version_tags, description=f"{cfg.score_metric}={score:.6g}"
             )
         ),
     )
@@ -224,7 +210,7 @@ def fetch_registered_model(
     ValueError for another ``which``."""
     if which not in ("latest", "champion"):
         raise ValueError(f"which must be 'latest' or 'champion', got {which!r}")
-    name, alias = _model_name(cfg), cfg.champion_alias
+    name, alias = registered_name(cfg), cfg.champion_alias
     client = open_client(tracking_uri)
     need = f"model.continue_from: {which}"
     rm = _registered_model(client, tracking_uri, name, need)
@@ -245,135 +231,35 @@ def fetch_registered_model(
                 "when none holds it), use model.continue_from: latest, or set the alias by hand"
             )
         mv = call(tracking_uri, where, lambda: client.get_model_version(name, str(version)))
-    path = call(tracking_uri, where, lambda: _download(client, tracking_uri, mv, Path(dest_dir)))
-    return FetchedModel(
-        name=name, version=int(mv.version), run_id=mv.run_id or None, score=_parse_score(mv.tags.get(SCORE_TAG)),
-        local_dir=path, source=mv.source,
-    )  # fmt: skip
+    return _fetched(client, tracking_uri, mv, Path(dest_dir), where)
 
 
-def _champion_score(client: MlflowClient, uri: str, cfg: RegistryConfig, mv: ModelVersion) -> float:
-    """The champion's score under ``cfg.score_metric``: its tag, else its run's metric."""
-    tagged = _parse_score(mv.tags.get(SCORE_TAG))
-    if tagged is not None and mv.tags.get(METRIC_TAG, cfg.score_metric) == cfg.score_metric:
-        return tagged
-    if mv.run_id:
-        try:
-            metric = client.get_run(mv.run_id).data.metrics.get(cfg.score_metric)
-        except MlflowException:
-            metric = None
-        if metric is not None:
-            return float(metric)
-    raise RegistryError(
-        f"champion version {mv.version} of '{mv.name}' at {uri} has no {cfg.score_metric} score (tag {SCORE_TAG} "
-        f"with {METRIC_TAG}={cfg.score_metric}, or that metric on its run): tag it with its score, or move "
-        f"'{cfg.champion_alias}' by hand"
-    )
-
-
-def _current_champion(client: MlflowClient, uri: str, cfg: RegistryConfig) -> tuple[int, float] | None:
-    name = _model_name(cfg)
-    version = client.get_registered_model(name).aliases.get(cfg.champion_alias)
-    if version is None:
-        return None
-    mv = client.get_model_version(name, str(version))
-    return int(version), _champion_score(client, uri, cfg, mv)
-
-
-def _rule(cfg: RegistryConfig, version: int, score: float, prev: tuple[int, float] | None) -> tuple[bool, str]:
-    alias, margin = cfg.champion_alias, cfg.champion_margin
-    if not math.isfinite(score):
-        return False, f"v{version} does not take '{alias}': its {cfg.score_metric} is {score} (not finite)"
-    if prev is None:
-        return True, f"v{version} takes '{alias}': no champion yet ({cfg.score_metric} {score:.6g})"
-    pv, ps = prev
-    if pv == version:
-        return False, f"v{version} already holds '{alias}'"
-    if not math.isfinite(ps):
-        return True, f"v{version} takes '{alias}' from v{pv}, whose {cfg.score_metric} is {ps} ({score:.6g})"
-    if score > ps + margin:
-        return True, f"v{version} takes '{alias}' from v{pv}: {score:.6g} > {ps:.6g} + margin {margin:g}"
-    return False, f"'{alias}' stays on v{pv}: v{version}'s {score:.6g} is not above {ps:.6g} + margin {margin:g}"
-
-
-def decide_champion(tracking_uri: str, cfg: RegistryConfig, version: int, score: float) -> ChampionDecision:
-    """Move ``cfg.champion_alias`` to ``version`` when ``score`` beats the champion's by more than the margin
-    (or there is no champion); a non-finite score never wins. The read and the move run under the registry
-    lock (``registry_lock``), waiting at most ``cfg.lock_timeout_s``.
-
-    Raises RegistryLockTimeout when another decision holds the lock too long, RegistryError when the version
-    does not exist, the champion has no score, or MLflow fails."""
-    name, alias = _model_name(cfg), cfg.champion_alias
-    if alias.lower() == "latest":
-        raise RegistryError("registry.champion_alias 'latest' is reserved by MLflow: choose another alias")
-    version, score = int(version), float(score)
+def fetch_model_version(tracking_uri: str, cfg: RegistryConfig, version: int, dest_dir: str | Path) -> FetchedModel:
+    """Download version ``version`` of ``cfg.model_name`` into ``dest_dir/<name>-v<version>`` (the champion gate
+    re-scores a champion from it). Raises RegistryError when the version does not exist or MLflow fails."""
     client = open_client(tracking_uri)
-    where = f"deciding the '{alias}' of '{name}' for v{version}"
+    mv = _get_version(client, tracking_uri, registered_name(cfg), version)
+    return _fetched(client, tracking_uri, mv, Path(dest_dir), f"fetching version {version} of '{mv.name}'")
+
+
+def model_version_tags(tracking_uri: str, cfg: RegistryConfig, version: int) -> dict[str, str]:
+    """The tags of version ``version`` of ``cfg.model_name`` (a run that started from it reads its lineage).
+    Raises RegistryError when the version does not exist or MLflow fails."""
+    return dict(_get_version(open_client(tracking_uri), tracking_uri, registered_name(cfg), version).tags)
+
+
+def _get_version(client: MlflowClient, uri: str, name: str, version: int) -> ModelVersion:
     try:
-        mv = client.get_model_version(name, str(version))
+        return client.get_model_version(name, str(int(version)))
     except Exception as exc:
         if is_missing(exc):
-            raise RegistryError(
-                f"version {version} of registered model '{name}' does not exist at {tracking_uri}: register it "
-                "first (register_final_model) with the same tracking.uri"
-            ) from None
-        raise RegistryError(f"{where}: {explain(tracking_uri, exc)}") from exc
-
-    def decide(lock: RegistryLock | None) -> ChampionDecision:
-        prev = _current_champion(client, tracking_uri, cfg)
-        moved, reason = _rule(cfg, version, score, prev)
-        if moved:
-            if lock is not None:
-                lock.check_held()
-            client.set_registered_model_alias(name, alias, str(version))
-        after = version if moved else (prev[0] if prev else None)
-        return ChampionDecision(
-            model_name=name, alias=alias, version=version, score=score, margin=cfg.champion_margin, moved=moved,
-            champion_version=after, previous_version=prev[0] if prev else None,
-            previous_score=prev[1] if prev else None, reason=reason,
-        )  # fmt: skip
-
-    if not math.isfinite(score):  # it cannot win, so it reads without queueing
-        return call(tracking_uri, where, lambda: decide(None))
-    lock = RegistryLock(
-        client,
-        lock_model_name(cfg),
-        owner=f"'{name}' v{version}",
-        timeout_s=cfg.lock_timeout_s,
-        stale_after_s=cfg.lock_timeout_s,
-        source=mv.source,
-        run_id=mv.run_id or None,
-        description=f"DockFlow lock of the '{alias}' decision of '{name}': each version is a queue ticket, not a model.",
-    )
-
-    def locked() -> ChampionDecision:
-        with lock:
-            return decide(lock)
-
-    return call(tracking_uri, where, locked)
+            raise RegistryError(f"version {version} of registered model '{name}' does not exist at {uri}") from None
+        raise RegistryError(f"reading version {version} of '{name}': {explain(uri, exc)}") from exc
 
 
-def decision_metrics(decision: ChampionDecision) -> tuple[dict[str, float], dict[str, str]]:
-    """What the caller logs to its run: metrics ``registry/...`` (non-finite values left out) and tags
-    ``registry.decision`` (the reason), ``registry.model``, ``registry.version``, ``registry.champion_version``."""
-    metrics = {
-        "registry/version": float(decision.version),
-        "registry/champion_moved": 1.0 if decision.moved else 0.0,
-        "registry/champion_margin": float(decision.margin),
-        "registry/score": decision.score,
-    }
-    if decision.previous_score is not None:
-        metrics["registry/champion_score_before"] = decision.previous_score
-    if decision.previous_version is not None:
-        metrics["registry/champion_version_before"] = float(decision.previous_version)
-    if decision.champion_version is not None:
-        metrics["registry/champion_version"] = float(decision.champion_version)
-    metrics = {k: v for k, v in metrics.items() if math.isfinite(v)}
-    champion = "none" if decision.champion_version is None else str(decision.champion_version)
-    tags = {
-        "registry.decision": decision.reason,
-        "registry.model": decision.model_name,
-        "registry.version": str(decision.version),
-        "registry.champion_version": champion,
-    }
-    return metrics, tags
+def _fetched(client: MlflowClient, uri: str, mv: ModelVersion, dest_dir: Path, where: str) -> FetchedModel:
+    path = call(uri, where, lambda: _download(client, uri, mv, dest_dir))
+    return FetchedModel(
+        name=mv.name, version=int(mv.version), run_id=mv.run_id or None, score=parse_score(mv.tags.get(SCORE_TAG)),
+        local_dir=path, source=mv.source, tags=dict(mv.tags),
+    )  # fmt: skip

@@ -1,6 +1,6 @@
 """A lock kept in MLflow's own Model Registry, so that overlapping runs take turns on the champion decision.
 
-MLflow has no compare-and-swap on aliases, so ``decide_champion`` (``dockflow.tracking.registry``) reads the
+MLflow has no compare-and-swap on aliases, so ``decide_champion`` (``dockflow.tracking.champion``) reads the
 champion's score and moves the alias while holding this lock. The primitive: the versions of a dedicated
 registered model (``<model>.<alias>.lock``, tagged ``dockflow.lock=true``) are **tickets**. MLflow's SQL
 registry store numbers a new version ``max(version) + 1`` inside a transaction on the primary key

@@ -2,6 +2,10 @@
 
     tags = run_tags(cfg.algorithm.name, cfg.model.path, cfg.dock.backend, cfg.run.name)
     Tracker.start(cfg.tracking, run_dir, cfg.run.name, params=cfg.flat(), tags=tags)
+    tracker.set_tags(identity_tags(ident.fingerprint, ident.fields(), task, base_model))   # at the run's end
+
+The identity tags (``dockflow.eval.*``, ``dockflow.lineage.*``) also go on the run's registered version: the
+champion gate (``dockflow.tracking.champion``) reads them.
 """
 
 from __future__ import annotations
@@ -11,6 +15,17 @@ from importlib import metadata
 from pathlib import Path
 
 TAG_KEYS = ("algorithm", "model", "dock_backend", "git_commit", "dockflow_version")
+
+EVAL_TAG_PREFIX = "dockflow.eval."
+FINGERPRINT_TAG = "dockflow.eval.fingerprint"  # the identity of the evaluation a run's scores come from
+TASK_TAG = "dockflow.lineage.task"
+BASE_MODEL_TAG = "dockflow.lineage.base_model"
+IDENTITY_KEYS = (FINGERPRINT_TAG, TASK_TAG, BASE_MODEL_TAG)
+FIELD_CHARS = 500
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= FIELD_CHARS else text[: FIELD_CHARS - 1] + "…"
 
 
 def git_commit(path: str | Path | None = None) -> str:
@@ -32,6 +47,16 @@ def dockflow_version() -> str:
         return metadata.version("dockflow")
     except metadata.PackageNotFoundError:
         return "unknown"
+
+
+def identity_tags(fingerprint: str, fields: dict[str, str], task: str, base_model: str) -> dict[str, str]:
+    """The tags a run and its registered version carry: the evaluation's fingerprint and each of its ``fields``
+    (``dockflow.eval.<field>``), and the lineage (``dockflow.lineage.task``,
+    ``dockflow.lineage.base_model``). Values are cut to ``FIELD_CHARS``: a long system prompt must not exceed
+    MLflow's limit on a tag value (the fingerprint hashes the whole)."""
+    tags = {f"{EVAL_TAG_PREFIX}{k}": _clip(v) for k, v in fields.items()}
+    tags |= {FINGERPRINT_TAG: fingerprint, TASK_TAG: _clip(task), BASE_MODEL_TAG: _clip(base_model)}
+    return tags
 
 
 def run_tags(algorithm: str, model_path: str | None, dock_backend: str, run_name: str) -> dict[str, str]:

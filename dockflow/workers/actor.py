@@ -27,11 +27,13 @@ from dockflow.algos.recipes.dpo import MARGIN
 from dockflow.config import Config
 from dockflow.config.engine import sync_tolerance
 from dockflow.data import PromptFormat, load_task
+from dockflow.data.identity import task_identity
 from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import EngineInputs, create_engines
 from dockflow.engines.devices import process_group_backend
 from dockflow.engines.sync_check import SYNC_CHECK, LogProbDrift, SyncChecker
 from dockflow.eval import EvalInputs, evaluate_policy
+from dockflow.eval.identity import EvalIdentity, eval_identity
 from dockflow.models import load_model_and_tokenizer
 from dockflow.storage.objects import fetch_model
 from dockflow.workers.consume import WaitClock, consume
@@ -183,18 +185,39 @@ class ActorWorker(ModelWorker):
             out[SYNC_CHECK] = self.gen_engine.check_sync(probe)
         return out
 
+    def _scoring(self) -> EvalInputs:
+        cfg = self.cfg
+        return EvalInputs(cfg.eval, cfg.data, cfg.rollout.max_new_tokens, cfg.run.seed)
+
     def evaluate(self, split: str = "test", limit: int | None = None, pairs: TensorDict | None = None) -> dict[str, float]:
         """Held-out scores by the verifier (greedy accuracy; pass@k with eval.pass_k > 1); with held-out
         preference ``pairs`` (rows chosen, rejected, ...: ``PairSource.eval_pairs``), the policy's margin on them."""
         start = time.perf_counter()
         examples = getattr(self.task, split)[: limit or None]
-        cfg = self.cfg
-        scoring = EvalInputs(cfg.eval, cfg.data, cfg.rollout.max_new_tokens, cfg.run.seed)
-        out = evaluate_policy(self.policy, self.tokenizer, examples, scoring, split)
+        out = evaluate_policy(self.policy, self.tokenizer, examples, self._scoring(), split)
         if pairs is not None:
             out[MARGIN] = self.preference_margin(pairs)
         out["timing/eval_s"] = time.perf_counter() - start
         return out
+
+    def identity(self, split: str = "test", limit: int | None = None) -> tuple[EvalIdentity, str]:
+        """(the identity of ``evaluate(split, limit)``'s evaluation, the task's: ``dockflow.data.identity``)."""
+        examples = getattr(self.task, split)[: limit or None]
+        task = task_identity(self.cfg.data, self.task.val + self.task.train)
+        return eval_identity(examples, self._scoring(), self.tokenizer), task
+
+    def score_registered(self, tracking_uri: str, version: int, split: str = "test",
+                         limit: int | None = None) -> tuple[float, str]:
+        """Version ``version`` of ``registry.model_name``, downloaded to this node and scored as ``evaluate(split,
+        limit)`` scores the policy: (its ``registry.score_metric``, the evaluation's fingerprint)."""
+        from dockflow.eval.registered import (
+            RegisteredScorer,  # MLflow, imported only when a champion is re-scored
+        )
+
+        cfg = self.cfg
+        device = next(self.policy.parameters()).device
+        scorer = RegisteredScorer(tracking_uri, cfg.registry, self._scoring(), cfg.model.dtype, device)
+        return scorer.score(version, getattr(self.task, split)[: limit or None], split)
 
     @torch.no_grad()
     def preference_margin(self, pairs: TensorDict) -> float:

@@ -3,9 +3,9 @@
 
 It holds no model, only the tokenizer (to decode) and the task's train rows (looked up by the prompt id that the
 dock carries as metadata): their prompts, answers and other columns are what the reward functions get, in TRL's
-convention (``dockflow.rewards.functions``). The functions run in a child process under ``reward.timeout_s``
-(``dockflow.rewards.runner``); reward models' scores come from the dock (``rm_scores``, written by the
-reward-model worker). Light: it asks Ray for no CPU. The algorithm's recipe shapes the combined reward (DAPO:
+convention (``dockflow.rewards.functions``). The built-ins run here, the user's functions in a child process,
+under ``reward.timeout_s`` (``dockflow.rewards.runner``; ``reward.functions[].isolate``); reward models' scores
+come from the dock (``rm_scores``, written by the reward-model worker). Light: it asks Ray for no CPU. The algorithm's recipe shapes the combined reward (DAPO:
 overlong responses); ``AdvantageState`` gives advantages to the groups the run plan's sampling selects.
 """
 
@@ -20,14 +20,14 @@ from tensordict import TensorDict
 from dockflow.config import Config
 from dockflow.data import Example, load_task
 from dockflow.dock import DockRequest, TransferDock
-from dockflow.engines import decode_responses
+from dockflow.engines import decode_responses, response_ids
 from dockflow.models import load_tokenizer
 from dockflow.rewards.functions import combine, function_path
 from dockflow.rewards.runner import RewardBatch, RewardRunner, RunState
 from dockflow.rewards.verifier import task_verifier
 from dockflow.storage.objects import fetch_model
 from dockflow.workers.advantage import AdvantageState, RoundAdvantages
-from dockflow.workers.consume import consume
+from dockflow.workers.consume import WaitClock, consume
 
 
 def row_columns(examples: list[Example], answer_key: str = "answer") -> dict[str, list]:
@@ -57,8 +57,9 @@ class RewardWorker:
         self.examples = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint).train
         self.verifier = task_verifier(cfg.data)  # reward/correct_fraction counts what held-out accuracy counts
         rc = cfg.reward
-        self.runner = RewardRunner([(f.label, function_path(f)) for f in rc.functions], rc.timeout_s)
-        self.runner.start()  # from the actor's own thread, whose end the child process follows
+        self.runner = RewardRunner([(f.label, function_path(f)) for f in rc.functions], rc.timeout_s,
+                                   in_process={f.label for f in rc.functions if f.in_worker})
+        self.runner.start()  # from the actor's own thread, whose end the child process (if any) follows
         self.labels = [f.label for f in rc.functions] + [m.label for m in rc.models]
         self.weights = [f.weight for f in rc.functions] + [m.weight for m in rc.models]
         self.columns = cfg.plan.role("reward").reads  # its states' dock columns: reward, advantage
@@ -68,18 +69,22 @@ class RewardWorker:
     def ready(self) -> bool:
         return True
 
-    def _score(self, batch, iteration: int, texts: list[str]) -> tuple[list[list[float]], dict[str, list[float]]]:
-        """Per-source values (functions, then models) of one dock batch, and what the functions logged."""
-        rows = [self.examples[int(p)] for p in batch.meta["prompt_id"]]
-        mask = batch.data["response_mask"].bool()
+    def _score(
+        self, batch, iteration: int, texts: list[str], ids: list[list[int]]
+    ) -> tuple[list[list[float]], dict[str, list[float]], float, float]:
+        """Per-source values (functions, then models) of one dock batch, what the functions logged, the scoring
+        call's seconds (with any process hop) and the functions' own (where they ran)."""
+        rows = [self.examples[p] for p in batch.meta["prompt_id"].tolist()]
         lo = self.cfg.dock_window(iteration)[0]
-        scored = self.runner.score(RewardBatch(
-            prompts=[ex.prompt for ex in rows], completions=texts,
-            completion_ids=[r[m].tolist() for r, m in zip(batch.data["responses"], mask, strict=True)],
+        request = RewardBatch(
+            prompts=[ex.prompt for ex in rows], completions=texts, completion_ids=ids,
             columns=row_columns(rows, self.cfg.data.answer_key),
             state=RunState(global_step=iteration, max_steps=self.cfg.train.iterations),
             sample_ids=[i - lo for i in batch.indices],
-        ))
+        )
+        start = time.perf_counter()
+        scored = self.runner.score(request)
+        call_s = time.perf_counter() - start
         columns = [r.values for r in scored.values()]
         if self.cfg.reward.models:
             columns += batch.data["rm_scores"].T.tolist()
@@ -87,7 +92,7 @@ class RewardWorker:
         for result in scored.values():
             for name, value in result.metrics.items():
                 logged.setdefault(name, []).append(value)
-        return columns, logged
+        return columns, logged, call_s, sum(r.seconds for r in scored.values())
 
     def compute_rewards(self, iteration: int) -> dict[str, float]:
         """Score one generation round (G x N samples) into ``rewards``: the weighted sum of every reward
@@ -100,23 +105,29 @@ class RewardWorker:
         bs = self.cfg.train.infer_batch_size
         columns = self.columns["reward"]
         request = DockRequest("reward", bs, columns, window=self.cfg.dock_window(iteration))
-        for batch in consume(self.dock, request, self.cfg.global_batch):
-            texts = decode_responses(self.tokenizer, batch.data["responses"], batch.data["response_mask"])
-            values, batch_logged = self._score(batch, iteration, texts)
+        waited, functions_s, own_s = WaitClock(), 0.0, 0.0
+        for batch in consume(self.dock, request, self.cfg.global_batch, clock=waited):
+            ids = response_ids(batch.data["responses"], batch.data["response_mask"])
+            texts = decode_responses(self.tokenizer, batch.data["responses"], batch.data["response_mask"], ids)
+            values, batch_logged, call_s, own = self._score(batch, iteration, texts, ids)
+            functions_s, own_s = functions_s + call_s, own_s + own
             for acc, col in zip(per_source, values, strict=True):
                 acc.extend(col)
             for name, v in batch_logged.items():
                 logged.setdefault(name, []).extend(v)
             unscorable += sum(all(math.isnan(col[i]) for col in values) for i in range(len(texts)))
-            correct += sum(self.verifier(t, self.examples[int(p)]) > 0
-                           for t, p in zip(texts, batch.meta["prompt_id"], strict=True))
+            correct += sum(self.verifier(t, self.examples[p]) > 0
+                           for t, p in zip(texts, batch.meta["prompt_id"].tolist(), strict=True))
             score = torch.tensor(combine(values, self.weights), dtype=torch.float32)
             score = self.recipe.shape_rewards(self.cfg, score, batch.meta["response_length"])  # DAPO: overlong shaping
             self.dock.put(batch.indices, TensorDict({"rewards": score}, batch_size=[len(batch)]))
             combined.extend(score.tolist())
         mean, std = _stats(combined)
         metrics = {"reward/mean": mean, "reward/std": std, "reward/correct_fraction": correct / len(combined),
-                   "reward/unscorable_fraction": unscorable / len(combined), "timing/reward_s": time.perf_counter() - start}
+                   "reward/unscorable_fraction": unscorable / len(combined), "timing/reward_s": time.perf_counter() - start,
+                   "timing/reward_wait_s": waited.seconds,  # of reward_s: waiting on the dock for responses
+                   "timing/reward_functions_s": functions_s,  # of reward_s: the calls, with any process hop
+                   "timing/reward_functions_own_s": own_s}  # of those: the functions' own time
         for label, values in zip(self.labels, per_source, strict=True):
             metrics[f"rewards/{label}/mean"], metrics[f"rewards/{label}/std"] = _stats(values)
         metrics.update({name: sum(v) / len(v) for name, v in logged.items()})

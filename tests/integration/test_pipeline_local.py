@@ -8,8 +8,9 @@ one MLflow tracking server:
   name: the earlier attempt's live actors are ended, the run resumes from its S3 checkpoint in the same MLflow
   run, and its final weights equal the uninterrupted run's bit for bit (max_staleness 0);
 - two recurring runs with no run name: different names, namespaces, checkpoint prefixes and MLflow runs; the
-  second starts from the first's registered champion, registers its own version and, not beating the champion by
-  the margin, leaves the alias where it was.
+  second starts from the first's registered champion (one lineage), is scored on fewer prompts (another
+  evaluation: its actor re-scores the champion on it, as the run's evaluation would), registers its own version
+  and, not beating the champion by the margin, leaves the alias where it was.
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ from mlflow import MlflowClient
 from safetensors.torch import load_file
 
 from dockflow.config import load_config
+from dockflow.data import load_task
+from dockflow.eval import EvalInputs, evaluate_policy
 from dockflow.flow.record import read_record
+from dockflow.models import load_model_and_tokenizer
 from dockflow.storage import run_store
 from dockflow.storage.objects import fetch_model, stage_model
 from dockflow.tracking import read_metric_history
@@ -159,13 +163,16 @@ def test_s3_run_survives_a_killed_stage_task_and_a_resumed_run_matches_it_bit_fo
 
 
 def test_recurring_runs_build_on_the_champion_with_their_own_identity(cluster, mlflow_server, tiny_overrides, tmp_path):
-    model = f"nightly-{os.getpid()}"
-    base = tiny_overrides("nightly", 2, tracking__uri=mlflow_server, registry__model_name=model,
+    model_name = f"nightly-{os.getpid()}"
+    base = tiny_overrides("nightly", 2, tracking__uri=mlflow_server, registry__model_name=model_name,
                           dock__backend="centralized", checkpoint__dir=str(tmp_path / "ckpt"))
     cfg = load_config(CONFIG, base)
     first = run_local(CONFIG, base, cfg, continue_from="base")
-    second_overrides = [*base, "registry.champion_margin=1.0"]  # held-out accuracy cannot beat it by more than 1
-    second = run_local(CONFIG, second_overrides, load_config(CONFIG, second_overrides), continue_from="champion")
+    # held-out accuracy cannot beat it by more than 1; scored on fewer prompts, another evaluation: the gate has
+    # the actor re-score the champion on it
+    second_overrides = [*base, "registry.champion_margin=1.0", "eval.num_prompts=12"]
+    second_cfg = load_config(CONFIG, second_overrides)
+    second = run_local(CONFIG, second_overrides, second_cfg, continue_from="champion")
 
     names = {first["run_name"], second["run_name"]}
     assert len(names) == 2 and all(n.startswith("nightly-") for n in names)  # named after their KFP run ids
@@ -177,10 +184,27 @@ def test_recurring_runs_build_on_the_champion_with_their_own_identity(cluster, m
     assert all((start[k] == champion[k]).all() for k in champion), "the second run did not start from the champion"
     assert first["registry"]["champion_moved"] and first["registry"]["version"] == 1
     assert second["registry"]["version"] == 2 and not second["registry"]["champion_moved"]
-    assert client.get_model_version_by_alias(model, "champion").version == "1"
+    assert client.get_model_version_by_alias(model_name, "champion").version == "1"
     for run, moved in ((first, 1.0), (second, 0.0)):
         assert [v for _, v in read_metric_history(mlflow_server, run["mlflow_run_id"], "registry/champion_moved")] == [moved]
         assert client.get_run(run["mlflow_run_id"]).info.status == "FINISHED"
+    # one lineage along the chain (the second run's base model is the champion's own); two evaluations, so the
+    # champion was re-scored on the second's by its actor, with the code and examples of the run's evaluation
+    first_fp, second_fp = first["evaluation"]["fingerprint"], second["evaluation"]["fingerprint"]
+    assert first_fp != second_fp and second["evaluation"]["num_prompts"] == "12"
+    assert second["lineage"] == first["lineage"] and first["lineage"]["base_model"].startswith("tiny qwen2")
+    reg = second["registry"]
+    assert (reg["comparison"], reg["fingerprint"], reg["champion_fingerprint"], reg["compared_on"]) == (
+        "rescored", second_fp, first_fp, second_fp)
+    model, tok = load_model_and_tokenizer(fetch_model(first["final_model"], cfg.checkpoint))
+    test = load_task(second_cfg.data, second_cfg.run.seed).test[:12]
+    scoring = EvalInputs(second_cfg.eval, second_cfg.data, second_cfg.rollout.max_new_tokens, second_cfg.run.seed)
+    assert reg["compared_score"] == evaluate_policy(model, tok, test, scoring)["eval/test_accuracy"]
+    for run, version, fingerprint in ((first, "1", first_fp), (second, "2", second_fp)):
+        run_tags, mv = client.get_run(run["mlflow_run_id"]).data.tags, client.get_model_version(model_name, version)
+        assert run_tags["dockflow.eval.fingerprint"] == mv.tags["dockflow.eval.fingerprint"] == fingerprint
+        assert mv.tags["dockflow.lineage.base_model"] == run_tags["dockflow.lineage.base_model"] == first["lineage"]["base_model"]
+        assert run_tags["registry.compared"] == run["registry"]["compared"] and run["registry"]["decision"] in mv.description
 
 
 def test_a_run_no_task_attaches_to_stops_itself(cluster, mlflow_server, tiny_overrides):

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
 from dockflow.flow.trainer import train
@@ -77,3 +78,8 @@ def test_train_learns_logs_and_resumes_bit_identically_through_s3(tiny_config, s
     for k in a:
         assert (a[k] == b[k]).all(), f"{k} differs after resume"
     assert full["reward_per_iteration"] == resumed["reward_per_iteration"]
+    # the CLI driver tags its run with its evaluation's identity; the same config is the same evaluation
+    assert resumed["evaluation"] == full["evaluation"] and full["evaluation"]["num_prompts"] == str(full_cfg.eval.num_prompts)
+    tags = MlflowClient(uri).get_run(full["mlflow_run_id"]).data.tags
+    assert tags["dockflow.eval.fingerprint"] == full["evaluation"]["fingerprint"]
+    assert tags["dockflow.lineage.base_model"] == full["lineage"]["base_model"] and tags["dockflow.lineage.task"]

@@ -68,6 +68,12 @@ def test_dockflow_iteration_reads_the_sync_loop_metrics():
     assert it.phases == {"generate": 0.3, "update": 0.4}
 
 
+def test_dockflow_reward_phase_is_scoring_without_waiting_for_responses():
+    metrics = {"rollout/samples": 256.0, "rollout/prompt_length": 8.0, "rollout/response_length": 3.5,
+               "timing/iteration_s": 0.4, "reward/mean": 0.6, "timing/reward_s": 0.11, "timing/reward_wait_s": 0.1}
+    assert dockflow_iteration(metrics).phases["reward"] == pytest.approx(0.01)
+
+
 def test_compare_gives_the_ratio_and_both_verdicts():
     base = {"setup": "tiny", "accuracy_gain": 0.1}
     results = [{**base, "system": "dockflow", "tps": 300.0}, {**base, "system": "trl", "tps": 100.0, "accuracy_gain": 0.2},

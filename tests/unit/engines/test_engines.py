@@ -10,8 +10,10 @@ from dockflow.engines import (
     SamplingParams,
     create_critic_engine,
     create_engines,
+    decode_responses,
     encode_rollouts,
     first_eos_mask,
+    response_ids,
 )
 from dockflow.engines.logprobs import position_ids_from_mask
 from dockflow.models import build_char_tokenizer, build_tiny_model, load_critic, save_pretrained_dir
@@ -31,6 +33,16 @@ def engines():
 def test_first_eos_mask_by_hand():
     tokens = torch.tensor([[5, 2, 9, 9], [5, 6, 7, 8], [2, 9, 2, 9]])
     assert first_eos_mask(tokens, eos_id=2).tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+
+
+def test_response_ids_and_text_keep_the_masked_in_tokens_without_special_ones():
+    tok = build_char_tokenizer()
+    rows = [tok.encode(t, add_special_tokens=False) + [tok.eos_token_id] for t in ("-38", "7", "1,234")]
+    width = max(len(r) for r in rows) + 2
+    responses = torch.tensor([r + [tok.pad_token_id or 0] * (width - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    assert response_ids(responses, mask) == rows  # EOS included, padding dropped
+    assert decode_responses(tok, responses, mask) == ["-38", "7", "1,234"]  # EOS dropped
 
 
 def test_rollout_layout(engines):

@@ -71,6 +71,11 @@ def test_progress_lines_and_reports():
                "registry": {"model_name": "m", "version": 3, "score": 0.6, "decision": "champion moved to 3"}}
     report = run_report(summary)
     assert "40.0%" in report and "60.0%" in report and "version 3" in report and "champion moved to 3" in report
+    summary["evaluation"] = {"fingerprint": "9c0e1d2f3a4b5c6d"}
+    summary["registry"]["compared"] = "v3 0.6 on evaluation 9c0e vs v1 0.5 on evaluation 9c0e (re-scored)"
+    report = run_report(summary)
+    assert "| evaluation fingerprint | `9c0e1d2f3a4b5c6d` |" in report
+    assert "| compared | v3 0.6 on evaluation 9c0e vs v1 0.5 on evaluation 9c0e (re-scored) |" in report
 
 
 def test_a_long_run_logs_about_a_hundred_lines_per_stage():

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from mlflow.tracking import MlflowClient
 
 from dockflow.cli import main
 from dockflow.config import TrackingConfig
@@ -38,6 +39,8 @@ def test_eval_data_file_with_pass_at_k_logged_to_mlflow(
         "eval/math_mini_avg_at_3": out["avg@3"],
     }
     assert read_metric_history(uri, tr.run_id, "eval/math_mini_pass_at_3") == [(3, out["pass@3"])]  # final step
+    assert len(out["fingerprint"]) == 16
+    assert MlflowClient(uri).get_run(tr.run_id).data.tags["dockflow.eval.math_mini_fingerprint"] == out["fingerprint"]
 
     assert main([*argv, "--limit", "2", "--mlflow-run", "0123abcd"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [

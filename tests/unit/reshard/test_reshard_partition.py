@@ -188,5 +188,7 @@ def test_uneven_splits_name_the_parameter_and_the_size():
         partition.shard_map("a.q_proj.weight", ParallelLayout(tp=4), 0)
     with pytest.raises(ValueError, match="'l.mlp.experts.down_proj'.*over ep=2"):
         partition.shard_map("l.mlp.experts.down_proj", ParallelLayout(tp=1, dp=2, ep=2), 0)
-    with pytest.raises(ValueError, match="pipeline-parallel"):
+    with pytest.raises(ValueError, match=r"pipeline stages: pass PartitionRules\(stages="):
         partition.shard_map("a.q_proj.weight", ParallelLayout(tp=1, pp=2), 0)
+    with pytest.raises(ValueError, match="pipeline stages with FSDP or experts are not supported"):
+        partition.shard_map("l.mlp.experts.down_proj", ParallelLayout(tp=1, dp=2, ep=2, pp=2), 0)

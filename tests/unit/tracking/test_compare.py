@@ -31,7 +31,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[
             ("b1", "exp-b", 0.1, "distributed", [0.3]),
         ]:
             params = {"train.lr": lr, "run.seed": 0}
-            tags = run_tags("grpo", None, backend, name)
+            tags = run_tags("grpo", None, backend, name) | {"dockflow.eval.fingerprint": f"fp-{exp}"}
             with Tracker.start(TrackingConfig(uri=uri, experiment=exp), root, name, params, tags) as tr:
                 for step, r in enumerate(rewards, start=1):
                     tr.log_metrics({"reward/mean": r, "eval/test_accuracy": r / 2}, step=step)
@@ -50,6 +50,8 @@ def test_resolves_ids_names_and_experiments(store: tuple[str, dict[str, str]]) -
     assert cmp["metrics"]["perf/throughput_tps"] == [None, None]
     assert cmp["tags"]["dock_backend"] == ["distributed", "centralized"]
     assert cmp["tags"]["algorithm"] == ["grpo", "grpo"] and cmp["tags"]["model"] == ["tiny-qwen2"] * 2
+    assert cmp["tags"]["dockflow.eval.fingerprint"] == ["fp-exp-a", "fp-exp-a"]  # scored on the same evaluation
+    assert cmp["tags"]["dockflow.lineage.base_model"] == [None, None]
 
     both = compare_runs(["exp-b", "exp-a", "a1", ids["b1"]], uri, metrics=["reward/mean"])
     assert [r["run_name"] for r in both["runs"]] == ["b1", "a1", "a2"]  # duplicates dropped, order kept
@@ -58,7 +60,8 @@ def test_resolves_ids_names_and_experiments(store: tuple[str, dict[str, str]]) -
     out = io.StringIO()
     print_comparison(cmp, Console(file=out, width=200))
     table = out.getvalue()
-    for text in ("a1", "a2", "param train.lr", "0.2", "tag dock_backend", "centralized", "reward/mean", "0.5"):
+    for text in ("a1", "a2", "param train.lr", "0.2", "tag dock_backend", "centralized", "reward/mean", "0.5",
+                 "tag dockflow.eval.fingerprint", "fp-exp-a"):
         assert text in table
 
 

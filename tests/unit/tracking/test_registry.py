@@ -8,17 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from fixtures.mlflow_store import Store
+from fixtures.mlflow_store import IDENTITY, Store
 
 from dockflow.config import RegistryConfig
-from dockflow.tracking.registry import (
-    ChampionDecision,
-    RegistryError,
-    decide_champion,
-    decision_metrics,
-    fetch_registered_model,
-    register_final_model,
-)
+from dockflow.tracking.champion import ChampionDecision, decide_champion, decision_metrics
+from dockflow.tracking.registry import RegistryError, fetch_registered_model, register_final_model
 from dockflow.tracking.store import TrackingError
 
 
@@ -65,7 +59,7 @@ def _aliases(store: Store, name: str) -> dict[str, int]:
 
 
 def _register(store: Store, cfg: RegistryConfig, hf_dir: Callable[[int], Path], seed: int, score: float) -> int:
-    return register_final_model(store.uri, cfg, store.new_run(f"v{seed}"), hf_dir(seed), score)
+    return register_final_model(store.uri, cfg, store.new_run(f"v{seed}"), hf_dir(seed), score, tags=IDENTITY)
 
 
 def test_champion_rule_with_margin(
@@ -76,13 +70,16 @@ def test_champion_rule_with_margin(
     first = decide_champion(store.uri, cfg, v1, 0.50)
     assert first == ChampionDecision(
         model_name=model_name, alias="champion", version=1, score=0.5, margin=0.05, moved=True,
-        champion_version=1, previous_version=None, previous_score=None, reason=first.reason,
+        champion_version=1, previous_version=None, previous_score=None, reason=first.reason, comparison="first",
+        fingerprint=IDENTITY["dockflow.eval.fingerprint"],
     )  # fmt: skip
     assert "no champion yet" in first.reason
 
     not_enough = decide_champion(store.uri, cfg, _register(store, cfg, hf_dir, 2, 0.54), 0.54)
     assert (not_enough.moved, not_enough.champion_version, not_enough.previous_score) == (False, 1, 0.5)
     assert "stays on v1" in not_enough.reason and "margin 0.05" in not_enough.reason
+    assert (not_enough.comparison, not_enough.compared_score) == ("same_evaluation", 0.5)
+    assert not_enough.compared() == "v2 0.54 on evaluation 0123456789abcdef vs v1 0.5 on evaluation 0123456789abcdef"
     worse = decide_champion(store.uri, cfg, _register(store, cfg, hf_dir, 3, 0.40), 0.40)
     assert (worse.moved, worse.champion_version) == (False, 1)
     nan = decide_champion(store.uri, cfg, _register(store, cfg, hf_dir, 4, math.nan), math.nan)
@@ -119,7 +116,7 @@ def test_champion_score_falls_back_to_its_run_metric(
 ) -> None:
     cfg = _cfg(model_name, score_metric="eval/pass_at_8")
     run = store.new_run("old")
-    v1 = register_final_model(store.uri, _cfg(model_name), run, hf_dir(1), 0.9)  # scored by another metric
+    v1 = register_final_model(store.uri, _cfg(model_name), run, hf_dir(1), 0.9, tags=IDENTITY)  # another metric
     store.client().set_registered_model_alias(model_name, "champion", str(v1))
     with pytest.raises(RegistryError, match=r"champion version 1 .* has no eval/pass_at_8 score"):
         decide_champion(store.uri, cfg, _register(store, cfg, hf_dir, 2, 0.5), 0.5)
@@ -138,12 +135,19 @@ def test_decision_metrics() -> None:
     }  # fmt: skip
     assert tags == {
         "registry.decision": "v3 takes 'champion' from v1", "registry.model": "m", "registry.version": "3",
-        "registry.champion_version": "3",
+        "registry.champion_version": "3", "registry.comparison": "",
+        "registry.compared": "v3 0.8 on evaluation unknown; no score compared (none)",
     }  # fmt: skip
     lost = ChampionDecision("m", "champion", 1, math.nan, 0.0, False, None, None, None, "not finite")
     metrics, tags = decision_metrics(lost)
     assert metrics == {"registry/version": 1.0, "registry/champion_moved": 0.0, "registry/champion_margin": 0.0}
     assert tags["registry.champion_version"] == "none"
+    rescored = ChampionDecision("m", "champion", 4, 0.8, 0.0, False, 1, 1, 0.5, "stays", comparison="rescored",
+                                fingerprint="aa", champion_fingerprint="bb", compared_score=0.9, compared_on="aa")
+    metrics, tags = decision_metrics(rescored)
+    assert metrics["registry/champion_score_compared"] == 0.9 and metrics["registry/champion_score_before"] == 0.5
+    assert tags["registry.compared"] == "v4 0.8 on evaluation aa vs v1 0.9 on evaluation aa (re-scored)"
+    assert tags["registry.comparison"] == "rescored"
 
 
 def test_fetch_errors_name_model_alias_uri_and_fix(

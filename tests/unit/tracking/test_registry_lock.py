@@ -14,15 +14,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from fixtures.mlflow_store import Store
+from fixtures.mlflow_store import IDENTITY, Store
 from mlflow.tracking import MlflowClient
 
 from dockflow.config import RegistryConfig
+from dockflow.tracking.champion import ChampionDecision, decide_champion
 from dockflow.tracking.registry import (
-    ChampionDecision,
     RegistryError,
     RegistryLockTimeout,
-    decide_champion,
     lock_model_name,
     register_final_model,
 )
@@ -32,7 +31,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def _register(store: Store, cfg: RegistryConfig, hf_dir: Callable[[int], Path], seed: int, score: float) -> int:
-    return register_final_model(store.uri, cfg, store.new_run(f"v{seed}"), hf_dir(seed), score)
+    return register_final_model(store.uri, cfg, store.new_run(f"v{seed}"), hf_dir(seed), score, tags=IDENTITY)
 
 
 def _champion(store: Store, name: str) -> int:
@@ -177,10 +176,10 @@ _CHILD = """
 import json, sys, time
 from pathlib import Path
 from dockflow.config import RegistryConfig
-import dockflow.tracking.registry as registry
-from dockflow.tracking.registry import decide_champion
-read = registry._current_champion
-registry._current_champion = lambda *a: (read(*a), time.sleep(0.3))[0]  # widen the read-then-move window
+import dockflow.tracking.champion as champion
+from dockflow.tracking.champion import decide_champion
+read = champion._champion
+champion._champion = lambda *a: (read(*a), time.sleep(0.3))[0]  # widen the read-then-move window
 uri, name, version, score, ready, go = sys.argv[1:]
 Path(ready).touch()
 while not Path(go).exists():

@@ -9,7 +9,14 @@ import pytest
 
 from dockflow.config import Config
 from dockflow.tracking import run_tags
-from dockflow.tracking.tags import git_commit
+from dockflow.tracking.tags import (
+    BASE_MODEL_TAG,
+    FIELD_CHARS,
+    FINGERPRINT_TAG,
+    TASK_TAG,
+    git_commit,
+    identity_tags,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -33,3 +40,10 @@ def test_git_commit_is_unknown_outside_a_repo_or_without_git(tmp_path: Path, mon
     assert git_commit(tmp_path / "missing") == "unknown"
     monkeypatch.setenv("PATH", str(tmp_path))  # no git executable at all
     assert git_commit(ROOT) == "unknown"
+
+
+def test_identity_tags_name_the_evaluation_and_lineage_within_mlflows_limits() -> None:
+    tags = identity_tags("0123456789abcdef", {"num_prompts": "500", "system_prompt": "x" * 9000}, "arithmetic", "tiny")
+    assert tags[FINGERPRINT_TAG] == "0123456789abcdef" and tags["dockflow.eval.num_prompts"] == "500"
+    assert (tags[TASK_TAG], tags[BASE_MODEL_TAG]) == ("arithmetic", "tiny")
+    assert len(tags["dockflow.eval.system_prompt"]) == FIELD_CHARS and tags["dockflow.eval.system_prompt"].endswith("…")
