@@ -170,7 +170,7 @@ class Algorithm:
         rl, ray, placement = not self.offline, cfg.ray, cfg.placement
         generators = placement.generators if placement.mode == "disaggregated" else 0
         roles = [
-            role(cfg, "actor", cfg.train.dp, ray.actor_cpus, reads=owned("actor_infer", "actor_update"),
+            role(cfg, "actor", cfg.train.actor_ranks, ray.actor_cpus, reads=owned("actor_infer", "actor_update"),
                  writes=("old_log_prob", *(generated if rl and not generators else ()))),
             role(cfg, "generator", generators, placement.generator_cpus, writes=tuple(generated)),
             role(cfg, "rollout_queue", 1 if generators > 1 else 0, 0.0),

@@ -130,22 +130,38 @@ class Config(Section):
                              "placement.mode: disaggregated")
 
     def _check_dp(self) -> None:
-        dp = self.train.dp
-        if dp == 1:
+        tc = self.train
+        self._check_megatron()
+        if tc.actor_ranks == 1:
             return
+        layout = f"train.dp={tc.dp}" if tc.engine == "fsdp" else f"train.engine=megatron (tp={tc.tp}, pp={tc.pp})"
         refused = {
             "placement.mode=disaggregated": self.placement.mode == "disaggregated",
             f"algorithm.name={self.algorithm.name} (offline pairs)": self.algorithm.recipe.offline,
             "engine.backend=cost_model": self.engine.backend == "cost_model",
+            "engine.backend=vllm": tc.engine == "megatron" and self.engine.backend == "vllm",
         }
         for setting, hit in refused.items():
             if hit:
-                raise ValueError(f"train.dp={dp} is supported with colocated on-line RL on the hf engine, not with {setting}")
-        if self.train.mini_batch_size % dp:
-            raise ValueError(f"train.dp={dp} must divide train.mini_batch_size={self.train.mini_batch_size}: every rank "
+                raise ValueError(f"{layout} is supported with colocated on-line RL on the hf engine, not with {setting}")
+        if tc.mini_batch_size % tc.dp:
+            raise ValueError(f"train.dp={tc.dp} must divide train.mini_batch_size={tc.mini_batch_size}: every rank "
                              "takes an equal share of each mini-batch")
-        if self.rollout.prompts_per_iter < dp:
-            raise ValueError(f"train.dp={dp} ranks each generate for some prompts: rollout.prompts_per_iter must be >= it")
+        if self.rollout.prompts_per_iter < tc.actor_ranks:
+            raise ValueError(f"{layout}: its {tc.actor_ranks} actor ranks each generate for some prompts: "
+                             "rollout.prompts_per_iter must be >= it")
+
+    def _check_megatron(self) -> None:
+        """train.tp / train.pp only with the megatron engine, which runs one data-parallel group for now."""
+        tc = self.train
+        if tc.engine != "megatron":
+            if tc.tp > 1 or tc.pp > 1:
+                raise ValueError(f"train.tp={tc.tp} / train.pp={tc.pp} split the model with megatron: set "
+                                 "train.engine=megatron (fsdp parallelises by train.dp only)")
+            return
+        if tc.dp > 1:
+            raise ValueError(f"train.engine=megatron runs train.dp=1 for now (got {tc.dp}): parallelise with "
+                             "train.tp / train.pp")
 
     def _check_engine(self) -> None:
         """engine.backend against engine.device, and what vLLM's log-probs can stand for."""

@@ -196,6 +196,13 @@ class TrainConfig(Section):
     reshard_bucket_mb: float = Field(
         64.0, gt=0.0, description="dp >= 2: size of one allgather bucket when resharding for generation (MiB)."
     )
+    engine: Literal["fsdp", "megatron"] = Field(
+        "fsdp",
+        description="The actor's training engine: fsdp = plain torch (dp 1) or FSDP2 (dp >= 2); megatron = "
+        "megatron-core with train.tp x train.pp ranks (docs/engines.md), each an actor worker; dp must be 1 for now.",
+    )
+    tp: int = Field(1, ge=1, description="train.engine=megatron: tensor-parallel ranks of the policy.")
+    pp: int = Field(1, ge=1, description="train.engine=megatron: pipeline-parallel stages of the policy.")
     max_staleness: int = Field(
         0,
         ge=0,
@@ -223,6 +230,11 @@ class TrainConfig(Section):
         description="Truncated importance sampling: weight each token's policy loss by min(exp(old_log_prob - "
         "rollout_log_prob), tis_cap), the generating engine's log-probs as behaviour policy. null = off.",
     )
+
+    @property
+    def actor_ranks(self) -> int:
+        """Actor workers: dp x tp x pp (one process each)."""
+        return self.dp * self.tp * self.pp
 
 
 class PlacementConfig(Section):

@@ -4,7 +4,10 @@ It holds the policy in a training engine and a generation engine (colocated: gen
 policy's tensors, so resharding is a no-op on one process). With ``train.dp`` = W >= 2 there are W actor
 workers, ranks of one process group: each generates for its share of the prompts on a plain copy of the
 policy, takes an equal share of every batch for old log-probs and the FSDP2 update, and the states cycle
-update -> reshard (allgather-swap) -> generate -> swap back -> update (``engines/fsdp_training.py``). Every method reads its inputs from the
+update -> reshard (allgather-swap) -> generate -> swap back -> update (``engines/fsdp_training.py``). With
+``train.engine: megatron`` there are tp x pp actor workers, megatron ranks of one model: each generates for its
+share of the prompts on its full HF copy, and rank 0 reads the dock for log-probs and the update and passes every
+batch to the others (``model_parallel``). Every method reads its inputs from the
 transfer dock and writes its outputs back; the driver passes only iteration numbers and prompt indices.
 The loss is the algorithm's (its recipe's ``policy_loss``: the clipped surrogate of the policy-gradient
 algorithms, GSPO's sequence-level one, DPO's on the pairs the pair source put into the dock).
@@ -13,7 +16,8 @@ algorithms, GSPO's sequence-level one, DPO's on the pairs the pair source put in
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, TypeVar
 
 import torch
 from tensordict import TensorDict
@@ -34,11 +38,14 @@ from dockflow.models import load_model_and_tokenizer
 from dockflow.storage.objects import fetch_model
 from dockflow.workers.consume import WaitClock, consume
 from dockflow.workers.dp_group import join_dp_group
+from dockflow.workers.model_parallel import shared_stream
 from dockflow.workers.rollout import PromptTable, generate_into_dock
 from dockflow.workers.rollout_queue import staleness_bound
 from dockflow.workers.runtime import ModelWorker
 from dockflow.workers.staleness import StalenessCounter
 from dockflow.workers.training import length_sorted, train_epochs
+
+T = TypeVar("T")
 
 
 def sync_checker(cfg: Config) -> SyncChecker:
@@ -55,13 +62,17 @@ class ActorWorker(ModelWorker):
     part = "actor"
 
     def __init__(self, cfg: Config, model_dir: str, dock: TransferDock, rank: int = 0, dp_key: str = ""):
-        """``rank`` of ``train.dp`` actor ranks; with dp >= 2 the ranks first join one process group, found under
-        ``dp_key`` (see ``dp_group``), and train with FSDP2."""
+        """``rank`` of ``train.actor_ranks`` actor ranks; with several the ranks first join one process group, found
+        under ``dp_key`` (see ``dp_group``), and train with FSDP2 (dp >= 2) or megatron (tp x pp)."""
         super().__init__(cfg, dock)
         self.rank, self.dp = rank, cfg.train.dp
-        if self.dp > 1:
-            join_dp_group(rank, self.dp, dp_key, cfg.ray.init_timeout_s, cfg.train.stage_timeout_s,
+        world = cfg.train.actor_ranks
+        if world > 1:
+            join_dp_group(rank, world, dp_key, cfg.ray.init_timeout_s, cfg.train.stage_timeout_s,
                           backend=process_group_backend(cfg.engine.device))  # gloo / nccl / hccl
+        # megatron's ranks split one model: rank 0 reads the dock and passes every batch on (``model_parallel``)
+        self.model_parallel = cfg.train.engine == "megatron" and world > 1
+        self.reads_dock = not self.model_parallel or rank == 0
         model, self.tokenizer = load_model_and_tokenizer(fetch_model(model_dir, cfg.checkpoint), dtype=cfg.model.dtype)
         inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed)
         self.train_engine, self.gen_engine = create_engines(inputs, model, self.tokenizer, cpus=cfg.ray.actor_cpus)
@@ -101,14 +112,17 @@ class ActorWorker(ModelWorker):
         waited = WaitClock()
         drift = LogProbDrift()  # rollout engine vs trainer, on the samples generated with the weights held now
         request = DockRequest("actor_infer", self.cfg.train.infer_batch_size, cols, window=self.cfg.dock_window(iteration))
-        for batch in consume(self.dock, request, self.cfg.global_batch // self.dp, clock=waited):
+        batches = consume(self.dock, request, self.cfg.global_batch // self.dp, clock=waited) if self.reads_dock else None
+        for batch in self._shared(batches):
             logp = self.train_engine.infer(batch.data)
+            if not self.reads_dock:
+                continue
             self.dock.put(batch.indices, TensorDict({"old_log_prob": logp}, batch_size=[len(batch)]))
             current = torch.as_tensor(batch.meta["policy_version"]) == self.policy_version
             if bool(current.any()):
                 drift.add(batch.data["rollout_log_prob"][current], logp[current], batch.data["response_mask"][current])
-        return {"timing/old_log_prob_s": time.perf_counter() - start, "timing/old_log_prob_wait_s": waited.seconds,
-                **drift.metrics()}
+        out = {"timing/old_log_prob_s": time.perf_counter() - start, "timing/old_log_prob_wait_s": waited.seconds}
+        return {**out, **drift.metrics()} if self.reads_dock else out
 
     def update(self, iteration: int) -> dict[str, float]:
         """Train on the iteration's samples with the algorithm's loss: mini-batches as they become ready, then
@@ -124,23 +138,33 @@ class ActorWorker(ModelWorker):
         request = DockRequest("actor_update", tc.mini_batch_size // self.dp, tuple(self.columns["actor_update"]),
                               whole_groups=paired, window=self.cfg.dock_window(iteration),
                               dp_share=(self.rank, self.dp) if balance and self.dp > 1 else None)
-        batches = consume(self.dock, request, self.cfg.train_batch // self.dp, clock=waited)
         staleness = StalenessCounter(self.policy_version, staleness_bound(self.cfg))
-        mini_batches = (staleness.admit(b.data, b.meta["policy_version"]) for b in batches)
-        if balance:
-            mini_batches = (length_sorted(mb, tc.micro_batch_size) for mb in mini_batches)
+        mini_batches = None
+        if self.reads_dock:
+            batches = consume(self.dock, request, self.cfg.train_batch // self.dp, clock=waited)
+            mini_batches = (staleness.admit(b.data, b.meta["policy_version"]) for b in batches)
+            if balance:
+                mini_batches = (length_sorted(mb, tc.micro_batch_size) for mb in mini_batches)
 
         def loss_fn(logp: torch.Tensor, micro: TensorDict, tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
             return self.recipe.policy_loss(self.cfg, logp, micro, tokens)
 
-        out = train_epochs(self.train_engine, mini_batches, loss_fn, tc.epochs, tc.micro_batch_size)
-        out.update(staleness.metrics())
+        out = train_epochs(self.train_engine, self._shared(mini_batches), loss_fn, tc.epochs, tc.micro_batch_size)
+        if self.reads_dock:  # the other model-parallel ranks saw no samples of their own to count
+            out.update(staleness.metrics())
         out.update(self.train_engine.memory_metrics())
         self.policy_version += 1
         out["timing/update_s"] = time.perf_counter() - start
         out["timing/update_wait_s"] = waited.seconds
         out["train/policy_version"] = float(self.policy_version)
         return out
+
+    def _shared(self, items: Iterable[T] | None) -> Iterable[T]:
+        """``items`` as they are (each rank reads its own), or megatron's ranks: rank 0's, passed to every rank."""
+        if not self.model_parallel:
+            assert items is not None
+            return items
+        return shared_stream(items, self.reads_dock)
 
     def publish_weights(self) -> tuple[dict[str, float], dict[str, Any]]:
         """For the generator workers (disaggregated placement): (metrics with the policy version, the version and

@@ -48,7 +48,7 @@ def join_dp_group(rank: int, world: int, key: str, timeout_s: float, collective_
     except Exception as exc:  # noqa: BLE001 - name what the rank waited for
         raise DPGroupError(
             f"actor rank {rank} of {world} could not form the data-parallel group within ray.init_timeout_s="
-            f"{timeout_s:.0f}s ({exc}); are all train.dp={world} actor workers placed?"
+            f"{timeout_s:.0f}s ({exc}); are all {world} actor workers (train.dp x train.tp x train.pp) placed?"
         ) from exc
     if rank == 0:
         _kv()._internal_kv_del(key, namespace=KV_NAMESPACE)

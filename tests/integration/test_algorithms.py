@@ -1,8 +1,9 @@
 """Every algorithm's example config, shrunk to the tiny task, runs 2 iterations end to end and trains.
-Three runs also carry other features, to pay Ray's start-up once: REINFORCE++ runs disaggregated, one
+Four runs also carry other features, to pay Ray's start-up once: REINFORCE++ runs disaggregated, one
 version stale, with truncated importance sampling; PF-PPO trains its actor on 2 data-parallel
-ranks (FSDP2, allgather-swap resharding, memory ledger) and resumes from its checkpoint; DPO trains the tiny
-Qwen3-MoE (from a fresh model: DPO's offline pairs give a gradient without an SFT warm start).
+ranks (FSDP2, allgather-swap resharding, memory ledger) and resumes from its checkpoint; RLOO trains its actor
+with the megatron engine on 2 tensor-parallel ranks; DPO trains the tiny Qwen3-MoE (from a fresh model: DPO's
+offline pairs give a gradient without an SFT warm start).
 
 One local Ray cluster serves the whole module (``train`` joins it instead of starting its own).
 """
@@ -54,6 +55,8 @@ def test_two_iterations_train_the_policy(algorithm, ray_cluster, tiny_config):
     if algorithm == "pf_ppo":
         extra["algorithm__pf_ppo__keep"] = 2  # G x keep = 8 = one mini-batch
         extra["train__dp"] = 2
+    if algorithm == "rloo":  # also the megatron engine: 2 actor ranks, one model split by tensor parallelism
+        extra |= {"train__engine": "megatron", "train__tp": 2}
     if algorithm == "reinforce_pp":  # also the asynchronous scheduler: a generator worker runs one version ahead
         extra |= {"placement__mode": "disaggregated", "train__max_staleness": 1, "placement__generator_cpus": 0}
         extra["train__tis_cap"] = 2.0  # truncated IS against the generator's log-probs (one version behind)
@@ -83,6 +86,11 @@ def test_two_iterations_train_the_policy(algorithm, ray_cluster, tiny_config):
         assert any(".mlp.experts." in k for k in after), "not the MoE model"
     if algorithm == "pf_ppo":
         check_data_parallel_run(cfg, summary, rank_weights, uri)
+    if algorithm == "rloo":  # TP=2: both ranks generate with the same full policy, and the final model is it
+        assert len(rank_weights) == 2 and all(len(ranks) == 2 for ranks in rank_weights)
+        for first, second in rank_weights:
+            assert all(torch.equal(first[k], second[k]) for k in first), "the TP ranks hold different policies"
+        assert all(torch.equal(after[k], rank_weights[-1][0][k]) for k in rank_weights[-1][0])
 
 
 def test_partial_rollout_parks_and_resumes_groups_across_two_generators(ray_cluster, tiny_config):
@@ -141,7 +149,7 @@ def policy_of_each_rank(cfg) -> list[dict]:
     """After an iteration (the ranks are in their generation state): each actor rank's full policy weights."""
     import ray
 
-    names = [f"{cfg.run.name}-actor"] + [f"{cfg.run.name}-actor-{k}" for k in range(1, cfg.train.dp)]
+    names = [f"{cfg.run.name}-actor"] + [f"{cfg.run.name}-actor-{k}" for k in range(1, cfg.train.actor_ranks)]
     return [p[1]["weights"] for p in ray.get([ray.get_actor(n).publish_weights.remote() for n in names])]
 
 

@@ -103,6 +103,30 @@ def test_data_parallel_constraints_name_the_keys(overrides, message):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
+        (["train.tp=2"], "train.tp=2 / train.pp=1 split the model with megatron: set train.engine=megatron"),
+        (["train.pp=2"], "train.tp=1 / train.pp=2 split the model with megatron"),
+        (["train.engine=megatron", "train.tp=2", "train.dp=2"], "train.engine=megatron runs train.dp=1 for now"),
+        (["train.engine=megatron", "train.tp=2", "engine.backend=vllm"],
+         r"train.engine=megatron \(tp=2, pp=1\) .* not with engine.backend=vllm"),
+        (["train.engine=megatron", "train.pp=2", "placement.mode=disaggregated"],
+         r"train.engine=megatron \(tp=1, pp=2\) .* not with placement.mode=disaggregated"),
+        (["train.engine=megatron", "train.tp=2", "train.pp=2", "rollout.prompts_per_iter=2", "rollout.group_size=128"],
+         "its 4 actor ranks each generate for some prompts: rollout.prompts_per_iter must be >= it"),
+        (["train.engine=mindspeed"], "invalid value for 'train.engine'"),
+        (["train.tp=0"], "invalid value for 'train.tp'"),
+    ],
+)
+def test_megatron_layout_constraints_name_the_keys(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(EXAMPLE, overrides)
+    cfg = load_config(EXAMPLE, ["train.engine=megatron", "train.tp=2", "train.pp=2"])
+    assert cfg.train.actor_ranks == 4 and cfg.plan.role("actor").count == 4
+    assert load_config(EXAMPLE, []).train.engine == "fsdp"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
         (["rollout.group_size=4"], "set rollout.group_size: 2"),
         (["train.mini_batch_size=3", "train.micro_batch_size=3", "rollout.prompts_per_iter=3"], "must be even"),
         (["algorithm.name=pf_ppo", "rollout.group_size=2", "algorithm.pf_ppo.keep=3"], "pf_ppo.keep=3 must be at most"),

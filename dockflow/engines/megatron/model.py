@@ -109,11 +109,16 @@ def _pp() -> tuple[int, int]:
     return parallel_state.get_pipeline_model_parallel_world_size(), parallel_state.get_pipeline_model_parallel_rank()
 
 
-def load_full_state(model: Any, full: dict[str, torch.Tensor], spec: DecoderSpec, vocab_divisible_by: int = 128) -> None:
-    """Copy this rank's TP shard of its pipeline stage's part of a full megatron state
-    (``convert.hf_to_megatron``) into ``model``."""
+def local_shard(full: dict[str, torch.Tensor], spec: DecoderSpec, vocab_divisible_by: int = 128) -> dict[str, torch.Tensor]:
+    """This rank's TP shard of its pipeline stage's part of a full megatron state (``convert.hf_to_megatron``), named
+    like the rank's model parameters: the inverse of ``gather_full``."""
     (tp, tp_rank), (pp, stage) = _tp(), _pp()
-    shard = stage_state(shard_state(full, spec, tp, tp_rank, vocab_divisible_by), spec, pp, stage)
+    return stage_state(shard_state(full, spec, tp, tp_rank, vocab_divisible_by), spec, pp, stage)
+
+
+def load_full_state(model: Any, full: dict[str, torch.Tensor], spec: DecoderSpec, vocab_divisible_by: int = 128) -> None:
+    """Copy this rank's shard of a full megatron state (``local_shard``) into ``model``."""
+    shard = local_shard(full, spec, vocab_divisible_by)
     params = dict(model.named_parameters())
     missing = sorted(set(params) - set(shard))
     if missing:

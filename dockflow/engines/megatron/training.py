@@ -1,0 +1,289 @@
+"""One megatron-core rank as a :class:`TrainingEngine`: the policy split TP x PP (x DP) over the default process
+group, each rank a process (as FSDP's ranks are), every rank of a TP x PP model group given the same batch.
+
+- built from a Hugging Face model (or directory): converted (``convert.hf_to_megatron``), sharded for this rank
+  (``model.local_shard``) into a ``GPTModel``; the HF module stays as the generation copy (``policy_module``);
+- ``infer``: response log-probs through the pipeline schedule, vocab-parallel (the full vocabulary is never
+  gathered on a rank), on every rank;
+- ``train_mini_batch``: the loss on each micro-batch's log-probs through the schedule (``schedule``), the
+  tied / replicated grads reduced (``finalize_grads``) and summed over DP, clipped by the global norm over all
+  TP / PP shards (each weight counted once), then torch AdamW over this rank's shards: AdamW is elementwise, so
+  the shards' step equals the full model's step of :class:`TorchTrainingEngine`;
+- ``generation_weights`` / ``named_weights``: full HF-named weights gathered from the shards (collective);
+  ``state_dict`` is layout-free (HF names, full tensors, AdamW's moments too), so it loads at any TP / PP.
+
+Backend types stay in here; tensors in and out are plain torch tensors in the rollout layout.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from tensordict import TensorDict
+from torch import nn
+
+from dockflow.engines.base import LossFn, TrainingEngine
+from dockflow.engines.logprobs import trim_columns
+from dockflow.engines.megatron import model as mg
+from dockflow.engines.megatron.convert import DecoderSpec, hf_to_megatron, megatron_to_hf, spec_from_hf
+from dockflow.engines.megatron.cpu import prepare_megatron
+from dockflow.engines.megatron.schedule import (
+    finalize_grads,
+    pipeline_forward_backward,
+    pipeline_response_log_probs,
+)
+from dockflow.engines.torch_training import load_metrics
+
+ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def _groups() -> tuple[Any, Any, Any]:
+    """(data-parallel, model-parallel (TP x PP), pipeline) process groups of this rank."""
+    from megatron.core import parallel_state as ps
+
+    return ps.get_data_parallel_group(), ps.get_model_parallel_group(), ps.get_pipeline_model_parallel_group()
+
+
+class MegatronTrainingEngine(TrainingEngine):
+    """This rank's TP / PP shard of the policy, its AdamW state, and the HF generation copy."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        tp: int = 1,
+        pp: int = 1,
+        lr: float,
+        weight_decay: float = 0.0,
+        grad_clip: float = 1.0,
+        infer_batch_size: int = 64,
+        temperature: float = 1.0,
+        device: str = "cpu",
+        seed: int = 0,
+    ):
+        """``model``: the Hugging Face causal LM (Qwen2/Qwen2.5, Qwen3 or Llama) every rank starts from; it becomes
+        the generation copy. Initialises megatron's TP x PP groups over the default group unless already done."""
+        if not dist.is_initialized():
+            raise RuntimeError("MegatronTrainingEngine needs torch.distributed initialised (the actor's ranks) first")
+        world = dist.get_world_size()
+        if tp < 1 or pp < 1 or world % (tp * pp):
+            raise ValueError(f"train.tp={tp} x train.pp={pp} must divide the actor's {world} ranks; "
+                             "pick tp and pp whose product divides them")
+        self.spec: DecoderSpec = spec_from_hf(model.config)
+        prepare_megatron(device)  # before megatron is imported (MindSpeed's adaptor on NPU)
+        from megatron.core import parallel_state
+
+        if not parallel_state.model_parallel_is_initialized():
+            mg.init_model_parallel(tp=tp, pp=pp, seed=seed, device=device)
+        self.tp, self.pp, self.dp = tp, pp, world // (tp * pp)
+        self.rank = dist.get_rank()
+        self.device = torch.device(device)
+        self.model = mg.build_gpt_model(self.spec, tp=tp, pp=pp)
+        mg.load_full_state(self.model, hf_to_megatron(model.state_dict(), self.spec), self.spec)
+        self.generation_model = model.eval()
+        self.grad_clip = grad_clip
+        self.infer_batch_size = infer_batch_size
+        self.temperature = temperature
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
+        self._dp_group, self._mp_group, self._pp_group = _groups()
+        self._pp_last = parallel_state.get_pipeline_model_parallel_last_rank()
+        # Each weight once in the global grad norm: TP-replicated ones on TP rank 0 only, the last stage's copy
+        # of a tied embedding not at all.
+        from megatron.core.tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
+        from megatron.core.transformer.module import param_is_not_shared
+
+        self._norm_params = [p for p in self.model.parameters()
+                             if param_is_not_shared(p) and param_is_not_tensor_parallel_duplicate(p)]
+        self._stale = False  # the generation copy lags the shards (after an update or a load)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, **engine_args: Any) -> MegatronTrainingEngine:
+        """The engine over the Hugging Face directory ``path`` (fp32), converted and sharded on load."""
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
+        return cls(model, **engine_args)
+
+    def policy_module(self) -> nn.Module:
+        """The HF generation copy: the full weights as of the last ``generation_weights`` call."""
+        return self.generation_model
+
+    # -- log-probs and the update (every rank of the layout calls these the same number of times) -----------
+
+    def infer(self, batch: TensorDict) -> torch.Tensor:
+        self.model.eval()
+        width = batch["responses"].shape[1]
+        parts = []
+        for i in range(0, batch.batch_size[0], self.infer_batch_size):
+            rows = slice(i, i + self.infer_batch_size)
+            ids, mask = batch["input_ids"][rows], batch["attention_mask"][rows]
+            parts.append(pipeline_response_log_probs(
+                [self.model], ids.to(self.device), mask.to(self.device), width, self.spec.vocab_size,
+                micro_batch_size=ids.shape[0], temperature=self.temperature).cpu())
+        return torch.cat(parts)
+
+    def _dp_sum(self, values: torch.Tensor) -> torch.Tensor:
+        if self.dp > 1:
+            dist.all_reduce(values, group=self._dp_group)
+        return values
+
+    def _from_last_stage(self, obj: Any) -> Any:
+        """The last pipeline stage's ``obj`` (a picklable value) on every stage."""
+        if self.pp == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=self._pp_last, group=self._pp_group)
+        return box[0]
+
+    def train_mini_batch(self, batch: TensorDict, loss_fn: LossFn, micro_batch_size: int) -> dict[str, float]:
+        """One AdamW step over this DP rank's ``batch`` (its share of the mini-batch), in micro-batches of the
+        largest size up to ``micro_batch_size`` that divides it (the pipeline schedule runs equal micro-batches;
+        the loss is normalised by the mini-batch's tokens, so the split does not change the step)."""
+        rows = batch.batch_size[0]
+        micro_batch_size = max(d for d in range(1, min(micro_batch_size, rows) + 1) if rows % d == 0)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        tokens = float(self._dp_sum(batch["response_mask"].sum().to(torch.float64)).clamp(min=1))
+        metrics: dict[str, float] = {}
+
+        def micro_loss(logp: torch.Tensor, rows: slice) -> torch.Tensor:
+            micro = batch[rows]
+            loss, values = loss_fn(logp, micro, tokens)
+            share = float(micro["response_mask"].sum()) / tokens  # metrics are token means of the micro-batch
+            for k, v in values.items():
+                metrics[k] = metrics.get(k, 0.0) + v * share
+            return loss
+
+        width = batch["responses"].shape[1]
+        pipeline_forward_backward(
+            [self.model], batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device), width,
+            self.spec.vocab_size, micro_batch_size=micro_batch_size, loss_fn=micro_loss, temperature=self.temperature)
+        finalize_grads(self.model, self.spec)
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if self.dp > 1:  # the loss is a global token mean: DP ranks' grads add up to the full batch's
+            for grad in grads:
+                dist.all_reduce(grad, group=self._dp_group)
+        out = self._reduce_metrics(self._from_last_stage(metrics))
+        first, keep_r = trim_columns(batch["attention_mask"], width)  # one trim for the whole batch (schedule.py)
+        computed = batch.batch_size[0] * (batch["attention_mask"].shape[1] - width - first + keep_r)
+        load = torch.tensor([float(computed), float(batch["attention_mask"].sum())])
+        out.update(load_metrics(self._rank_loads(load)))
+        grad_norm = self._clip_grads()
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._stale = True
+        out["grad_norm"] = float(grad_norm)
+        return out
+
+    def _reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Each DP rank's metrics are weighted by its share of the global tokens: their sum is the global mean."""
+        keys = sorted(metrics)
+        values = self._dp_sum(torch.tensor([metrics[k] for k in keys], dtype=torch.float64))
+        return dict(zip(keys, values.tolist(), strict=True))
+
+    def _rank_loads(self, load: torch.Tensor) -> torch.Tensor:
+        if self.dp == 1:
+            return load.unsqueeze(0)
+        loads = [torch.zeros_like(load) for _ in range(self.dp)]
+        dist.all_gather(loads, load, group=self._dp_group)
+        return torch.stack(loads)
+
+    def _clip_grads(self) -> torch.Tensor:
+        """Clip every shard by the global grad norm over the TP x PP model (as ``clip_grad_norm_`` does on the full
+        model); returns the norm before clipping. DP ranks hold equal grads by now, so their norms agree."""
+        squares = torch.zeros((), dtype=torch.float32)
+        for p in self._norm_params:
+            if p.grad is not None:
+                squares += p.grad.detach().float().pow(2).sum()
+        dist.all_reduce(squares, group=self._mp_group)
+        norm = squares.sqrt()
+        coef = torch.clamp(self.grad_clip / (norm + 1e-6), max=1.0)
+        for p in self.model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(coef)
+        return norm
+
+    # -- full weights out and in (collectives over every rank) ----------------------------------------------
+
+    def _gather_hf(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return megatron_to_hf(mg.gather_full(local, self.spec), self.spec)
+
+    def _local_from_hf(self, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return mg.local_shard(hf_to_megatron(hf, self.spec), self.spec)
+
+    def _refresh_generation(self) -> None:
+        """Gather the shards into ``generation_model`` if it lags them (collective on every rank)."""
+        if self._stale:
+            full = self._gather_hf({n: p.detach() for n, p in self.model.named_parameters()})
+            with torch.no_grad():
+                for name, param in self.generation_model.named_parameters():
+                    param.copy_(full[name])
+            self._stale = False
+
+    def generation_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The reshard (collective on every rank): full HF-named weights, bound into ``generation_model``."""
+        self._refresh_generation()
+        for name, param in self.generation_model.named_parameters():
+            yield name, param.detach()
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return self.generation_weights()
+
+    def save_pretrained(self, path: str | Path) -> Path:
+        """The current policy as a Hugging Face directory (collective; rank 0 writes it, atomically: a temporary
+        sibling renamed into place). The tokenizer is the caller's."""
+        self._refresh_generation()
+        path = Path(path)
+        if self.rank == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+            try:
+                self.generation_model.save_pretrained(tmp)
+                if path.exists():
+                    shutil.rmtree(path)
+                os.replace(tmp, path)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        dist.barrier()
+        return path
+
+    def state_dict(self) -> dict[str, Any]:
+        """Layout-free: the full HF-named weights, and AdamW's step, hyper-parameters and full moments (HF names),
+        on every rank (collective)."""
+        params = dict(self.model.named_parameters())
+        state = self.optimizer.state
+        optimizer: dict[str, Any] = {"param_groups": [{k: v for k, v in g.items() if k != "params"}
+                                                      for g in self.optimizer.param_groups]}
+        if all(p in state for p in params.values()):
+            optimizer["step"] = float(state[params[next(iter(params))]]["step"])
+            for key in ADAM_MOMENTS:
+                optimizer[key] = self._gather_hf({n: state[p][key] for n, p in params.items()})
+        return {"model": self._gather_hf({n: p.detach() for n, p in params.items()}), "optimizer": optimizer}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Each rank keeps its shard of :meth:`state_dict` output, saved at any TP / PP; then the generation copy
+        takes the loaded weights (collective), as after a reshard."""
+        params = dict(self.model.named_parameters())
+        weights = self._local_from_hf(state["model"])
+        with torch.no_grad():
+            for name, param in params.items():
+                param.copy_(weights[name])
+        saved = state["optimizer"]
+        for group, hyper in zip(self.optimizer.param_groups, saved["param_groups"], strict=True):
+            group.update(hyper)
+        self.optimizer.state.clear()
+        if "step" in saved:
+            moments = {key: self._local_from_hf(saved[key]) for key in ADAM_MOMENTS}
+            for name, param in params.items():
+                self.optimizer.state[param] = {"step": torch.tensor(saved["step"]),
+                                               **{key: moments[key][name].clone() for key in ADAM_MOMENTS}}
+        self._stale = True
+        self._refresh_generation()

@@ -1,0 +1,177 @@
+"""``MegatronTrainingEngine`` on forked gloo ranks at TP=2 and at PP=2 (two ranks each), built from an HF directory,
+against ``TorchTrainingEngine`` (DP=1) on the same weights: log-probs before and after one GRPO update (the
+recipe's loss, 2 micro-batches, clipping that bites, AdamW with weight decay) agree within 1e-5, and so do the
+updated weights (gathered, HF-named), the grad norm, the loss metrics and AdamW's moments in the layout-free
+``state_dict``; a reloaded ``state_dict`` resumes bit-exactly; ``save_pretrained`` writes the updated HF model.
+
+megatron is imported once before the forks (``test_megatron_ranks.py``).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from fixtures.tiny_models import tiny_decoder
+from tensordict import TensorDict
+
+from dockflow.config import Config
+from dockflow.engines.torch_training import TorchTrainingEngine
+
+RESPONSE = 5
+NAMES = ("qwen2_tied", "qwen3")  # tied embedding (a last-stage copy at PP=2); q/k norms reduced over TP
+ENGINE_ARGS = dict(lr=1e-3, weight_decay=0.1, grad_clip=0.5, infer_batch_size=3, temperature=0.7)
+
+
+def rollout_batch() -> TensorDict:
+    """4 rollouts, prompt 6 + response 5 (left-padded prompts, responses of 5, 3, 1, 5 tokens), with GRPO's columns."""
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, 40, (4, 6 + RESPONSE), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    mask[2, :4] = 0
+    for row, length in enumerate([5, 3, 1, 5]):
+        mask[row, 6 + length :] = 0
+    response_mask = mask[:, -RESPONSE:].clone()
+    return TensorDict({
+        "input_ids": ids, "attention_mask": mask, "responses": ids[:, -RESPONSE:].clone(),
+        "response_mask": response_mask, "advantages": torch.tensor([1.0, -0.5, 0.8, -1.2]),
+    }, batch_size=[4])
+
+
+def with_old_log_probs(batch: TensorDict, logp: torch.Tensor) -> TensorDict:
+    """Old / reference log-probs a little off the current ones, so the ratio clips on some tokens."""
+    noise = 0.3 * torch.randn(logp.shape, generator=torch.Generator().manual_seed(1))
+    batch = batch.clone()
+    batch["old_log_prob"] = (logp + noise) * batch["response_mask"]
+    batch["ref_log_prob"] = (logp - noise) * batch["response_mask"]
+    return batch
+
+
+def grpo_loss():
+    cfg = Config(algorithm={"name": "grpo", "kl_coef": 0.05})
+    return lambda logp, micro, tokens: cfg.algorithm.recipe.policy_loss(cfg, logp, micro, tokens)
+
+
+def _weights(engine) -> dict[str, torch.Tensor]:
+    return {n: w.clone() for n, w in engine.named_weights()}
+
+
+def _rank(rank: int, layout: tuple[int, int], tmp: str) -> None:
+    from dockflow.engines.megatron import model as mg
+    from dockflow.engines.megatron.training import MegatronTrainingEngine
+
+    tp, pp = layout
+    torch.set_num_threads(1)
+    store = dist.FileStore(str(Path(tmp) / "store"), tp * pp)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=tp * pp, timeout=timedelta(seconds=60))
+    result = {}
+    for name in NAMES:
+        engine = MegatronTrainingEngine.from_pretrained(Path(tmp) / name, tp=tp, pp=pp, **ENGINE_ARGS)
+        batch = rollout_batch()
+        out = {"logp": engine.infer(batch)}
+        batch = with_old_log_probs(batch, out["logp"])
+        out["metrics"] = engine.train_mini_batch(batch, grpo_loss(), micro_batch_size=2)
+        out["weights"] = _weights(engine)
+        out["logp_after"] = engine.infer(batch)
+        state = engine.state_dict()
+        out["state"] = state
+        engine.train_mini_batch(batch, grpo_loss(), micro_batch_size=2)
+        second = _weights(engine)
+        engine.load_state_dict(state)
+        out["reloaded"] = {n: p.detach().clone() for n, p in engine.policy_module().named_parameters()}
+        engine.train_mini_batch(batch, grpo_loss(), micro_batch_size=2)
+        out["resumed_equal"] = all(torch.equal(w, second[n]) for n, w in engine.named_weights())
+        engine.load_state_dict(state)
+        engine.save_pretrained(Path(tmp) / f"{name}_saved")
+        result[name] = out
+    torch.save(result, Path(tmp) / f"rank{rank}.pt")
+    dist.barrier()
+    mg.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module", params=[(2, 1), (1, 2)], ids=["tp2", "pp2"])
+def ranks(request, tmp_path_factory) -> tuple[list[dict], Path]:
+    import megatron.core  # noqa: F401  (once, before the forks: the ranks inherit the import)
+
+    tmp = tmp_path_factory.mktemp("megatron_engine")
+    for name in NAMES:
+        tiny_decoder(name).save_pretrained(tmp / name)
+    mp.start_processes(_rank, args=(request.param, str(tmp)), nprocs=2, start_method="fork")
+    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(2)], tmp
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, dict]:
+    """The torch engine on one process: the same batch, loss and settings."""
+    out = {}
+    for name in NAMES:
+        engine = TorchTrainingEngine(tiny_decoder(name), **ENGINE_ARGS)
+        batch = rollout_batch()
+        logp = engine.infer(batch)
+        batch = with_old_log_probs(batch, logp)
+        metrics = engine.train_mini_batch(batch, grpo_loss(), micro_batch_size=2)
+        opt = engine.optimizer
+        moments = {key: {n: opt.state[p][key] for n, p in engine.model.named_parameters()}
+                   for key in ("exp_avg", "exp_avg_sq")}
+        out[name] = {"logp": logp, "metrics": metrics, "weights": _weights(engine),
+                     "logp_after": engine.infer(batch), "moments": moments, "mask": batch["response_mask"]}
+    return out
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    torch.testing.assert_close(actual, expected, rtol=0, atol=1e-5, msg=what)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_log_probs_and_one_grpo_update_equal_the_torch_engine(ranks, reference, name):
+    ref = reference[name]
+    mask = ref["mask"]
+    for r in ranks[0]:
+        out = r[name]
+        _close(out["logp"] * mask, ref["logp"] * mask, "log-probs")
+        _close(out["logp_after"] * mask, ref["logp_after"] * mask, "log-probs after the update")
+        assert ref["metrics"]["grad_norm"] > ENGINE_ARGS["grad_clip"]  # the clipping bites
+        for key in ("grad_norm", "train/pg_loss", "train/kl", "train/clip_fraction", "train/loss"):
+            assert out["metrics"][key] == pytest.approx(ref["metrics"][key], rel=1e-5, abs=1e-6), key
+        assert out["weights"].keys() == ref["weights"].keys()
+        before = tiny_decoder(name).state_dict()
+        for key, weight in ref["weights"].items():
+            _close(out["weights"][key], weight, key)
+            assert not torch.equal(weight, before[key]), key  # every weight moved
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_state_dict_is_full_and_resumes_bit_exact(ranks, reference, name):
+    ref = reference[name]
+    for r in ranks[0]:
+        out = r[name]
+        for key, moments in ref["moments"].items():
+            for param, moment in moments.items():
+                _close(out["state"]["optimizer"][key][param], moment, f"{key} {param}")
+        assert out["state"]["optimizer"]["step"] == 1.0
+        for key, weight in out["weights"].items():  # the generation copy holds the loaded weights at once
+            assert torch.equal(out["reloaded"][key], weight), key
+        assert out["resumed_equal"]
+
+
+def test_save_pretrained_writes_the_updated_model(ranks, reference):
+    from transformers import AutoModelForCausalLM
+
+    results, tmp = ranks
+    for name in NAMES:
+        saved = AutoModelForCausalLM.from_pretrained(tmp / f"{name}_saved", dtype=torch.float32)
+        for key, weight in saved.named_parameters():
+            assert torch.equal(weight, results[0][name]["weights"][key]), key
+
+
+def test_bad_layout_is_one_clear_error():
+    from dockflow.engines.megatron.training import MegatronTrainingEngine
+
+    with pytest.raises(RuntimeError, match="torch.distributed initialised"):
+        MegatronTrainingEngine(tiny_decoder("llama"), tp=2, lr=1e-3)
