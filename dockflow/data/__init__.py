@@ -39,6 +39,7 @@ __all__ = [
     "TemplateError",
     "apply_template",
     "check_conversational",
+    "check_prompts",
     "check_template",
     "is_conversational",
     "load_task",
@@ -61,11 +62,18 @@ def _file_task(cfg: DataConfig, storage: CheckpointConfig | None) -> TaskData:
         )
     val, train = rows[:n_val], rows[n_val:]
     test = load_examples(cfg.test_path, storage, cols)
-    default_template = DataConfig.model_fields["prompt_template"].default
-    for path, split in ((cfg.train_path, rows), (cfg.test_path, test)):
-        if is_conversational(split[0].prompt):
-            check_conversational(str(path), cfg.prompt_template, cfg.chat_template, default_template)
+    check_prompts(cfg, cfg.train_path, rows)
+    check_prompts(cfg, cfg.test_path, test)
     return TaskData(train=train, labeled=train[:n_lab], val=val, test=test)
+
+
+def check_prompts(cfg: DataConfig, where: str, examples: list[Example]) -> list[Example]:
+    """``examples`` (loaded from ``where``) if ``cfg`` can render their prompts: conversational ones need
+    ``data.chat_template`` and the default prompt template (``check_conversational``)."""
+    if examples and is_conversational(examples[0].prompt):
+        default = DataConfig.model_fields["prompt_template"].default
+        check_conversational(str(where), cfg.prompt_template, cfg.chat_template, default)
+    return examples
 
 
 def load_task(cfg: DataConfig, seed: int, storage: CheckpointConfig | None = None) -> TaskData:

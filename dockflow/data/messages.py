@@ -15,7 +15,7 @@ import json
 from typing import Any, TypeAlias
 
 Messages: TypeAlias = list[dict[str, Any]]
-Prompt: TypeAlias = "str | Messages"
+Prompt: TypeAlias = str | Messages
 
 
 def is_conversational(prompt: object) -> bool:
