@@ -6,6 +6,8 @@ One entry point builds every split a run needs::
     task = load_task(cfg.data, seed=cfg.run.seed, storage=cfg.checkpoint)
     task.train, task.labeled, task.val, task.test     # lists of Example(prompt, answer)
 
+A file's prompts may be strings or, as in TRL's conversational datasets, lists of ``{"role", "content"}`` messages
+(rendered with the tokenizer's chat template: ``data.chat_template: true``; ``check_conversational``).
 ``data.train_path``/``data.test_path`` may be ``s3://bucket/key`` URIs: they are fetched (checked, cached per
 node) with the S3 settings of ``storage``, the run's ``cfg.checkpoint`` (``checkpoint.s3_*``, then the
 environment, as for checkpoints); without it, from the environment only.
@@ -17,17 +19,29 @@ from dockflow.config import CheckpointConfig, DataConfig
 from dockflow.data.arithmetic import generate_arithmetic
 from dockflow.data.example import Example, TaskData
 from dockflow.data.loaders import Columns, DatasetError, load_examples
-from dockflow.data.templates import PromptFormat, TemplateError, apply_template, check_template
+from dockflow.data.messages import Messages, Prompt, is_conversational
+from dockflow.data.templates import (
+    PromptFormat,
+    TemplateError,
+    apply_template,
+    check_conversational,
+    check_template,
+)
 
 __all__ = [
     "Columns",
     "DatasetError",
     "Example",
+    "Messages",
+    "Prompt",
     "PromptFormat",
     "TaskData",
     "TemplateError",
     "apply_template",
+    "check_conversational",
+    "check_prompts",
     "check_template",
+    "is_conversational",
     "load_task",
 ]
 
@@ -47,7 +61,19 @@ def _file_task(cfg: DataConfig, storage: CheckpointConfig | None) -> TaskData:
             "lower num_val so that train rows remain"
         )
     val, train = rows[:n_val], rows[n_val:]
-    return TaskData(train=train, labeled=train[:n_lab], val=val, test=load_examples(cfg.test_path, storage, cols))
+    test = load_examples(cfg.test_path, storage, cols)
+    check_prompts(cfg, cfg.train_path, rows)
+    check_prompts(cfg, cfg.test_path, test)
+    return TaskData(train=train, labeled=train[:n_lab], val=val, test=test)
+
+
+def check_prompts(cfg: DataConfig, where: str, examples: list[Example]) -> list[Example]:
+    """``examples`` (loaded from ``where``) if ``cfg`` can render their prompts: conversational ones need
+    ``data.chat_template`` and the default prompt template (``check_conversational``)."""
+    if examples and is_conversational(examples[0].prompt):
+        default = DataConfig.model_fields["prompt_template"].default
+        check_conversational(str(where), cfg.prompt_template, cfg.chat_template, default)
+    return examples
 
 
 def load_task(cfg: DataConfig, seed: int, storage: CheckpointConfig | None = None) -> TaskData:

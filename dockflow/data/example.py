@@ -2,6 +2,7 @@
 
     ex = Example(prompt="What is 47 - 85?", answer="-38")
     ex = Example("Write f.", "", fields={"tests": "assert f(2) == 4"})   # columns reward functions get as kwargs
+    ex = Example([{"role": "user", "content": "What is 2 + 2?"}], "4")   # conversational (dockflow.data.messages)
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Example:
-    """A prompt (before templating), the reference answer the verifier compares against, and the row's other
-    columns (passed to reward functions by name, as TRL passes dataset columns)."""
+    """A prompt (before templating: a string, or a list of chat messages), the reference answer the verifier
+    compares against, and the row's other columns (passed to reward functions by name, as TRL passes dataset
+    columns)."""
 
-    prompt: str
+    prompt: str | list[dict[str, Any]]
     answer: str
     fields: dict[str, Any] = field(default_factory=dict)
 

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 
 from dockflow.config.sections import DataConfig
 from dockflow.data.example import Example
+from dockflow.data.messages import prompt_key
 
 HASH_CHARS = 16
 
@@ -31,8 +32,8 @@ def short_hash(parts: Iterable[str]) -> str:
 
 
 def examples_hash(examples: Sequence[Example]) -> str:
-    """Hash of the prompts and reference answers of ``examples``, in order."""
-    return short_hash(text for ex in examples for text in (ex.prompt, ex.answer))
+    """Hash of the prompts (messages as sorted-key JSON) and reference answers of ``examples``, in order."""
+    return short_hash(text for ex in examples for text in (prompt_key(ex.prompt), ex.answer))
 
 
 def task_identity(data: DataConfig, rows: Sequence[Example]) -> str:

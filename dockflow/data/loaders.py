@@ -1,7 +1,8 @@
 """Load user datasets from JSONL or Parquet files whose rows have a prompt and an answer column.
 
 The prompt column is ``data.prompt_key`` (default: ``prompt``, else ``problem`` as MATH500/AIME-style sets
-name it; a row with both uses ``prompt``); it must be a non-empty string. The answer column is
+name it; a row with both uses ``prompt``); it must be a non-empty string or, as in TRL's conversational datasets,
+a list of ``{"role", "content"}`` messages (``dockflow.data.messages``; one file holds one format). The answer column is
 ``data.answer_key`` (default ``answer``): a non-empty string or a number (kept as its text, so ``42`` and
 ``"42"`` load alike); an answer written wholly as ``\\boxed{...}`` keeps only the box content. The other
 columns (``solution``, ``tests``, ``metadata``, ...) are kept in ``Example.fields``: reward functions get them
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dockflow.data.example import Example
+from dockflow.data.messages import is_conversational, message_problem
 
 if TYPE_CHECKING:
     from dockflow.config import CheckpointConfig
@@ -82,9 +84,14 @@ def _example(row: Any, where: str, cols: Columns) -> Example:
             raise DatasetError(f"{where}: missing field '{k}' ({cols.need}; set data.prompt_key / data.answer_key "
                                "to name other columns)")
     prompt, answer = row[key], row[akey]
-    if not isinstance(prompt, str):
-        raise DatasetError(f"{where}: field '{key}' must be a string, got {type(prompt).__name__}")
-    if not prompt.strip():
+    if isinstance(prompt, list):
+        problem = message_problem(prompt)
+        if problem:
+            raise DatasetError(f"{where}: field '{key}' {problem}")
+    elif not isinstance(prompt, str):
+        raise DatasetError(f"{where}: field '{key}' must be a string, got {type(prompt).__name__} "
+                           "(or a list of {\"role\", \"content\"} messages)")
+    elif not prompt.strip():
         raise DatasetError(f"{where}: field '{key}' is empty")
     if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
         raise DatasetError(f"{where}: field '{akey}' must be a string or a number, got {type(answer).__name__}")
@@ -92,6 +99,18 @@ def _example(row: Any, where: str, cols: Columns) -> Example:
     if not text:
         raise DatasetError(f"{where}: field '{akey}' is empty")
     return Example(prompt=prompt, answer=text, fields={k: v for k, v in row.items() if k not in (key, akey)})
+
+
+def _one_format(examples: list[Example], wheres: list[str]) -> list[Example]:
+    """``examples`` if their prompts are all strings or all messages; else a DatasetError naming the first row
+    that differs from the first (TRL decides a batch's format by its first prompt)."""
+    first = is_conversational(examples[0].prompt) if examples else False
+    for ex, where in zip(examples, wheres, strict=True):
+        if is_conversational(ex.prompt) != first:
+            formats = ("a string", "a list of messages")
+            raise DatasetError(f"{where}: the prompt is {formats[not first]} but the first row's is {formats[first]}: "
+                               "one file holds one format")
+    return examples
 
 
 def local_copy(path: str | Path, storage: CheckpointConfig | None = None) -> Path:
@@ -110,7 +129,7 @@ def local_copy(path: str | Path, storage: CheckpointConfig | None = None) -> Pat
 
 def load_jsonl(path: Path, name: str | None = None, cols: Columns = Columns()) -> list[Example]:
     """One JSON object per line; blank lines are skipped. ``name`` stands for the file in messages."""
-    out = []
+    out, wheres = [], []
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
@@ -121,7 +140,8 @@ def load_jsonl(path: Path, name: str | None = None, cols: Columns = Columns()) -
             except json.JSONDecodeError as exc:
                 raise DatasetError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
             out.append(_example(row, where, cols))
-    return out
+            wheres.append(where)
+    return _one_format(out, wheres)
 
 
 def load_parquet(path: Path, name: str | None = None, cols: Columns = Columns()) -> list[Example]:
@@ -138,7 +158,8 @@ def load_parquet(path: Path, name: str | None = None, cols: Columns = Columns())
     missing = ([] if has_prompt else [cols.prompt or "prompt"]) + ([] if cols.answer in names else [cols.answer])
     if missing:
         raise DatasetError(f"{label}: missing column(s) {missing}; the table has {names}, {cols.need}")
-    return [_example(row, f"{label}: row {i}", cols) for i, row in enumerate(table.to_pylist(), start=1)]
+    wheres = [f"{label}: row {i}" for i in range(1, table.num_rows + 1)]
+    return _one_format([_example(row, w, cols) for row, w in zip(table.to_pylist(), wheres, strict=True)], wheres)
 
 
 def load_examples(path: str | Path, storage: CheckpointConfig | None = None, cols: Columns = Columns()) -> list[Example]:

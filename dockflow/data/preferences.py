@@ -20,13 +20,14 @@ from dockflow.algos.recipe import PreferenceSection
 from dockflow.config import CheckpointConfig
 from dockflow.data.example import Example, TaskData
 from dockflow.data.loaders import DatasetError, local_copy
+from dockflow.data.messages import Prompt
 
 _FIELDS = ("prompt", "chosen", "rejected")
 
 
 @dataclass(frozen=True)
 class PreferencePair:
-    prompt: str
+    prompt: Prompt  # a pairs file's string, or a synthetic pair's task prompt (messages for a conversational task)
     chosen: str
     rejected: str
 

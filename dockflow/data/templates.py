@@ -1,17 +1,22 @@
 """Prompt templating: ``data.prompt_template`` with a '{prompt}' placeholder wraps every prompt; with
-``data.chat_template`` the result becomes a user turn of the tokenizer's chat template (``PromptFormat``).
+``data.chat_template`` the result becomes a user turn of the tokenizer's chat template (``PromptFormat``). A
+conversational prompt (a list of messages) goes to the chat template as it is: no prompt template, and
+``data.chat_template`` must be true (``check_conversational``).
 
 Only the literal '{prompt}' is replaced, so other braces (``\\boxed{}``, JSON) may appear in a template.
 
     check_template("Question: {prompt}\\nAnswer:")
     apply_template("Question: {prompt}\\nAnswer:", "What is 2 + 2?")
     PromptFormat.of(cfg.data).render("What is 2 + 2?", tokenizer)
+    PromptFormat.of(cfg.data).render([{"role": "user", "content": "What is 2 + 2?"}], tokenizer)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from dockflow.data.messages import Prompt, is_conversational
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -45,7 +50,9 @@ def apply_template(template: str, prompt: str) -> str:
 @dataclass(frozen=True)
 class PromptFormat:
     """How a dataset prompt becomes model input: the prompt template, then optionally the tokenizer's chat template
-    (a user turn after an optional system turn, with the generation prompt added), for instruct models.
+    (a user turn after an optional system turn, with the generation prompt added), for instruct models. A list of
+    messages skips the prompt template: the system turn (if any, and the messages have none) then the messages go
+    to the chat template, with the generation prompt added.
 
         fmt = PromptFormat.of(cfg.data)
         fmt.render("What is 2 + 2?", tokenizer)
@@ -59,18 +66,41 @@ class PromptFormat:
     def of(cls, data: DataConfig) -> PromptFormat:
         return cls(check_template(data.prompt_template), data.chat_template, data.system_prompt)
 
-    def render(self, prompt: str, tokenizer: PreTrainedTokenizerBase | None = None) -> str:
-        text = apply_template(self.template, prompt)
+    def render(self, prompt: Prompt, tokenizer: PreTrainedTokenizerBase | None = None) -> str:
+        conversational = is_conversational(prompt)
+        if conversational and not self.chat:
+            raise TemplateError(_NEEDS_CHAT)
         if not self.chat:
-            return text
+            return apply_template(self.template, prompt)
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            fix = "or use string prompts" if conversational else "or set data.chat_template: false"
             raise TemplateError(
                 "data.chat_template is true but the model's tokenizer has no chat template: use an instruct model's "
-                "tokenizer (tokenizer_config.json 'chat_template'), or set data.chat_template: false"
+                f"tokenizer (tokenizer_config.json 'chat_template'), {fix}"
             )
         turns = [{"role": "system", "content": self.system}] if self.system else []
-        turns.append({"role": "user", "content": text})
+        if conversational:
+            turns = [*(turns if prompt[0]["role"] != "system" else []), *prompt]  # the row's own system turn wins
+        else:
+            turns.append({"role": "user", "content": apply_template(self.template, prompt)})
         return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
 
-    def render_all(self, prompts: list[str], tokenizer: PreTrainedTokenizerBase | None = None) -> list[str]:
+    def render_all(self, prompts: list[Prompt], tokenizer: PreTrainedTokenizerBase | None = None) -> list[str]:
         return [self.render(p, tokenizer) for p in prompts]
+
+
+_NEEDS_CHAT = ("the prompts are conversational (lists of messages), which only the tokenizer's chat template can "
+               "render: set data.chat_template: true (with a tokenizer that has one)")
+
+
+def check_conversational(where: str, template: str, chat: bool, default_template: str) -> None:
+    """A TemplateError unless conversational prompts (those of ``where``) can be rendered: ``data.chat_template``
+    true, and ``data.prompt_template`` left at its default (or '{prompt}'), since messages go to the chat template
+    as they are and any other template would be silently ignored."""
+    if not chat:
+        raise TemplateError(f"{where}: {_NEEDS_CHAT}")
+    if template not in (default_template, PLACEHOLDER):
+        raise TemplateError(
+            f"{where}: the prompts are conversational (lists of messages), which go to the chat template as they "
+            f"are, so data.prompt_template {template!r} would be ignored: remove it, or put its text in the messages"
+        )

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dockflow.config.sections import CheckpointConfig, RunConfig, TrackingConfig
-from dockflow.data import load_task
+from dockflow.data import check_prompts, load_task
 from dockflow.data.loaders import Columns, load_examples
 from dockflow.eval.identity import eval_identity
 from dockflow.eval.policy import EvalInputs, metric_key, score_examples
@@ -80,7 +80,7 @@ def run_eval(
     model_dir = _model_dir(setup, config_path, model)
     task_data, storage = setup.scoring.data, setup.checkpoint
     examples = (
-        load_examples(data, storage, Columns(task_data.prompt_key, task_data.answer_key))
+        check_prompts(task_data, data, load_examples(data, storage, Columns(task_data.prompt_key, task_data.answer_key)))
         if data
         else getattr(load_task(task_data, setup.scoring.seed, storage=storage), split)
     )

@@ -93,9 +93,11 @@ def build_task_tokenizer(
     deterministic: the same inputs give the same tokenizer. With ``data.chat_template`` also the chat tokens
     and ``TINY_CHAT_TEMPLATE``."""
     from dockflow.data import apply_template, load_task
+    from dockflow.data.messages import prompt_text
 
     task = load_task(data, seed, storage=storage)
-    corpus = [apply_template(data.prompt_template, ex.prompt) + ex.answer for ex in task.train]
+    corpus = [(apply_template(data.prompt_template, ex.prompt) if isinstance(ex.prompt, str) else prompt_text(ex.prompt))
+              + ex.answer for ex in task.train]
     tokenizer = build_char_tokenizer(corpus, merges)
     if data.chat_template:  # only then: new tokens change the tiny model's vocabulary, hence its init
         tokenizer.add_special_tokens({"additional_special_tokens": list(CHAT_TOKENS)})

@@ -2,12 +2,14 @@
 it is called exactly as a user's function is (``dockflow.rewards.functions``).
 
     math_verify(["What is 2 + 2?"], ["4"], answer=["4"])   # [1.0]
+    math_verify([[{"role": "user", "content": "2 + 2?"}]], [[{"role": "assistant", "content": "4"}]], answer=["4"])
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from dockflow.rewards.functions import completion_text
 from dockflow.rewards.math_verify import verify
 
 BUILTINS: dict[str, str] = {
@@ -17,6 +19,7 @@ BUILTINS: dict[str, str] = {
 }
 
 
-def math_verify(prompts: list[str], completions: list[str], answer: list[str], **kwargs: Any) -> list[float]:
-    """1.0 where the completion answers the row's ``answer`` (``dockflow.rewards.math_verify``), else 0.0."""
-    return [verify(c, a) for c, a in zip(completions, answer, strict=True)]
+def math_verify(prompts: list[Any], completions: list[Any], answer: list[str], **kwargs: Any) -> list[float]:
+    """1.0 where the completion (text, or TRL's conversational ``[{"role": "assistant", "content": ...}]``)
+    answers the row's ``answer`` (``dockflow.rewards.math_verify``), else 0.0."""
+    return [verify(completion_text(c), a) for c, a in zip(completions, answer, strict=True)]

@@ -26,6 +26,7 @@ import secrets
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from dockflow.rewards.functions import completion_text
 from dockflow.rewards.sandbox import SandboxLimits, SandboxResult, run_sandboxed
 
 log = logging.getLogger(__name__)
@@ -80,13 +81,6 @@ def parse_score(result: SandboxResult, nonce: str) -> float:
     return 0.0
 
 
-def _as_text(completion: object) -> str:
-    """A completion as text; conversational completions (lists of messages) give the last content."""
-    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
-        return str(completion[-1].get("content", ""))
-    return str(completion)
-
-
 def _check_tests(tests: object, row: int) -> str | list[str]:
     if tests is None:
         raise ValueError(
@@ -129,7 +123,7 @@ def code_tests(
     if len(tests) != len(completions):
         raise ValueError(f"code_tests: {len(completions)} completions but {len(tests)} tests values")
     rows = [_check_tests(t, i) for i, t in enumerate(tests)]
-    texts = [_as_text(c) for c in completions]
+    texts = [completion_text(c) for c in completions]  # conversational completions: the last message's content
     if not texts:
         return []
     with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(texts)))) as pool:

@@ -3,10 +3,14 @@
 A reward function is ``f(prompts, completions, **kwargs) -> list[float | None]``: one value per completion,
 ``None`` (or NaN) where it does not apply. ``kwargs`` holds the dataset row's other columns as lists
 (``answer`` and every extra column), ``completion_ids`` (token ids without padding), ``trainer_state``
-(``global_step``, ``max_steps``) and ``log_metric(name, value)``, as TRL's ``GRPOTrainer`` passes them.
+(``global_step``, ``max_steps``) and ``log_metric(name, value)``, as TRL's ``GRPOTrainer`` passes them. Prompts and
+completions are strings for a standard dataset; for a conversational one (its first prompt a list of messages, TRL's
+``is_conversational`` rule) prompts are the rows' message lists and each completion is
+``[{"role": "assistant", "content": text}]`` (``trl_completions``), so TRL's own reward functions run unchanged.
 
     fn = import_function("my_rewards:brevity")   # RewardError naming the path when it cannot be imported
     values = checked_output("brevity", fn(prompts, completions, answer=answers), len(completions))
+    completions = trl_completions(prompts, texts)   # texts, or [[{"role": "assistant", "content": t}], ...]
 """
 
 from __future__ import annotations
@@ -19,12 +23,29 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dockflow.data.messages import is_conversational
+
 if TYPE_CHECKING:
     from dockflow.config.reward import RewardConfig, RewardFunctionConfig
 
 
 class RewardError(RuntimeError):
     """A reward function cannot be loaded, or misbehaved on a batch; the message names it and the sample."""
+
+
+def trl_completions(prompts: Sequence[Any], texts: list[str]) -> list[Any]:
+    """The completions as TRL passes them for ``prompts``: message lists when the first prompt is conversational
+    (a list whose first item is a dict with a 'role'), else the texts themselves."""
+    if prompts and is_conversational(prompts[0]):
+        return [[{"role": "assistant", "content": t}] for t in texts]
+    return texts
+
+
+def completion_text(completion: Any) -> str:
+    """A completion's text in either format: a string as it is; a list of messages, its last message's content."""
+    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
+        return str(completion[-1].get("content", ""))
+    return str(completion)
 
 
 def function_path(fn: RewardFunctionConfig) -> str:

@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
+from dockflow.rewards.functions import completion_text
+
 if TYPE_CHECKING:
     from dockflow.data import Example
 
@@ -66,13 +68,13 @@ def score_completion(completion: str, metadata: dict[str, Any], reference: str |
 
 
 def reasoning_gym_score(
-    prompts: Sequence[str], completions: Sequence[str], metadata: Sequence[dict[str, Any] | None], **kwargs: Any
+    prompts: Sequence[Any], completions: Sequence[Any], metadata: Sequence[dict[str, Any] | None], **kwargs: Any
 ) -> list[float | None]:
     """Reward: reasoning-gym's scorer on each completion (partial credit as the scorer gives it); None for a
     row without reasoning-gym metadata (not applicable, as in TRL)."""
     answers = kwargs.get("answer") or [None] * len(completions)
     return [
-        None if not meta else score_completion(c, meta, ref)
+        None if not meta else score_completion(completion_text(c), meta, ref)
         for c, meta, ref in zip(completions, metadata, answers, strict=True)
     ]
 

@@ -46,8 +46,8 @@ class RunState:
 class RewardBatch:
     """One batch of completions and the columns the functions get as keyword arguments."""
 
-    prompts: list[str]
-    completions: list[str]
+    prompts: list[Any]  # strings, or (conversational rows) lists of messages
+    completions: list[Any]  # strings, or [{"role": "assistant", "content": text}] (``trl_completions``)
     completion_ids: list[list[int]]
     columns: dict[str, list[Any]]
     state: RunState

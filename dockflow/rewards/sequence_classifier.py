@@ -5,7 +5,8 @@
 
 What is scored: when the reward model's tokenizer has a chat template (``rm.chat``), the pair as a user turn and
 an assistant turn in that template, after ``system_prompt`` as a system turn if given (as TRL and OpenRLHF
-format conversations for reward models): pass the task's own prompts then, not the policy's formatted ones.
+format conversations for reward models): pass the task's own prompts then (a conversational row's messages as
+they are), not the policy's formatted ones.
 Otherwise the plain text ``prompt + response`` with the tokenizer's own special tokens (e.g. BOS). The score is
 the head's output at the last non-pad token. Sequences pad on the right (positions then do not depend on the batch, so the scores do not
 depend on the batch size) and longer ones lose their beginning, never the response's end.
@@ -16,6 +17,7 @@ No Ray here: the reward-model worker (``dockflow.workers.reward_model``) holds o
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification
@@ -106,21 +108,26 @@ class RewardModel:
         except Exception as exc:  # noqa: BLE001 - any loader failure becomes one line naming the model
             raise RewardModelError(f"reward model '{self.path}' could not be loaded: {_first_line(exc)}") from None
 
-    def texts(self, prompts: list[str], responses: list[str]) -> list[str]:
-        """What the model reads for each pair (see the module's docstring)."""
+    def texts(self, prompts: list[Any], responses: list[str]) -> list[str]:
+        """What the model reads for each pair (see the module's docstring); a conversational prompt (a list of
+        messages, chat only) is its messages, after the system turn unless it has its own."""
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
         if not self.chat:
             return [p + r for p, r in zip(prompts, responses, strict=True)]
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+
+        def turns(p: Any) -> list[dict[str, Any]]:
+            if isinstance(p, list):
+                return [*(system if p[0].get("role") != "system" else []), *p]
+            return [*system, {"role": "user", "content": p}]
+
         return [
-            self.tokenizer.apply_chat_template(
-                [*system, {"role": "user", "content": p}, {"role": "assistant", "content": r}], tokenize=False
-            )
+            self.tokenizer.apply_chat_template([*turns(p), {"role": "assistant", "content": r}], tokenize=False)
             for p, r in zip(prompts, responses, strict=True)
         ]
 
-    def score(self, prompts: list[str], responses: list[str]) -> list[float]:
+    def score(self, prompts: list[Any], responses: list[str]) -> list[float]:
         """One float per (prompt, response), computed ``batch_size`` pairs per forward pass."""
         texts = self.texts(prompts, responses)
         scores: list[float] = []

@@ -3,7 +3,7 @@
 
 It holds no model, only the tokenizer (to decode) and the task's train rows (looked up by the prompt id that the
 dock carries as metadata): their prompts, answers and other columns are what the reward functions get, in TRL's
-convention (``dockflow.rewards.functions``). The built-ins run here, the user's functions in a child process,
+convention (``dockflow.rewards.functions``; conversational rows: prompts and completions as message lists). The built-ins run here, the user's functions in a child process,
 under ``reward.timeout_s`` (``dockflow.rewards.runner``; ``reward.functions[].isolate``); reward models' scores
 come from the dock (``rm_scores``, written by the reward-model worker). Light: it asks Ray for no CPU. The algorithm's recipe shapes the combined reward (DAPO:
 overlong responses); ``AdvantageState`` gives advantages to the groups the run plan's sampling selects.
@@ -22,7 +22,7 @@ from dockflow.data import Example, load_task
 from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import decode_responses, response_ids
 from dockflow.models import load_tokenizer
-from dockflow.rewards.functions import combine, function_path
+from dockflow.rewards.functions import combine, function_path, trl_completions
 from dockflow.rewards.runner import RewardBatch, RewardRunner, RunState
 from dockflow.rewards.verifier import task_verifier
 from dockflow.storage.objects import fetch_model
@@ -76,8 +76,9 @@ class RewardWorker:
         call's seconds (with any process hop) and the functions' own (where they ran)."""
         rows = [self.examples[p] for p in batch.meta["prompt_id"].tolist()]
         lo = self.cfg.dock_window(iteration)[0]
+        prompts = [ex.prompt for ex in rows]  # a conversational row's messages, as TRL passes them
         request = RewardBatch(
-            prompts=[ex.prompt for ex in rows], completions=texts, completion_ids=ids,
+            prompts=prompts, completions=trl_completions(prompts, texts), completion_ids=ids,
             columns=row_columns(rows, self.cfg.data.answer_key),
             state=RunState(global_step=iteration, max_steps=self.cfg.train.iterations),
             sample_ids=[i - lo for i in batch.indices],

@@ -92,3 +92,26 @@ def test_a_raising_function_stops_the_cli_with_one_line(tiny_overrides, user_mod
 def _reward_processes() -> set[str]:
     found = subprocess.run(["pgrep", "-f", "dockflow.rewards.runner|ray::RewardWorker"], capture_output=True, text=True)
     return set(found.stdout.split())
+
+
+def test_a_conversational_dataset_trains_with_trls_think_format_reward(tiny_config, tmp_path: Path) -> None:
+    """The issue's run: prompts as lists of messages, rendered by the tiny tokenizer's chat template in rollouts and
+    evaluation, scored by the built-in verifier and by TRL's own ``think_format_reward`` (which needs conversational
+    completions), unchanged."""
+    import json
+
+    rows = [{"prompt": [{"role": "system", "content": "Answer with the number."},
+                        {"role": "user", "content": f"What is {a} + {b}?"}], "answer": a + b}
+            for a in range(10) for b in range(4)]
+    data = tmp_path / "sums.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    functions = "[{name: math_verify}, {path: 'trl.rewards:think_format_reward', weight: 0.1}]"
+    cfg = tiny_config("conversational", 2, reward__functions=functions, data__chat_template="true",
+                      data__source="file", data__train_path=str(data), data__test_path=str(data),
+                      data__arithmetic__num_val=8, sft__enabled=False, checkpoint__every=0, eval__num_prompts=8)
+    summary = train(cfg)
+    uri = resolve_tracking_uri(cfg.tracking.uri, cfg.run.output_dir)
+    for key in ("rewards/math_verify/mean", "rewards/think_format_reward/mean", "reward/mean"):
+        assert [step for step, _ in read_metric_history(uri, summary["mlflow_run_id"], key)] == [1, 2], key
+    assert all(v == 0.0 for _, v in read_metric_history(uri, summary["mlflow_run_id"], "rewards/think_format_reward/mean"))
+    assert [s for s, _ in read_metric_history(uri, summary["mlflow_run_id"], "eval/test_accuracy")] == [0, 2]

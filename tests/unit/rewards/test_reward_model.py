@@ -79,6 +79,12 @@ def test_a_chat_template_formats_the_pair_as_user_and_assistant_turns(rm_dir, st
     assert len(chat.score(PROMPTS, RESPONSES)) == len(PROMPTS)
     with_system = RewardModel(chat_dir, storage, system_prompt="Be brief.")
     assert with_system.texts(["Q?"], ["A."]) == ["<bos>system: Be brief.<eos><bos>user: Q?<eos><bos>assistant: A.<eos>"]
+    conversation = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."},
+                    {"role": "user", "content": "Q?"}]  # a conversational row's prompt: its messages as they are
+    assert with_system.texts([conversation], ["A."]) == [
+        "<bos>system: Be brief.<eos><bos>user: Hi.<eos><bos>assistant: Hello.<eos><bos>user: Q?<eos><bos>assistant: A.<eos>"]
+    own_system = [{"role": "system", "content": "Be long."}, {"role": "user", "content": "Q?"}]
+    assert with_system.texts([own_system], ["A."]) == ["<bos>system: Be long.<eos><bos>user: Q?<eos><bos>assistant: A.<eos>"]
 
 
 def test_a_model_on_s3_is_fetched_and_scores_like_its_local_copy(rm_dir, storage, s3_checkpoint_dir, tmp_path,
