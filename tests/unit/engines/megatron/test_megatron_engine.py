@@ -2,7 +2,8 @@
 against ``TorchTrainingEngine`` (DP=1) on the same weights: log-probs before and after one GRPO update (the
 recipe's loss, 2 micro-batches, clipping that bites, AdamW with weight decay) agree within 1e-5, and so do the
 updated weights (gathered, HF-named), the grad norm, the loss metrics and AdamW's moments in the layout-free
-``state_dict``; a reloaded ``state_dict`` resumes bit-exactly; ``save_pretrained`` writes the updated HF model.
+``state_dict``; the generation copy, resharded by allgather-swap, equals the trainer's gathered weights exactly
+with the update state on the host (0 redundant bytes in the ledger); a reloaded ``state_dict`` resumes bit-exactly; ``save_pretrained`` writes the updated HF model.
 
 megatron is imported once before the forks (``test_megatron_ranks.py``).
 """
@@ -21,6 +22,7 @@ from tensordict import TensorDict
 
 from dockflow.config import Config
 from dockflow.engines.torch_training import TorchTrainingEngine
+from dockflow.reshard import UPDATE_STATE, measured_redundant_bytes
 
 RESPONSE = 5
 NAMES = ("qwen2_tied", "qwen3")  # tied embedding (a last-stage copy at PP=2); q/k norms reduced over TP
@@ -77,6 +79,9 @@ def _rank(rank: int, layout: tuple[int, int], tmp: str) -> None:
         batch = with_old_log_probs(batch, out["logp"])
         out["metrics"] = engine.train_mini_batch(batch, grpo_loss(), micro_batch_size=2)
         out["weights"] = _weights(engine)
+        out["redundant_bytes"] = measured_redundant_bytes(
+            engine._local_weights.values(), engine.policy_module().parameters(), "cpu")
+        out["memory"] = engine.memory_metrics()
         out["logp_after"] = engine.infer(batch)
         state = engine.state_dict()
         out["state"] = state
@@ -144,6 +149,23 @@ def test_log_probs_and_one_grpo_update_equal_the_torch_engine(ranks, reference, 
         for key, weight in ref["weights"].items():
             _close(out["weights"][key], weight, key)
             assert not torch.equal(weight, before[key]), key  # every weight moved
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_allgather_swap_gives_generation_the_trainers_weights_and_nothing_redundant(ranks, name):
+    full_bytes = sum(w.numel() * w.element_size() for w in tiny_decoder(name).parameters())
+    for rank, r in enumerate(ranks[0]):
+        out = r[name]
+        trainer = out["state"]["model"]  # gathered from the shards (``model.gather_full``), not resharded
+        assert set(trainer) - set(out["weights"]) <= {"lm_head.weight"}  # a tied lm_head is the embedding
+        for key, weight in out["weights"].items():
+            assert torch.equal(weight, trainer[key]), (rank, key)
+        assert out["redundant_bytes"] == 0, rank
+        memory = {k.removeprefix(f"memory/rank{rank}/"): v for k, v in out["memory"].items()}
+        for category in UPDATE_STATE:
+            assert memory[f"generation/{category}_bytes"] == 0, (rank, category)
+            assert memory[f"update/{category}_bytes"] > 0, (rank, category)
+        assert memory["generation/generation_weights_bytes"] == full_bytes, rank
 
 
 @pytest.mark.parametrize("name", NAMES)
