@@ -21,9 +21,6 @@ Backend types stay in here; tensors in and out are plain torch tensors in the ro
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,6 +36,7 @@ from dockflow.engines.logprobs import trim_columns
 from dockflow.engines.megatron import model as mg
 from dockflow.engines.megatron.convert import DecoderSpec, hf_to_megatron, megatron_to_hf, spec_from_hf
 from dockflow.engines.megatron.cpu import prepare_megatron
+from dockflow.engines.megatron.persist import MegatronPersistence
 from dockflow.engines.megatron.schedule import (
     finalize_grads,
     pipeline_forward_backward,
@@ -61,8 +59,6 @@ from dockflow.reshard import (
     param_meta,
 )
 
-ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
-
 
 def _groups() -> tuple[Any, Any, Any]:
     """(data-parallel, model-parallel (TP x PP), pipeline) process groups of this rank."""
@@ -71,7 +67,7 @@ def _groups() -> tuple[Any, Any, Any]:
     return ps.get_data_parallel_group(), ps.get_model_parallel_group(), ps.get_pipeline_model_parallel_group()
 
 
-class MegatronTrainingEngine(TrainingEngine):
+class MegatronTrainingEngine(MegatronPersistence, TrainingEngine):
     """This rank's TP / PP shard of the policy, its AdamW state, and the HF generation copy."""
 
     def __init__(
@@ -253,14 +249,6 @@ class MegatronTrainingEngine(TrainingEngine):
                 p.grad.mul_(coef)
         return norm
 
-    # -- full weights out and in (collectives over every rank) ----------------------------------------------
-
-    def _gather_hf(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return megatron_to_hf(mg.gather_full(local, self.spec), self.spec)
-
-    def _local_from_hf(self, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return mg.local_shard(hf_to_megatron(hf, self.spec), self.spec)
-
     # -- the update <-> generation cycle (as the FSDP engine's) ---------------------------------------------
 
     def _update_state(self) -> UpdateState:
@@ -327,58 +315,3 @@ class MegatronTrainingEngine(TrainingEngine):
         metrics = {f"memory/rank{self.rank}/{k.removeprefix('memory/')}": v for k, v in self.ledger.to_metrics().items()}
         self.ledger = MemoryLedger(self.device, self.rank)
         return metrics
-
-    def save_pretrained(self, path: str | Path) -> Path:
-        """The current policy as a Hugging Face directory (collective; rank 0 writes it, atomically: a temporary
-        sibling renamed into place). The tokenizer is the caller's."""
-        self._to_generation()
-        path = Path(path)
-        if self.rank == 0:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-            try:
-                self.generation_model.save_pretrained(tmp)
-                if path.exists():
-                    shutil.rmtree(path)
-                os.replace(tmp, path)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-        dist.barrier()
-        return path
-
-    def state_dict(self) -> dict[str, Any]:
-        """Layout-free: the full HF-named weights, and AdamW's step, hyper-parameters and full moments (HF names),
-        on every rank (collective); the engine stays in the state it was in."""
-        with self._update_on_device():
-            return self._full_state()
-
-    def _full_state(self) -> dict[str, Any]:
-        params = dict(self.model.named_parameters())
-        state = self.optimizer.state
-        optimizer: dict[str, Any] = {"param_groups": [{k: v for k, v in g.items() if k != "params"}
-                                                      for g in self.optimizer.param_groups]}
-        if all(p in state for p in params.values()):
-            optimizer["step"] = float(state[params[next(iter(params))]]["step"])
-            for key in ADAM_MOMENTS:
-                optimizer[key] = self._gather_hf({n: state[p][key] for n, p in params.items()})
-        return {"model": self._gather_hf({n: p.detach() for n, p in params.items()}), "optimizer": optimizer}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Each rank keeps its shard of :meth:`state_dict` output, saved at any TP / PP; then the generation copy
-        takes the loaded weights by a reshard (collective)."""
-        self._to_update()
-        params = dict(self.model.named_parameters())
-        weights = self._local_from_hf(state["model"])
-        with torch.no_grad():
-            for name, param in params.items():
-                param.copy_(weights[name])
-        saved = state["optimizer"]
-        for group, hyper in zip(self.optimizer.param_groups, saved["param_groups"], strict=True):
-            group.update(hyper)
-        self.optimizer.state.clear()
-        if "step" in saved:
-            moments = {key: self._local_from_hf(saved[key]) for key in ADAM_MOMENTS}
-            for name, param in params.items():
-                self.optimizer.state[param] = {"step": torch.tensor(saved["step"]),
-                                               **{key: moments[key][name].clone() for key in ADAM_MOMENTS}}
-        self._to_generation()

@@ -3,7 +3,9 @@ against ``TorchTrainingEngine`` (DP=1) on the same weights: log-probs before and
 recipe's loss, 2 micro-batches, clipping that bites, AdamW with weight decay) agree within 1e-5, and so do the
 updated weights (gathered, HF-named), the grad norm, the loss metrics and AdamW's moments in the layout-free
 ``state_dict``; the generation copy, resharded by allgather-swap, equals the trainer's gathered weights exactly
-with the update state on the host (0 redundant bytes in the ledger); a reloaded ``state_dict`` resumes bit-exactly; ``save_pretrained`` writes the updated HF model.
+with the update state on the host (0 redundant bytes in the ledger); a reloaded ``state_dict`` resumes bit-exactly, and
+so does the run checkpoint ``save_state`` writes (each rank's shards through ``dist_checkpointing`` into a local
+checkpoint store) loaded by ``load_state``; ``save_pretrained`` writes the updated HF model.
 
 megatron is imported once before the forks (``test_megatron_ranks.py``).
 """
@@ -23,6 +25,7 @@ from tensordict import TensorDict
 from dockflow.config import Config
 from dockflow.engines.torch_training import TorchTrainingEngine
 from dockflow.reshard import UPDATE_STATE, measured_redundant_bytes
+from dockflow.storage import LocalCheckpointStore
 
 RESPONSE = 5
 NAMES = ("qwen2_tied", "qwen3")  # tied embedding (a last-stage copy at PP=2); q/k norms reduced over TP
@@ -85,12 +88,21 @@ def _rank(rank: int, layout: tuple[int, int], tmp: str) -> None:
         out["logp_after"] = engine.infer(batch)
         state = engine.state_dict()
         out["state"] = state
+        store = LocalCheckpointStore(Path(tmp) / f"ckpt_{name}", keep=2)
+        saved = engine.save_state(store, 1, "actor")  # each rank's shards through dist_checkpointing
+        parts = sorted(store.commit(1, {"iteration": 1}).parts) if rank == 0 else None
         engine.train_mini_batch(batch, grpo_loss(), micro_batch_size=2)
         second = _weights(engine)
-        engine.load_state_dict(state)
-        out["reloaded"] = {n: p.detach().clone() for n, p in engine.policy_module().named_parameters()}
-        engine.train_mini_batch(batch, grpo_loss(), micro_batch_size=2)
-        out["resumed_equal"] = all(torch.equal(w, second[n]) for n, w in engine.named_weights())
+        for source in ("state_dict", "store"):
+            if source == "state_dict":
+                engine.load_state_dict(state)
+            else:
+                engine.load_state(store, 1, "actor", saved)
+            out.setdefault("reloaded", []).append({n: p.detach().clone()
+                                                   for n, p in engine.policy_module().named_parameters()})
+            engine.train_mini_batch(batch, grpo_loss(), micro_batch_size=2)
+            out.setdefault("resumed_equal", []).append(all(torch.equal(w, second[n]) for n, w in engine.named_weights()))
+        out["saved"], out["parts"] = saved, parts
         engine.load_state_dict(state)
         engine.save_pretrained(Path(tmp) / f"{name}_saved")
         result[name] = out
@@ -177,9 +189,13 @@ def test_state_dict_is_full_and_resumes_bit_exact(ranks, reference, name):
             for param, moment in moments.items():
                 _close(out["state"]["optimizer"][key][param], moment, f"{key} {param}")
         assert out["state"]["optimizer"]["step"] == 1.0
-        for key, weight in out["weights"].items():  # the generation copy holds the loaded weights at once
-            assert torch.equal(out["reloaded"][key], weight), key
-        assert out["resumed_equal"]
+        for reloaded in out["reloaded"]:  # the generation copy holds the loaded weights at once
+            for key, weight in out["weights"].items():
+                assert torch.equal(reloaded[key], weight), key
+        assert out["resumed_equal"] == [True, True]  # from state_dict, and from the store's dist checkpoint
+        assert out["saved"] == {"dist_checkpoint": "actor.mcore"}
+    parts = ranks[0][0][name]["parts"]
+    assert "actor.mcore" in parts and sum(p.startswith("actor.mcore.") and p.endswith(".distcp") for p in parts) == 2
 
 
 def test_save_pretrained_writes_the_updated_model(ranks, reference):
