@@ -115,6 +115,7 @@ def _rank(rank: int, layout: tuple[int, int], tmp: str) -> None:
 @pytest.fixture(scope="module", params=[(2, 1), (1, 2)], ids=["tp2", "pp2"])
 def ranks(request, tmp_path_factory) -> tuple[list[dict], Path]:
     import megatron.core  # noqa: F401  (once, before the forks: the ranks inherit the import)
+    import megatron.core.dist_checkpointing.strategies.torch  # noqa: F401  (the same for save_state / load_state)
 
     tmp = tmp_path_factory.mktemp("megatron_engine")
     for name in NAMES:
@@ -213,3 +214,12 @@ def test_bad_layout_is_one_clear_error():
 
     with pytest.raises(RuntimeError, match="torch.distributed initialised"):
         MegatronTrainingEngine(tiny_decoder("llama"), tp=2, lr=1e-3)
+
+
+def test_a_checkpoint_of_another_engine_is_one_clear_error(tmp_path):
+    from dockflow.engines.megatron.persist import MegatronPersistence
+    from dockflow.storage import CheckpointError
+
+    gathered = {"model": {}, "optimizer": {}}  # what another engine's worker part holds
+    with pytest.raises(CheckpointError, match=r"part 'actor' holds no megatron checkpoint .*train\.engine"):
+        MegatronPersistence().load_state(LocalCheckpointStore(tmp_path, keep=1), 3, "actor", gathered)
