@@ -14,7 +14,9 @@ group, each rank a process (as FSDP's ranks are), every rank of a TP x PP model 
   ``generation_model``; the update weights, grads and AdamW state wait on the host meanwhile. Like the FSDP
   engine it rests in the generation state between stage calls and swaps back on ``infer`` /
   ``train_mini_batch``; a :class:`MemoryLedger` records bytes by category (``memory_metrics``);
-- ``state_dict`` is layout-free (HF names, full tensors, AdamW's moments too), so it loads at any TP / PP.
+- checkpoints (``persist.py``): ``save_state`` / ``load_state`` write and read a run checkpoint's parts through
+  ``dist_checkpointing`` (each rank its shards, loadable at any TP / PP); ``state_dict`` is layout-free in memory
+  (HF names, full tensors, AdamW's moments too), so it loads at any TP / PP as well.
 
 Backend types stay in here; tensors in and out are plain torch tensors in the rollout layout.
 """
