@@ -123,6 +123,16 @@ class TrainingEngine(ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output exactly."""
 
+    def save_state(self, store: Any, step: int, part: str) -> Any:
+        """This engine's share of checkpoint ``step`` (collective over the engine's ranks): what its worker keeps
+        in part ``part``. An engine that writes its own parts of ``step`` (named ``part.<...>``) returns what finds
+        them again; the driver's commit takes them in."""
+        return self.state_dict()
+
+    def load_state(self, store: Any, step: int, part: str, saved: Any) -> None:
+        """Restore what :meth:`save_state` returned (``saved``) and wrote into checkpoint ``step``."""
+        self.load_state_dict(saved)
+
     @abstractmethod
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Current weights, for resharding into a generation engine."""

@@ -348,6 +348,13 @@ class ColocatedTraining(TrainingEngine):
         self.inner.load_state_dict(state)
         self.generation.mark_stale(self.inner.generation_weights)
 
+    def save_state(self, store: Any, step: int, part: str) -> Any:
+        return self.inner.save_state(store, step, part)
+
+    def load_state(self, store: Any, step: int, part: str, saved: Any) -> None:
+        self.inner.load_state(store, step, part, saved)
+        self.generation.mark_stale(self.inner.generation_weights)
+
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         return self.inner.named_weights()
 

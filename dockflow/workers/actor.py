@@ -62,12 +62,13 @@ class ActorWorker(ModelWorker):
     part = "actor"
 
     def __init__(self, cfg: Config, model_dir: str, dock: TransferDock, rank: int = 0, dp_key: str = ""):
-        """``rank`` of ``train.actor_ranks`` actor ranks; with several the ranks first join one process group, found
-        under ``dp_key`` (see ``dp_group``), and train with FSDP2 (dp >= 2) or megatron (tp x pp)."""
+        """``rank`` of ``train.actor_ranks`` actor ranks; with several (with megatron, even one) the ranks first
+        join one process group, found under ``dp_key`` (see ``dp_group``), and train with FSDP2 (dp >= 2) or
+        megatron (tp x pp)."""
         super().__init__(cfg, dock)
         self.rank, self.dp = rank, cfg.train.dp
         world = cfg.train.actor_ranks
-        if world > 1:
+        if world > 1 or cfg.train.engine == "megatron":  # megatron's parallel state needs a group, even of one rank
             join_dp_group(rank, world, dp_key, cfg.ray.init_timeout_s, cfg.train.stage_timeout_s,
                           backend=process_group_backend(cfg.engine.device))  # gloo / nccl / hccl
         # megatron's ranks split one model: rank 0 reads the dock and passes every batch on (``model_parallel``)

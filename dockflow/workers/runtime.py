@@ -51,12 +51,12 @@ class ModelWorker:
         """Restore what ``extra_state`` saved."""
 
     def save(self, store, step: int) -> None:
-        state = {"engine": self.engine.state_dict(), "rng": rng_state(), **self.extra_state()}
+        state = {"engine": self.engine.save_state(store, step, self.part), "rng": rng_state(), **self.extra_state()}
         if self.rank == 0:
             store.write_part(step, self.part, state)
 
     def load(self, store, step: int) -> None:
         state = store.read_part(step, self.part, weights_only=False)
-        self.engine.load_state_dict(state["engine"])
+        self.engine.load_state(store, step, self.part, state["engine"])
         set_rng_state(state["rng"])
         self.load_extra(state)

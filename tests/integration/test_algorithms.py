@@ -2,7 +2,7 @@
 Four runs also carry other features, to pay Ray's start-up once: REINFORCE++ runs disaggregated, one
 version stale, with truncated importance sampling; PF-PPO trains its actor on 2 data-parallel
 ranks (FSDP2, allgather-swap resharding, memory ledger) and resumes from its checkpoint; RLOO trains its actor
-with the megatron engine on 2 tensor-parallel ranks; DPO trains the tiny Qwen3-MoE (from a fresh model: DPO's
+with the megatron engine on 2 tensor-parallel ranks and resumes its checkpoint at TP=1; DPO trains the tiny Qwen3-MoE (from a fresh model: DPO's
 offline pairs give a gradient without an SFT warm start).
 
 One local Ray cluster serves the whole module (``train`` joins it instead of starting its own).
@@ -91,6 +91,8 @@ def test_two_iterations_train_the_policy(algorithm, ray_cluster, tiny_config):
         for first, second in rank_weights:
             assert all(torch.equal(first[k], second[k]) for k in first), "the TP ranks hold different policies"
         assert all(torch.equal(after[k], rank_weights[-1][0][k]) for k in rank_weights[-1][0])
+        resume_megatron_at_tp1(tiny_config(algorithm, 2, config=f"configs/{algorithm}_arith.yaml",
+                                           **(extra | {"train__tp": 1})), after)
 
 
 def test_partial_rollout_parks_and_resumes_groups_across_two_generators(ray_cluster, tiny_config):
@@ -143,6 +145,19 @@ def test_a_run_resumed_with_generations_in_flight_repeats_and_loses_no_sample(ra
     assert read_record(store, 4).evaluated_steps == {0, 4}  # the new checkpoint: this format, every evaluation
     after = load_file(str(Path(resumed["final_model"]) / "model.safetensors"))
     assert all(torch.equal(final[k], after[k]) for k in final), "the resumed run's policy differs"
+
+
+def resume_megatron_at_tp1(cfg, final: dict[str, torch.Tensor]) -> None:
+    """The TP=2 run's checkpoint (iteration 2) holds each TP rank's shards as dist_checkpointing parts, no gathered
+    state; resumed with ``train.tp=1`` (one actor rank, no iteration left to run) the whole model loads from them:
+    the resumed run's final model is the TP=2 run's, bit for bit."""
+    store = run_store(cfg.checkpoint, cfg.run)
+    assert store.read_part(2, "actor", weights_only=False)["engine"] == {"dist_checkpoint": "actor.mcore"}
+    assert sum(p.startswith("actor.mcore.") and p.endswith(".distcp") for p in store.list_parts(2)) == 2
+    resumed = train(cfg, resume=True)
+    assert resumed["resumed_from"] == 2 and resumed["iterations"] == 2
+    again = load_file(str(Path(resumed["final_model"]) / "model.safetensors"))
+    assert again.keys() == final.keys() and all(torch.equal(again[k], final[k]) for k in final)
 
 
 def policy_of_each_rank(cfg) -> list[dict]:

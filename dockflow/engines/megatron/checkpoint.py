@@ -41,13 +41,14 @@ INDEX_PART = "mcore"  # the part that lists every rank's files; file parts are "
 _FILE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,120}$")
 
 
-def file_part(filename: str) -> str:
-    """The store part holding a dist_checkpointing file (``.metadata`` -> ``mcore..metadata``)."""
+def file_part(filename: str, index: str = INDEX_PART) -> str:
+    """The store part holding a dist_checkpointing file (``.metadata`` -> ``mcore..metadata``), named after its
+    checkpoint's index part ``index``."""
     if not _FILE_RE.match(filename):
         raise CheckpointError(
             f"dist_checkpointing wrote a file named {filename!r} that no store part can name"
         )
-    return f"{INDEX_PART}.{filename}"
+    return f"{index}.{filename}"
 
 
 def sync_save_strategy() -> Any:
@@ -134,7 +135,7 @@ def _all_ok(error: str | None, what: str) -> None:
         raise CheckpointError(f"megatron checkpoint {what} failed on rank {rank}: {err}")
 
 
-def _write_file_parts(store: CheckpointStore, step: int, local: Path) -> list[str]:
+def _write_file_parts(store: CheckpointStore, step: int, local: Path, index: str) -> list[str]:
     """Write every file under ``local`` (this rank's dist_checkpointing output) as a part of ``step``."""
     names = []
     for path in sorted(local.iterdir()):
@@ -143,21 +144,17 @@ def _write_file_parts(store: CheckpointStore, step: int, local: Path) -> list[st
             if path.stat().st_size
             else torch.empty(0, dtype=torch.uint8)
         )
-        store.write_part(step, file_part(path.name), data)
+        store.write_part(step, file_part(path.name, index), data)
         names.append(path.name)
     return names
 
 
-def save_checkpoint(
-    store: CheckpointStore,
-    step: int,
-    model: Any,
-    optimizer: torch.optim.Optimizer,
-    meta: dict[str, Any],
-    extra_parts: tuple[str, ...] = (),
-) -> None:
-    """Save ``model`` and ``optimizer`` as checkpoint ``step`` of ``store``; every rank calls it. Rank 0 commits
-    with ``meta`` (and ``extra_parts``, written by the caller before); until then the step does not exist."""
+def write_checkpoint(
+    store: CheckpointStore, step: int, model: Any, optimizer: torch.optim.Optimizer, index: str = INDEX_PART
+) -> list[str]:
+    """Write ``model`` and ``optimizer`` as parts of ``step`` of ``store`` without committing it; every rank
+    calls it. Returns, on every rank, the parts written (the index part ``index`` and its file parts): whoever
+    commits the step lists them, or commits whatever was written (as the run's driver does)."""
     from megatron.core import dist_checkpointing, parallel_state
 
     model_state = model.sharded_state_dict()
@@ -170,12 +167,13 @@ def save_checkpoint(
         error, names = None, []
         try:
             dist_checkpointing.save(state, str(local), sharded_strategy=sync_save_strategy())
-            names = _write_file_parts(store, step, local)
+            names = _write_file_parts(store, step, local, index)
         except Exception as exc:  # reported to every rank, so none waits for the others
             error = f"{type(exc).__name__}: {exc}"
         _all_ok(error, f"save of step {step} at {store.location(step)}")
         files: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(files, names)
+        every = sorted({n for rank_files in files for n in rank_files})
         error = None
         if dist.get_rank() == 0:
             layout = {
@@ -183,15 +181,35 @@ def save_checkpoint(
                 "pp": parallel_state.get_pipeline_model_parallel_world_size(),
                 "world": dist.get_world_size(),
             }
-            every = sorted({n for rank_files in files for n in rank_files})
             try:
-                store.write_part(step, INDEX_PART, {"files": every, "layout": layout})
-                store.commit(step, meta, parts=[INDEX_PART, *map(file_part, every), *extra_parts])
+                store.write_part(step, index, {"files": every, "layout": layout})
             except Exception as exc:  # reported to every rank, so none waits for the others
                 error = f"{type(exc).__name__}: {exc}"
-        _all_ok(error, f"commit of step {step} at {store.location(step)}")
+        _all_ok(error, f"index of step {step} at {store.location(step)}")
     finally:
         shutil.rmtree(local, ignore_errors=True)
+    return [index, *(file_part(n, index) for n in every)]
+
+
+def save_checkpoint(
+    store: CheckpointStore,
+    step: int,
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    meta: dict[str, Any],
+    extra_parts: tuple[str, ...] = (),
+) -> None:
+    """Save ``model`` and ``optimizer`` as checkpoint ``step`` of ``store`` (``write_checkpoint``); every rank
+    calls it. Rank 0 commits with ``meta`` (and ``extra_parts``, written by the caller before); until then the
+    step does not exist."""
+    parts = write_checkpoint(store, step, model, optimizer)
+    error = None
+    if dist.get_rank() == 0:
+        try:
+            store.commit(step, meta, parts=[*parts, *extra_parts])
+        except Exception as exc:  # reported to every rank, so none waits for the others
+            error = f"{type(exc).__name__}: {exc}"
+    _all_ok(error, f"commit of step {step} at {store.location(step)}")
 
 
 def _fresh_state(optimizer: torch.optim.Optimizer, keys: list[str]) -> None:
@@ -217,17 +235,21 @@ def _restore(optimizer: torch.optim.Optimizer, loaded: dict[str, Any]) -> None:
 
 
 def load_checkpoint(
-    store: CheckpointStore, step: int, model: Any, optimizer: torch.optim.Optimizer | None
+    store: CheckpointStore,
+    step: int,
+    model: Any,
+    optimizer: torch.optim.Optimizer | None,
+    index_part: str = INDEX_PART,
 ) -> dict:
-    """Load checkpoint ``step`` of ``store`` into ``model`` (and ``optimizer``), built at any TP/PP; every rank
-    calls it. Returns the index's layout (the one it was saved at)."""
+    """Load checkpoint ``step`` of ``store`` (the one indexed by ``index_part``) into ``model`` (and ``optimizer``),
+    built at any TP/PP; every rank calls it. Returns the index's layout (the one it was saved at)."""
     from megatron.core import dist_checkpointing
 
-    index = store.read_part(step, INDEX_PART)
+    index = store.read_part(step, index_part)
     local = Path(tempfile.mkdtemp(prefix=f"mcore-load-{step}-"))
     try:
         for name in index["files"]:
-            (local / name).write_bytes(store.read_part(step, file_part(name)).numpy().tobytes())
+            (local / name).write_bytes(store.read_part(step, file_part(name, index_part)).numpy().tobytes())
         model_state = model.sharded_state_dict()
         state: dict[str, Any] = {"model": model_state}
         if optimizer is not None:

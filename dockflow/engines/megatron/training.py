@@ -9,18 +9,22 @@ group, each rank a process (as FSDP's ranks are), every rank of a TP x PP model 
   tied / replicated grads reduced (``finalize_grads``) and summed over DP, clipped by the global norm over all
   TP / PP shards (each weight counted once), then torch AdamW over this rank's shards: AdamW is elementwise, so
   the shards' step equals the full model's step of :class:`TorchTrainingEngine`;
-- ``generation_weights`` / ``named_weights``: full HF-named weights gathered from the shards (collective);
-  ``state_dict`` is layout-free (HF names, full tensors, AdamW's moments too), so it loads at any TP / PP.
+- ``generation_weights`` / ``named_weights``: the reshard, by allgather-swap (``dockflow.reshard`` with
+  ``megatron_rules``) from this rank's real shards to full weights, HF-named (``megatron_to_hf``) and bound into
+  ``generation_model``; the update weights, grads and AdamW state wait on the host meanwhile. Like the FSDP
+  engine it rests in the generation state between stage calls and swaps back on ``infer`` /
+  ``train_mini_batch``; a :class:`MemoryLedger` records bytes by category (``memory_metrics``);
+- checkpoints (``persist.py``): ``save_state`` / ``load_state`` write and read a run checkpoint's parts through
+  ``dist_checkpointing`` (each rank its shards, loadable at any TP / PP); ``state_dict`` is layout-free in memory
+  (HF names, full tensors, AdamW's moments too), so it loads at any TP / PP as well.
 
 Backend types stay in here; tensors in and out are plain torch tensors in the rollout layout.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +38,28 @@ from dockflow.engines.logprobs import trim_columns
 from dockflow.engines.megatron import model as mg
 from dockflow.engines.megatron.convert import DecoderSpec, hf_to_megatron, megatron_to_hf, spec_from_hf
 from dockflow.engines.megatron.cpu import prepare_megatron
+from dockflow.engines.megatron.persist import MegatronPersistence
 from dockflow.engines.megatron.schedule import (
     finalize_grads,
     pipeline_forward_backward,
     pipeline_response_log_probs,
 )
 from dockflow.engines.torch_training import load_metrics
-
-ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
+from dockflow.reshard import (
+    DEFAULT_BUCKET_BYTES,
+    MEGATRON_VOCAB_MULTIPLE,
+    HostSwap,
+    MemoryLedger,
+    ModelPartition,
+    ParallelLayout,
+    ReshardGroups,
+    ReshardResult,
+    UpdateState,
+    allgather_swap,
+    global_names,
+    megatron_rules,
+    param_meta,
+)
 
 
 def _groups() -> tuple[Any, Any, Any]:
@@ -51,7 +69,7 @@ def _groups() -> tuple[Any, Any, Any]:
     return ps.get_data_parallel_group(), ps.get_model_parallel_group(), ps.get_pipeline_model_parallel_group()
 
 
-class MegatronTrainingEngine(TrainingEngine):
+class MegatronTrainingEngine(MegatronPersistence, TrainingEngine):
     """This rank's TP / PP shard of the policy, its AdamW state, and the HF generation copy."""
 
     def __init__(
@@ -67,6 +85,7 @@ class MegatronTrainingEngine(TrainingEngine):
         temperature: float = 1.0,
         device: str = "cpu",
         seed: int = 0,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     ):
         """``model``: the Hugging Face causal LM (Qwen2/Qwen2.5, Qwen3 or Llama) every rank starts from; it becomes
         the generation copy. Initialises megatron's TP x PP groups over the default group unless already done."""
@@ -86,8 +105,13 @@ class MegatronTrainingEngine(TrainingEngine):
         self.rank = dist.get_rank()
         self.device = torch.device(device)
         self.model = mg.build_gpt_model(self.spec, tp=tp, pp=pp)
-        mg.load_full_state(self.model, hf_to_megatron(model.state_dict(), self.spec), self.spec)
+        full = hf_to_megatron(model.state_dict(), self.spec)
+        mg.load_full_state(self.model, full, self.spec)
+        self.partition = ModelPartition(param_meta(full), megatron_rules(self.spec.num_layers, self.spec.num_kv_heads))
+        del full
         self.generation_model = model.eval()
+        for p in self.generation_model.parameters():  # filled by each reshard
+            p.data = torch.empty(0, dtype=p.dtype, device=self.device)
         self.grad_clip = grad_clip
         self.infer_batch_size = infer_batch_size
         self.temperature = temperature
@@ -101,7 +125,17 @@ class MegatronTrainingEngine(TrainingEngine):
 
         self._norm_params = [p for p in self.model.parameters()
                              if param_is_not_shared(p) and param_is_not_tensor_parallel_duplicate(p)]
-        self._stale = False  # the generation copy lags the shards (after an update or a load)
+        self.update_layout = ParallelLayout(tp=tp, pp=pp, dp=self.dp, vocab_multiple=MEGATRON_VOCAB_MULTIPLE)
+        self.gen_layout = ParallelLayout(tp=1, dp=world)  # every rank a full copy for generation
+        self.groups = ReshardGroups(self.update_layout)
+        self.bucket_bytes = bucket_bytes
+        self.ledger = MemoryLedger(self.device, self.rank)
+        # Global layer names share the model's parameter tensors (swapping them swaps the model's).
+        self._local_weights = global_names(dict(self.model.named_parameters()), self.spec.num_layers, pp,
+                                           parallel_state.get_pipeline_model_parallel_rank())
+        self._reshard: ReshardResult | None = None
+        self._steps = 0
+        self._to_generation()
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **engine_args: Any) -> MegatronTrainingEngine:
@@ -112,12 +146,13 @@ class MegatronTrainingEngine(TrainingEngine):
         return cls(model, **engine_args)
 
     def policy_module(self) -> nn.Module:
-        """The HF generation copy: the full weights as of the last ``generation_weights`` call."""
+        """The HF generation copy: the full weights after each reshard, empty while the engine updates."""
         return self.generation_model
 
     # -- log-probs and the update (every rank of the layout calls these the same number of times) -----------
 
     def infer(self, batch: TensorDict) -> torch.Tensor:
+        self._to_update()
         self.model.eval()
         width = batch["responses"].shape[1]
         parts = []
@@ -146,6 +181,7 @@ class MegatronTrainingEngine(TrainingEngine):
         """One AdamW step over this DP rank's ``batch`` (its share of the mini-batch), in micro-batches of the
         largest size up to ``micro_batch_size`` that divides it (the pipeline schedule runs equal micro-batches;
         the loss is normalised by the mini-batch's tokens, so the split does not change the step)."""
+        self._to_update()
         rows = batch.batch_size[0]
         micro_batch_size = max(d for d in range(1, min(micro_batch_size, rows) + 1) if rows % d == 0)
         self.model.train()
@@ -175,11 +211,15 @@ class MegatronTrainingEngine(TrainingEngine):
         computed = batch.batch_size[0] * (batch["attention_mask"].shape[1] - width - first + keep_r)
         load = torch.tensor([float(computed), float(batch["attention_mask"].sum())])
         out.update(load_metrics(self._rank_loads(load)))
+        self._update_state().track(self.ledger)  # the grads exist now
+        self.ledger.record(f"step {self._steps} grads", phase="update")
         grad_norm = self._clip_grads()
         if torch.isfinite(grad_norm):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self._stale = True
+        self._update_state().track(self.ledger)  # the optimizer state exists after the first step
+        self.ledger.record(f"step {self._steps} done", phase="update")
+        self._steps += 1
         out["grad_norm"] = float(grad_norm)
         return out
 
@@ -211,79 +251,69 @@ class MegatronTrainingEngine(TrainingEngine):
                 p.grad.mul_(coef)
         return norm
 
-    # -- full weights out and in (collectives over every rank) ----------------------------------------------
+    # -- the update <-> generation cycle (as the FSDP engine's) ---------------------------------------------
 
-    def _gather_hf(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return megatron_to_hf(mg.gather_full(local, self.spec), self.spec)
+    def _update_state(self) -> UpdateState:
+        """This rank's shards under global megatron names, their grads and AdamW's state."""
+        return UpdateState(self._local_weights, self.optimizer)
 
-    def _local_from_hf(self, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return mg.local_shard(hf_to_megatron(hf, self.spec), self.spec)
+    def _to_generation(self) -> None:
+        """Reshard (collective): allgather-swap this rank's shards into full HF-named weights bound into
+        ``generation_model``; the update state waits on the host."""
+        if self._reshard is not None:
+            return
+        result = allgather_swap(self._update_state(), self.partition, self.update_layout, self.gen_layout,
+                                self.groups, bucket_bytes=self.bucket_bytes, ledger=self.ledger)
+        # Fused q/k/v are split into new tensors: the HF dict replaces the megatron one, which frees its buffers.
+        hf = megatron_to_hf(result.generation_weights, self.spec)
+        result.generation_weights = hf
+        self.ledger.track("generation_weights", hf)
+        self.ledger.record("hf named", phase="generation")
+        params = dict(self.generation_model.named_parameters())
+        for name, param in params.items():
+            param.data = hf[name]  # a tied lm_head is the embedding's Parameter, bound once
+        self._reshard = result
 
-    def _refresh_generation(self) -> None:
-        """Gather the shards into ``generation_model`` if it lags them (collective on every rank)."""
-        if self._stale:
-            full = self._gather_hf({n: p.detach() for n, p in self.model.named_parameters()})
-            with torch.no_grad():
-                for name, param in self.generation_model.named_parameters():
-                    param.copy_(full[name])
-            self._stale = False
+    def _to_update(self) -> None:
+        """Swap the update state back and free the generation weights (``generation_model`` is empty after)."""
+        result = self._reshard
+        if result is None:
+            return
+        self.ledger.record("end", phase="generation")
+        assert result.swap is not None
+        result.swap.swap_back()
+        for p in self.generation_model.parameters():
+            p.data = torch.empty(0, dtype=p.dtype, device=self.device)
+        result.release_generation(self.ledger)
+        self._reshard = None
+        self._update_state().track(self.ledger)
+        self.ledger.record("swapped back", phase="update")
+
+    @contextmanager
+    def _update_on_device(self) -> Iterator[None]:
+        """The update state on the device for the block, then back in the state it was in (the generation
+        weights stay valid: the update weights do not change in between)."""
+        result = self._reshard
+        if result is None or result.swap is None:
+            yield
+            return
+        result.swap.swap_back()
+        try:
+            yield
+        finally:
+            result.swap = HostSwap.swap_out(self._update_state().all_tensors(), self.device)
 
     def generation_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The reshard (collective on every rank): full HF-named weights, bound into ``generation_model``."""
-        self._refresh_generation()
+        """The reshard (collective on every rank): full HF-named weights of ``generation_model``."""
+        self._to_generation()
         for name, param in self.generation_model.named_parameters():
             yield name, param.detach()
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         return self.generation_weights()
 
-    def save_pretrained(self, path: str | Path) -> Path:
-        """The current policy as a Hugging Face directory (collective; rank 0 writes it, atomically: a temporary
-        sibling renamed into place). The tokenizer is the caller's."""
-        self._refresh_generation()
-        path = Path(path)
-        if self.rank == 0:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-            try:
-                self.generation_model.save_pretrained(tmp)
-                if path.exists():
-                    shutil.rmtree(path)
-                os.replace(tmp, path)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-        dist.barrier()
-        return path
-
-    def state_dict(self) -> dict[str, Any]:
-        """Layout-free: the full HF-named weights, and AdamW's step, hyper-parameters and full moments (HF names),
-        on every rank (collective)."""
-        params = dict(self.model.named_parameters())
-        state = self.optimizer.state
-        optimizer: dict[str, Any] = {"param_groups": [{k: v for k, v in g.items() if k != "params"}
-                                                      for g in self.optimizer.param_groups]}
-        if all(p in state for p in params.values()):
-            optimizer["step"] = float(state[params[next(iter(params))]]["step"])
-            for key in ADAM_MOMENTS:
-                optimizer[key] = self._gather_hf({n: state[p][key] for n, p in params.items()})
-        return {"model": self._gather_hf({n: p.detach() for n, p in params.items()}), "optimizer": optimizer}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Each rank keeps its shard of :meth:`state_dict` output, saved at any TP / PP; then the generation copy
-        takes the loaded weights (collective), as after a reshard."""
-        params = dict(self.model.named_parameters())
-        weights = self._local_from_hf(state["model"])
-        with torch.no_grad():
-            for name, param in params.items():
-                param.copy_(weights[name])
-        saved = state["optimizer"]
-        for group, hyper in zip(self.optimizer.param_groups, saved["param_groups"], strict=True):
-            group.update(hyper)
-        self.optimizer.state.clear()
-        if "step" in saved:
-            moments = {key: self._local_from_hf(saved[key]) for key in ADAM_MOMENTS}
-            for name, param in params.items():
-                self.optimizer.state[param] = {"step": torch.tensor(saved["step"]),
-                                               **{key: moments[key][name].clone() for key in ADAM_MOMENTS}}
-        self._stale = True
-        self._refresh_generation()
+    def memory_metrics(self) -> dict[str, float]:
+        """The ledger since the last call as ``memory/rank<r>/<phase>/<category>_bytes``; starts a new one."""
+        metrics = {f"memory/rank{self.rank}/{k.removeprefix('memory/')}": v for k, v in self.ledger.to_metrics().items()}
+        self.ledger = MemoryLedger(self.device, self.rank)
+        return metrics

@@ -121,8 +121,9 @@ def test_colocated_sleep_sync_wake_order(stand_in_vllm):
     llm.events.clear()
     engine.generate(PROMPTS, SamplingParams(max_new_tokens=4), seed=0)
     assert llm.events == ["generate"]
-    # a restored checkpoint: vLLM reloads before it samples again
-    train.load_state_dict(train.state_dict())
+    # a restored checkpoint (as a worker restores it; the torch engine's part is its state_dict): vLLM reloads
+    # before it samples again
+    train.load_state(None, 1, "actor", train.save_state(None, 1, "actor"))
     llm.events.clear()
     engine.generate(PROMPTS, SamplingParams(max_new_tokens=4), seed=0)
     assert llm.events[-1] == "generate" and "load_weight_bucket" in llm.events

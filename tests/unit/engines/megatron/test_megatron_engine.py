@@ -2,7 +2,10 @@
 against ``TorchTrainingEngine`` (DP=1) on the same weights: log-probs before and after one GRPO update (the
 recipe's loss, 2 micro-batches, clipping that bites, AdamW with weight decay) agree within 1e-5, and so do the
 updated weights (gathered, HF-named), the grad norm, the loss metrics and AdamW's moments in the layout-free
-``state_dict``; a reloaded ``state_dict`` resumes bit-exactly; ``save_pretrained`` writes the updated HF model.
+``state_dict``; the generation copy, resharded by allgather-swap, equals the trainer's gathered weights exactly
+with the update state on the host (0 redundant bytes in the ledger); a reloaded ``state_dict`` resumes bit-exactly, and
+so does the run checkpoint ``save_state`` writes (each rank's shards through ``dist_checkpointing`` into a local
+checkpoint store) loaded by ``load_state``; ``save_pretrained`` writes the updated HF model.
 
 megatron is imported once before the forks (``test_megatron_ranks.py``).
 """
@@ -21,6 +24,8 @@ from tensordict import TensorDict
 
 from dockflow.config import Config
 from dockflow.engines.torch_training import TorchTrainingEngine
+from dockflow.reshard import UPDATE_STATE, measured_redundant_bytes
+from dockflow.storage import LocalCheckpointStore
 
 RESPONSE = 5
 NAMES = ("qwen2_tied", "qwen3")  # tied embedding (a last-stage copy at PP=2); q/k norms reduced over TP
@@ -77,15 +82,27 @@ def _rank(rank: int, layout: tuple[int, int], tmp: str) -> None:
         batch = with_old_log_probs(batch, out["logp"])
         out["metrics"] = engine.train_mini_batch(batch, grpo_loss(), micro_batch_size=2)
         out["weights"] = _weights(engine)
+        out["redundant_bytes"] = measured_redundant_bytes(
+            engine._local_weights.values(), engine.policy_module().parameters(), "cpu")
+        out["memory"] = engine.memory_metrics()
         out["logp_after"] = engine.infer(batch)
         state = engine.state_dict()
         out["state"] = state
+        store = LocalCheckpointStore(Path(tmp) / f"ckpt_{name}", keep=2)
+        saved = engine.save_state(store, 1, "actor")  # each rank's shards through dist_checkpointing
+        parts = sorted(store.commit(1, {"iteration": 1}).parts) if rank == 0 else None
         engine.train_mini_batch(batch, grpo_loss(), micro_batch_size=2)
         second = _weights(engine)
-        engine.load_state_dict(state)
-        out["reloaded"] = {n: p.detach().clone() for n, p in engine.policy_module().named_parameters()}
-        engine.train_mini_batch(batch, grpo_loss(), micro_batch_size=2)
-        out["resumed_equal"] = all(torch.equal(w, second[n]) for n, w in engine.named_weights())
+        for source in ("state_dict", "store"):
+            if source == "state_dict":
+                engine.load_state_dict(state)
+            else:
+                engine.load_state(store, 1, "actor", saved)
+            out.setdefault("reloaded", []).append({n: p.detach().clone()
+                                                   for n, p in engine.policy_module().named_parameters()})
+            engine.train_mini_batch(batch, grpo_loss(), micro_batch_size=2)
+            out.setdefault("resumed_equal", []).append(all(torch.equal(w, second[n]) for n, w in engine.named_weights()))
+        out["saved"], out["parts"] = saved, parts
         engine.load_state_dict(state)
         engine.save_pretrained(Path(tmp) / f"{name}_saved")
         result[name] = out
@@ -98,6 +115,7 @@ def _rank(rank: int, layout: tuple[int, int], tmp: str) -> None:
 @pytest.fixture(scope="module", params=[(2, 1), (1, 2)], ids=["tp2", "pp2"])
 def ranks(request, tmp_path_factory) -> tuple[list[dict], Path]:
     import megatron.core  # noqa: F401  (once, before the forks: the ranks inherit the import)
+    import megatron.core.dist_checkpointing.strategies.torch  # noqa: F401  (the same for save_state / load_state)
 
     tmp = tmp_path_factory.mktemp("megatron_engine")
     for name in NAMES:
@@ -147,6 +165,23 @@ def test_log_probs_and_one_grpo_update_equal_the_torch_engine(ranks, reference, 
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_allgather_swap_gives_generation_the_trainers_weights_and_nothing_redundant(ranks, name):
+    full_bytes = sum(w.numel() * w.element_size() for w in tiny_decoder(name).parameters())
+    for rank, r in enumerate(ranks[0]):
+        out = r[name]
+        trainer = out["state"]["model"]  # gathered from the shards (``model.gather_full``), not resharded
+        assert set(trainer) - set(out["weights"]) <= {"lm_head.weight"}  # a tied lm_head is the embedding
+        for key, weight in out["weights"].items():
+            assert torch.equal(weight, trainer[key]), (rank, key)
+        assert out["redundant_bytes"] == 0, rank
+        memory = {k.removeprefix(f"memory/rank{rank}/"): v for k, v in out["memory"].items()}
+        for category in UPDATE_STATE:
+            assert memory[f"generation/{category}_bytes"] == 0, (rank, category)
+            assert memory[f"update/{category}_bytes"] > 0, (rank, category)
+        assert memory["generation/generation_weights_bytes"] == full_bytes, rank
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_state_dict_is_full_and_resumes_bit_exact(ranks, reference, name):
     ref = reference[name]
     for r in ranks[0]:
@@ -155,9 +190,13 @@ def test_state_dict_is_full_and_resumes_bit_exact(ranks, reference, name):
             for param, moment in moments.items():
                 _close(out["state"]["optimizer"][key][param], moment, f"{key} {param}")
         assert out["state"]["optimizer"]["step"] == 1.0
-        for key, weight in out["weights"].items():  # the generation copy holds the loaded weights at once
-            assert torch.equal(out["reloaded"][key], weight), key
-        assert out["resumed_equal"]
+        for reloaded in out["reloaded"]:  # the generation copy holds the loaded weights at once
+            for key, weight in out["weights"].items():
+                assert torch.equal(reloaded[key], weight), key
+        assert out["resumed_equal"] == [True, True]  # from state_dict, and from the store's dist checkpoint
+        assert out["saved"] == {"dist_checkpoint": "actor.mcore"}
+    parts = ranks[0][0][name]["parts"]
+    assert "actor.mcore" in parts and sum(p.startswith("actor.mcore.") and p.endswith(".distcp") for p in parts) == 2
 
 
 def test_save_pretrained_writes_the_updated_model(ranks, reference):
@@ -175,3 +214,12 @@ def test_bad_layout_is_one_clear_error():
 
     with pytest.raises(RuntimeError, match="torch.distributed initialised"):
         MegatronTrainingEngine(tiny_decoder("llama"), tp=2, lr=1e-3)
+
+
+def test_a_checkpoint_of_another_engine_is_one_clear_error(tmp_path):
+    from dockflow.engines.megatron.persist import MegatronPersistence
+    from dockflow.storage import CheckpointError
+
+    gathered = {"model": {}, "optimizer": {}}  # what another engine's worker part holds
+    with pytest.raises(CheckpointError, match=r"part 'actor' holds no megatron checkpoint .*train\.engine"):
+        MegatronPersistence().load_state(LocalCheckpointStore(tmp_path, keep=1), 3, "actor", gathered)
