@@ -18,7 +18,9 @@ counted as errors; results are ``str(result)`` as in TRL.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import inspect
 import multiprocessing
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -77,6 +79,11 @@ def error_text(message: str) -> str:
     return str({"error": message})
 
 
+def _awaited(value: Any) -> Any:
+    """The result of an ``async def`` tool (TRL accepts them too), or ``value`` itself."""
+    return asyncio.run(value) if inspect.iscoroutine(value) else value
+
+
 def _serve(conn: Connection, tools: Sequence[Callable[..., Any]], factory: Callable[[], Any] | None) -> None:
     """The child's loop: ("reset", kwargs) / ("call", name, kwargs) / ("reward",) in, (ok, value) out."""
     table = {fn.__name__: fn for fn in tools}
@@ -92,14 +99,14 @@ def _serve(conn: Connection, tools: Sequence[Callable[..., Any]], factory: Calla
                 table.update(environment_methods(env))
             op = request[0]
             if op == "reset":
-                conn.send((True, env.reset(**request[1])))
+                conn.send((True, None if env is None else _awaited(env.reset(**request[1]))))
             elif op == "reward":
                 reward = getattr(env, "get_reward", None)
-                conn.send((True, None if reward is None else reward()))
+                conn.send((True, None if reward is None else _awaited(reward())))
             elif request[1] not in table:
                 conn.send((False, f"Tool {request[1]} not found."))
             else:
-                conn.send((True, str(table[request[1]](**request[2]))))
+                conn.send((True, str(_awaited(table[request[1]](**request[2])))))
         except Exception as exc:  # noqa: BLE001 - the user's code failed: its message goes back to the model
             conn.send((False, str(exc) or type(exc).__name__, traceback.format_exc(limit=3)))
 

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from dockflow.agents import ToolError, ToolHost, import_tool, tool_schema
 from dockflow.config.tools import ToolsConfig
-from tests.unit.agents.tools_for_tests import Counter, add, crash, divide, wait
+from tests.unit.agents.tools_for_tests import Counter, add, crash, divide, shout, wait
 
 
 def test_import_by_path_and_schema() -> None:
@@ -52,6 +52,11 @@ def test_calls_errors_and_unknown_names_answer_as_trl_does() -> None:
         wrong = host.call("add", {"a": 1, "c": 2})
         assert wrong.error and "unexpected keyword argument 'c'" in wrong.content
         assert host.call("add", {"a": 1, "b": 1}).content == "2"  # the same child still serves
+
+
+def test_an_async_tool_is_awaited() -> None:
+    with ToolHost([shout], timeout_s=5.0) as host:
+        assert host.call("shout", {"text": "hi"}).content == "HI"
 
 
 def test_a_tool_that_hangs_is_killed_at_the_timeout() -> None:

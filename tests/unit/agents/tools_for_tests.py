@@ -36,6 +36,15 @@ def wait(seconds: float) -> str:
     return "done"
 
 
+async def shout(text: str) -> str:
+    """Say it louder (an async tool, which TRL accepts).
+
+    Args:
+        text: What to say.
+    """
+    return text.upper()
+
+
 def crash() -> str:
     """End the process that runs it (as a segfaulting extension would)."""
     os._exit(3)
