@@ -7,15 +7,19 @@ Token boundaries: the ids are built incrementally, never by re-rendering the con
 rendered once (``apply_chat_template(messages, tools=schemas, add_generation_prompt=True)``); each model turn
 appends exactly the ids ``generate`` returned; each round of tool results appends the ids the template puts
 between an assistant turn's end-of-turn token and the next assistant header (``tool_suffix_ids``, TRL's
-``_get_tool_suffix_ids`` method). Re-rendering would not reproduce the generated ids: a template may rewrite
-earlier turns (Qwen3 drops their ``<think>`` blocks, Qwen2.5 re-serializes the call's JSON) and BPE may merge
-across the boundary differently than the sampler did, so the trained tokens would not be the sampled ones.
+``_get_tool_suffix_ids`` method). Re-rendering would not reproduce the generated ids: a template may render
+a turn differently once others follow it (Qwen3 writes an empty ``<think></think>`` into the last assistant turn
+only, and drops the reasoning of turns before the last user message; Qwen2.5 re-serializes the call's JSON),
+and BPE may merge across a boundary differently than the sampler did: the trained tokens would not be the
+sampled ones. A template that is not prefix-preserving (Qwen3's) is swapped for TRL's training version of it
+(``loop_template``), as TRL's trainer does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from dockflow.agents.environments import pick_factory, with_observation
@@ -63,7 +67,9 @@ def _ids(rendered: Any) -> list[int]:
     return list(rendered)
 
 
-def tool_suffix_ids(tokenizer: Any, tool_messages: list[dict[str, Any]]) -> list[int]:
+def tool_suffix_ids(
+    tokenizer: Any, tool_messages: list[dict[str, Any]], chat_template: str | None = None
+) -> list[int]:
     """The ids that follow an assistant turn's end-of-turn token: the tool turns, then the next assistant header.
 
     Rendered on a dummy conversation (TRL's method): the prefix up to its last EOS, and the same conversation
@@ -71,21 +77,46 @@ def tool_suffix_ids(tokenizer: Any, tool_messages: list[dict[str, Any]]) -> list
     """
     call = {"type": "function", "function": {"name": tool_messages[0]["name"], "arguments": {}}}
     dummy = [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
-    prefix = _ids(tokenizer.apply_chat_template(dummy, tokenize=True, add_generation_prompt=False))
-    full = _ids(
-        tokenizer.apply_chat_template(dummy + tool_messages, tokenize=True, add_generation_prompt=True)
-    )
+    render = partial(tokenizer.apply_chat_template, tokenize=True, chat_template=chat_template)
+    prefix = _ids(render(dummy, add_generation_prompt=False))
+    full = _ids(render(dummy + tool_messages, add_generation_prompt=True))
+    # Templates that render "<eos>\n" after a turn: the model stopped at the EOS, the "\n" is the suffix's.
     eos = [i for i, t in enumerate(prefix) if t == tokenizer.eos_token_id]
-    if (
-        eos
-    ):  # templates that render "<eos>\n" after a turn: the model stopped at the EOS, the "\n" is the suffix's
+    if eos:
         prefix = prefix[: eos[-1] + 1]
     if full[: len(prefix)] != prefix:
         raise ValueError(
-            "the chat template renders an assistant turn differently once tool turns follow it: tool turns "
-            "cannot be appended incrementally with this template"
+            "the chat template renders an assistant turn differently once tool turns follow it (Qwen3's writes an "
+            "empty <think></think> only into the last one): pass chat_template=loop_template(tokenizer)"
         )
     return full[len(prefix) :]
+
+
+def loop_template(tokenizer: Any) -> str | None:
+    """The chat template the loop renders with: None (the tokenizer's own) when tool turns can be appended to
+    it, else TRL's prefix-preserving training template for it, as TRL's trainer picks when given tools (e.g.
+    Qwen3's, which always writes the ``<think></think>`` block); a ValueError naming the fix when there is none."""
+    probe = [{"role": "tool", "name": "probe", "content": "x"}]
+    try:
+        tool_suffix_ids(tokenizer, probe)
+        return None
+    except ValueError:
+        pass
+    try:
+        from trl.chat_template_utils import get_training_chat_template
+    except ImportError:
+        raise ValueError(
+            "this chat template renders earlier assistant turns differently once tool turns follow: install trl "
+            "(its training templates fix Qwen3 and others) or set a prefix-preserving template on the tokenizer"
+        ) from None
+    try:
+        template = get_training_chat_template(tokenizer)
+    except ValueError as exc:
+        raise ValueError(
+            f"no prefix-preserving version of this chat template is known ({exc}): set one on the tokenizer"
+        ) from None
+    tool_suffix_ids(tokenizer, probe, template)  # raises if even TRL's version cannot be appended to
+    return template
 
 
 def _outcomes(host: ToolHost, turn: ParsedTurn) -> list[ToolOutcome]:
@@ -105,18 +136,23 @@ def run_trajectory(
     tokenizer: Any,
     host: ToolHost,
     limits: ToolsConfig,
+    *,
     stop_ids: Sequence[int] | None = None,
+    chat_template: str | None = None,
 ) -> Trajectory:
     """Generate, parse, call tools and append their turns until a turn has no tool call or a limit is reached.
 
     ``messages`` is the prompt (an environment's observation already appended); ``stop_ids`` are the ids a
     finished turn ends with (default: the tokenizer's EOS); a turn cut off before one is not parsed for calls.
+    ``chat_template``: ``loop_template(tokenizer)``, computed once by the caller (None: the tokenizer's own).
     """
     stops = set(stop_ids if stop_ids is not None else [tokenizer.eos_token_id])
     schemas = host.schemas() or None
     messages = list(messages)
     ids = _ids(
-        tokenizer.apply_chat_template(messages, tools=schemas, tokenize=True, add_generation_prompt=True)
+        tokenizer.apply_chat_template(
+            messages, tools=schemas, tokenize=True, add_generation_prompt=True, chat_template=chat_template
+        )
     )
     traj = Trajectory(ids, [0] * len(ids), len(ids), messages, "stop")
     m = traj.metrics
@@ -149,7 +185,7 @@ def run_trajectory(
         m.tool_errors += sum(o.error for o in outcomes)
         m.timeouts += sum(o.timed_out for o in outcomes)
         tool_messages = [{"role": "tool", "name": o.name, "content": o.content} for o in outcomes]
-        suffix = tool_suffix_ids(tokenizer, tool_messages)
+        suffix = tool_suffix_ids(tokenizer, tool_messages, chat_template)
         if len(ids) + len(suffix) >= limits.max_total_tokens:  # no room for the results and a reply: end here
             traj.finish = "max_total_tokens"
             break
@@ -176,16 +212,19 @@ def run_rollout(
     tools: Sequence[Callable[..., Any]],
     factories: Any,
     limits: ToolsConfig,
+    *,
+    chat_template: str | None = None,
 ) -> Rollout:
     """One rollout of a dataset row as TRL runs it: a fresh environment from the row's factory (``factories``:
     one, a dict picked by the row's ``environment`` column, or None), ``reset(**row)``, its observation appended
-    to the last user message of ``row["prompt"]``, the tool loop, then ``get_reward()``."""
+    to the last user message of ``row["prompt"]``, the tool loop, then ``get_reward()``. ``chat_template``:
+    ``loop_template(tokenizer)``, computed once."""
     factory, reset_kwargs = pick_factory(factories, row) if factories is not None else (None, {})
     with ToolHost(tools, factory, timeout_s=limits.timeout_s) as host:
         prompt = list(row["prompt"])
         if factory is not None:
             prompt = with_observation(prompt, host.reset(reset_kwargs))
-        traj = run_trajectory(prompt, generate, tokenizer, host, limits)
+        traj = run_trajectory(prompt, generate, tokenizer, host, limits, chat_template=chat_template)
         reward = host.reward()
     name = getattr(factory, "__name__", type(factory).__name__) if factory is not None else None
     return Rollout(traj, reward, name)

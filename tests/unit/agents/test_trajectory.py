@@ -1,8 +1,9 @@
 from __future__ import annotations
 
 import pytest
+from trl.chat_template_utils import qwen3_chat_template
 
-from dockflow.agents import ToolHost, run_trajectory, tool_suffix_ids
+from dockflow.agents import ToolHost, loop_template, run_trajectory, tool_suffix_ids
 from dockflow.config.tools import ToolsConfig
 from dockflow.models.tokenizer import build_char_tokenizer
 from tests.unit.agents.chat import call, qwen_style, scripted
@@ -120,3 +121,25 @@ def test_a_hanging_tool_is_counted_as_a_timeout(tokenizer) -> None:
     assert traj.finish == "stop"
     assert (traj.metrics.tool_calls, traj.metrics.tool_errors, traj.metrics.timeouts) == (1, 1, 1)
     assert "timed out after 0.3 s" in traj.messages[-2]["content"]
+
+
+def test_qwen3_runs_with_trls_prefix_preserving_template() -> None:
+    """Qwen3's template writes an empty <think></think> into the last assistant turn only, so tool turns cannot
+    be appended to it; the loop renders with TRL's prefix-preserving version (as TRL's trainer does)."""
+    tok = qwen_style(build_char_tokenizer())
+    tok.chat_template = qwen3_chat_template
+    with pytest.raises(ValueError, match="loop_template"):
+        tool_suffix_ids(tok, [{"role": "tool", "name": "add", "content": "7"}])
+    template = loop_template(tok)
+    assert template is not None and loop_template(qwen_style(build_char_tokenizer())) is None  # Qwen2.5: own
+    turns = [
+        "<think>\nI need the tool.\n</think>\n\n" + call("add", '{"a": 3, "b": 4}'),
+        "<think>\nOK\n</think>\n\n7",
+    ]
+    generate, emitted = scripted(tok, turns)
+    with ToolHost([add], timeout_s=5.0) as host:
+        traj = run_trajectory(PROMPT, generate, tok, host, LIMITS, chat_template=template)
+    assert traj.finish == "stop" and traj.metrics.tool_calls == 1 and traj.messages[2]["content"] == "7"
+    assert [t for t, m in zip(traj.token_ids, traj.mask, strict=True) if m] == [t for e in emitted for t in e]
+    rendered = tok.apply_chat_template(traj.messages, tools=[add], tokenize=False, chat_template=template)
+    assert tok.decode(traj.token_ids, skip_special_tokens=False) == rendered.removesuffix("\n")
