@@ -22,7 +22,6 @@ import asyncio
 import importlib
 import inspect
 import multiprocessing
-import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -108,7 +107,7 @@ def _serve(conn: Connection, tools: Sequence[Callable[..., Any]], factory: Calla
             else:
                 conn.send((True, str(_awaited(table[request[1]](**request[2])))))
         except Exception as exc:  # noqa: BLE001 - the user's code failed: its message goes back to the model
-            conn.send((False, str(exc) or type(exc).__name__, traceback.format_exc(limit=3)))
+            conn.send((False, str(exc) or type(exc).__name__))
 
 
 class ToolHost:
@@ -153,16 +152,16 @@ class ToolHost:
         if self.lost is not None:
             return False, self.lost, False
         conn = self._start()
-        conn.send(request)
         what = f"tool {request[1]}" if request[0] == "call" else request[0]
         try:
+            conn.send(request)
             if conn.poll(self.timeout_s):
                 answer = conn.recv()
                 return answer[0], answer[1], False
             why, timed_out = f"timed out after {self.timeout_s:g} s and was killed", True
-        except EOFError:
+        except (EOFError, OSError):  # the child died during the call, or before it (a broken pipe)
             self._proc.join(timeout=5.0)
-            why, timed_out = f"ended its process (exit code {self._proc.exitcode})", False
+            why, timed_out = f"failed: its process ended (exit code {self._proc.exitcode})", False
         self.close()
         if self.factory is not None:
             self.lost = f"the environment was stopped: an earlier call of {what} {why}"

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import pytest
@@ -75,8 +76,22 @@ def test_a_tool_that_ends_its_process_is_an_error_turn() -> None:
     with ToolHost([crash, add], timeout_s=5.0) as host:
         out = host.call("crash", {})
         assert out.error and not out.timed_out
-        assert out.content == "{'error': 'tool crash ended its process (exit code 3)'}"
+        assert out.content == "{'error': 'tool crash failed: its process ended (exit code 3)'}"
         assert host.call("add", {"a": 2, "b": 3}).content == "5"
+
+
+def test_a_child_killed_between_calls_is_reported_then_replaced() -> None:
+    with ToolHost([add], timeout_s=5.0) as host:
+        assert host.call("add", {"a": 1, "b": 1}).content == "2"
+        os.kill(host.pid, signal.SIGKILL)
+        time.sleep(0.2)
+        out = host.call("add", {"a": 1, "b": 1})
+        assert (
+            out.error
+            and not out.timed_out
+            and "tool add failed: its process ended (exit code -9)" in out.content
+        )
+        assert host.call("add", {"a": 1, "b": 1}).content == "2"
 
 
 def test_an_environment_lives_in_the_child_and_is_lost_when_killed() -> None:
