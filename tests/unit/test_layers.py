@@ -1,5 +1,5 @@
 """The lower layers take the config section they read, never the whole run: no module under storage, data,
-models, rewards, tracking, eval, engines, reshard or dock imports ``Config`` (nor anything else of
+models, rewards, tracking, eval, engines, reshard, dock or agents imports ``Config`` (nor anything else of
 ``dockflow.config.run``), nor the layers above them (``dockflow.flow``, ``dockflow.workers``, ``dockflow.cli``)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from dockflow.config import _EXPORTS as CONFIG_EXPORTS
 
 PACKAGE = Path(__file__).resolve().parents[2] / "dockflow"
-LOWER = ("storage", "data", "models", "rewards", "tracking", "eval", "engines", "reshard", "dock")
+LOWER = ("storage", "data", "models", "rewards", "tracking", "eval", "engines", "reshard", "dock", "agents")
 RUN_MODULE = "dockflow.config.run"
 UPPER = ("dockflow.flow", "dockflow.workers", "dockflow.cli")
 

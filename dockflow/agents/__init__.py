@@ -1,0 +1,45 @@
+"""Multi-turn tool use: tools and TRL-style environments, tool-call parsing, the tool loop (docs/agents.md).
+
+A building block: not yet called by the generation engines or the workers.
+"""
+
+from dockflow.agents.environments import (
+    EnvironmentSpecError,
+    environment_methods,
+    pick_factory,
+    with_observation,
+)
+from dockflow.agents.parse import Malformed, ParsedTurn, ToolCall, parse_tool_calls
+from dockflow.agents.tools import ToolError, ToolHost, ToolOutcome, import_tool, tool_schema
+from dockflow.agents.trajectory import (
+    Rollout,
+    Trajectory,
+    TrajectoryMetrics,
+    loop_template,
+    run_rollout,
+    run_trajectory,
+    tool_suffix_ids,
+)
+
+__all__ = [
+    "EnvironmentSpecError",
+    "Malformed",
+    "ParsedTurn",
+    "Rollout",
+    "ToolCall",
+    "ToolError",
+    "ToolHost",
+    "ToolOutcome",
+    "Trajectory",
+    "TrajectoryMetrics",
+    "environment_methods",
+    "import_tool",
+    "loop_template",
+    "parse_tool_calls",
+    "pick_factory",
+    "run_rollout",
+    "run_trajectory",
+    "tool_schema",
+    "tool_suffix_ids",
+    "with_observation",
+]

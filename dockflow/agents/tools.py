@@ -1,0 +1,206 @@
+"""Tools in TRL's convention and the child process that calls them under a timeout.
+
+A tool is a plain function with type hints and a docstring; its JSON schema is
+``transformers.utils.get_json_schema`` (what ``apply_chat_template(tools=...)`` renders). Config lists them by
+``module:function`` (``tools.functions``), as reward functions are listed::
+
+    fns = [import_tool(p) for p in cfg.functions]
+    with ToolHost(fns, timeout_s=cfg.timeout_s) as host:        # or ToolHost(fns, factory=Calculator, ...)
+        out = host.call("add", {"a": 3, "b": 4})                  # ToolOutcome(content="7", ...)
+
+Every call runs in the host's child process (forked, so the functions and the environment factory need not be
+picklable). A call still running at ``timeout_s`` is killed with the child (SIGKILL): a thread could only be
+abandoned, and a hung thread keeps its CPU and locks. The next call starts a fresh child; an environment's
+state dies with its child, so later calls on it answer with an error. A tool that raises, a name not in the
+list and arguments the function does not take answer with TRL's error turn ``{'error': '<message>'}`` and are
+counted as errors; results are ``str(result)`` as in TRL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import multiprocessing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from dockflow.agents.environments import environment_methods
+
+
+class ToolError(RuntimeError):
+    """A tool or environment cannot be loaded or described; the message names it and what to do."""
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    """What one call returned as the tool turn's text, and whether it failed or was killed at the timeout."""
+
+    name: str
+    content: str
+    error: bool = False
+    timed_out: bool = False
+
+
+def import_tool(path: str) -> Callable[..., Any]:
+    """The function (or environment class) at ``module:attribute``; a ToolError naming the path otherwise."""
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any import failure of the user's module is reported the same way
+        raise ToolError(
+            f"tool {path!r}: cannot import module {module_name!r} ({type(exc).__name__}: {exc}); put it "
+            "on PYTHONPATH (or install it) where the run starts"
+        ) from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ToolError(f"tool {path!r}: module {module_name!r} has no callable {attr!r}")
+    return fn
+
+
+def tool_schema(fn: Callable[..., Any]) -> dict[str, Any]:
+    """The JSON schema of a tool, as TRL and ``apply_chat_template`` build it."""
+    from transformers.utils import get_json_schema
+
+    try:
+        return get_json_schema(fn)
+    except Exception as exc:  # noqa: BLE001 - transformers raises several types for an undescribable function
+        raise ToolError(
+            f"tool {getattr(fn, '__name__', fn)!r} has no JSON schema ({exc}): give every argument a type "
+            "hint and the function a docstring with an Args: section"
+        ) from None
+
+
+def error_text(message: str) -> str:
+    """The tool turn TRL writes for a failed call."""
+    return str({"error": message})
+
+
+def _awaited(value: Any) -> Any:
+    """The result of an ``async def`` tool (TRL accepts them too), or ``value`` itself."""
+    return asyncio.run(value) if inspect.iscoroutine(value) else value
+
+
+def _serve(conn: Connection, tools: Sequence[Callable[..., Any]], factory: Callable[[], Any] | None) -> None:
+    """The child's loop: ("reset", kwargs) / ("call", name, kwargs) / ("reward",) in, (ok, value) out."""
+    table = {fn.__name__: fn for fn in tools}
+    env = None
+    while True:
+        try:
+            request = conn.recv()
+        except EOFError:
+            return
+        try:
+            if env is None and factory is not None:
+                env = factory()
+                table.update(environment_methods(env))
+            op = request[0]
+            if op == "reset":
+                conn.send((True, None if env is None else _awaited(env.reset(**request[1]))))
+            elif op == "reward":
+                reward = getattr(env, "get_reward", None)
+                conn.send((True, None if reward is None else _awaited(reward())))
+            elif request[1] not in table:
+                conn.send((False, f"Tool {request[1]} not found."))
+            else:
+                conn.send((True, str(_awaited(table[request[1]](**request[2])))))
+        except Exception as exc:  # noqa: BLE001 - the user's code failed: its message goes back to the model
+            conn.send((False, str(exc) or type(exc).__name__))
+
+
+class ToolHost:
+    """A child process holding the tools (and, with ``factory``, one environment instance: one host per rollout)."""
+
+    def __init__(
+        self,
+        tools: Sequence[Callable[..., Any]] = (),
+        factory: Callable[[], Any] | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self.tools, self.factory, self.timeout_s = list(tools), factory, timeout_s
+        self.names = {fn.__name__ for fn in self.tools}
+        # A probe instance, as TRL's trainer makes one: its methods are the tools the model is shown.
+        self._probe = environment_methods(factory()) if factory is not None else {}
+        self.names |= set(self._probe)
+        self._proc: multiprocessing.process.BaseProcess | None = None
+        self._conn: Connection | None = None
+        self.lost: str | None = None  # why the environment's state is gone (its child was killed or crashed)
+
+    def schemas(self) -> list[dict[str, Any]]:
+        """The JSON schema of every tool the model is shown, standalone tools first."""
+        return [tool_schema(fn) for fn in [*self.tools, *self._probe.values()]]
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process id while one runs."""
+        return None if self._proc is None else self._proc.pid
+
+    def _start(self) -> Connection:
+        if self._conn is None:
+            ctx = multiprocessing.get_context("fork")
+            parent, child = ctx.Pipe()
+            self._proc = ctx.Process(target=_serve, args=(child, self.tools, self.factory), daemon=True)
+            self._proc.start()
+            child.close()
+            self._conn = parent
+        return self._conn
+
+    def _ask(self, request: tuple) -> tuple[bool, Any, bool]:
+        """(ok, value, timed_out) of one request; a child that hangs is killed, one that dies is reported."""
+        if self.lost is not None:
+            return False, self.lost, False
+        conn = self._start()
+        what = f"tool {request[1]}" if request[0] == "call" else request[0]
+        try:
+            conn.send(request)
+            if conn.poll(self.timeout_s):
+                answer = conn.recv()
+                return answer[0], answer[1], False
+            why, timed_out = f"timed out after {self.timeout_s:g} s and was killed", True
+        except (EOFError, OSError):  # the child died during the call, or before it (a broken pipe)
+            self._proc.join(timeout=5.0)
+            why, timed_out = f"failed: its process ended (exit code {self._proc.exitcode})", False
+        self.close()
+        if self.factory is not None:
+            self.lost = f"the environment was stopped: an earlier call of {what} {why}"
+        return False, f"{what} {why}", timed_out
+
+    def call(self, name: str, arguments: Mapping[str, Any]) -> ToolOutcome:
+        """Call tool ``name`` with ``arguments``; failures become TRL's error turn, never an exception."""
+        if name not in self.names:
+            return ToolOutcome(name, error_text(f"Tool {name} not found."), error=True)
+        ok, value, timed_out = self._ask(("call", name, dict(arguments)))
+        return ToolOutcome(name, value if ok else error_text(value), error=not ok, timed_out=timed_out)
+
+    def reset(self, row: Mapping[str, Any]) -> Any:
+        """The environment's ``reset(**row)`` (its observation, or None); a ToolError when it fails or hangs."""
+        ok, value, _ = self._ask(("reset", dict(row)))
+        if not ok:
+            raise ToolError(
+                f"environment {getattr(self.factory, '__name__', self.factory)!r}: reset failed: {value}"
+            )
+        return value
+
+    def reward(self) -> float | None:
+        """The environment's ``get_reward()``; None without one or when its state was lost or it failed."""
+        if self.factory is None:
+            return None
+        ok, value, _ = self._ask(("reward",))
+        return value if ok else None
+
+    def close(self) -> None:
+        """Kill the child (a no-op when none runs)."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.join(timeout=5.0)
+        if self._conn is not None:
+            self._conn.close()
+        self._proc, self._conn = None, None
+
+    def __enter__(self) -> ToolHost:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,91 @@
+"""Tools and an environment written as a TRL user writes them (TRL 1.16's tools= and environment_factory)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+    """
+    return a + b
+
+
+def divide(a: int, b: int) -> float:
+    """Divide one integer by another.
+
+    Args:
+        a: The dividend.
+        b: The divisor.
+    """
+    return a / b
+
+
+def wait(seconds: float) -> str:
+    """Sleep, then say so.
+
+    Args:
+        seconds: How long to sleep.
+    """
+    time.sleep(seconds)
+    return "done"
+
+
+async def shout(text: str) -> str:
+    """Say it louder (an async tool, which TRL accepts).
+
+    Args:
+        text: What to say.
+    """
+    return text.upper()
+
+
+def crash() -> str:
+    """End the process that runs it (as a segfaulting extension would)."""
+    os._exit(3)
+
+
+class Counter:
+    """A counter the model must bring to the row's target; rewarded when it gets there."""
+
+    def reset(self, target: int, **kwargs) -> str:
+        self.count = 0
+        self.target = target
+        return f" (counter at 0, target {target})"
+
+    def increment(self, by: int) -> int:
+        """Add to the counter and return its new value.
+
+        Args:
+            by: How much to add.
+        """
+        self.count += by
+        return self.count
+
+    def stall(self) -> str:
+        """Never return."""
+        time.sleep(3600)
+        return "never"
+
+    def get_reward(self) -> float:
+        return float(self.count == self.target)
+
+    def _helper(self) -> None:
+        """Private: not a tool."""
+
+
+class Doubler:
+    """A second environment, for the dict form of environment_factory."""
+
+    def reset(self, **kwargs) -> None:
+        self.value = 1
+
+    def double(self) -> int:
+        """Double the value and return it."""
+        self.value *= 2
+        return self.value
