@@ -146,9 +146,35 @@ def per_iteration(marks: list[Snapshot], skip: int = 2) -> dict[str, Any]:
     }
 
 
+def idle_probe(actors: int, seconds: float) -> dict[str, Any]:
+    """A local Ray cluster with ``actors`` light actors that get no calls: CPU seconds per second of each process
+    kind (what a run's processes cost by time alone, whatever they do)."""
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        light = ray.remote(num_cpus=0)(_Idle)
+        handles = [light.remote() for _ in range(actors)]
+        ray.get([h.ping.remote() for h in handles])
+        time.sleep(3.0)  # start-up done
+        with CpuLoad() as load:
+            first = load.mark()
+            time.sleep(seconds)
+            last = load.mark()
+        return {"actors": actors, "seconds": seconds, "cpu_s_per_s": CpuLoad.window(first, last, top=20)["ours"]}
+    finally:
+        ray.shutdown()
+
+
+class _Idle:
+    def ping(self) -> int:
+        return os.getpid()
+
+
 def main(argv: list[str] | None = None) -> None:
     """``python -m benchmarks.cpu_load [--config F] [--out F] [section.key=value ...]``: a short demo run (25
-    iterations, no evaluation during it) and the CPU seconds each process kind of the run used per iteration."""
+    iterations, no evaluation during it) and the CPU seconds each process kind of the run used per iteration.
+    ``--idle-actors N``: instead, the CPU that N idle actors and Ray's daemons use per second."""
     import argparse
     import json
 
@@ -161,7 +187,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--config", default="configs/grpo_arith.yaml")
     parser.add_argument("--out", default=None, help="write the JSON record here too")
+    parser.add_argument("--idle-actors", type=int, default=0, help="instead of a run: this many idle actors, 20 s")
     args, overrides = parser.parse_known_args(argv)
+    if args.idle_actors:
+        print(json.dumps(idle_probe(args.idle_actors, 20.0), indent=1))
+        return
     defaults = ["train.iterations=25", "eval.every=0", "eval.num_prompts=50", "checkpoint.every=0",
                 "registry.model_name=null", "run.name=cpu_load", "run.output_dir=runs/cpu_load"]
     cfg = load_config(args.config, defaults + overrides)
