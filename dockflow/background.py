@@ -35,7 +35,8 @@ def in_ray_actor() -> bool:
 
 def run_in_background() -> str:
     """In a Ray actor: ``background_policy()``. Elsewhere nothing changes (the caller's process is not ours to
-    reschedule) and the answer is "normal"."""
+    reschedule) and the answer is "normal". Call it only from a class that runs as its own actor: a class that a
+    model worker also builds in-process (``RolloutQueue``) would put that model worker in the background."""
     if os.environ.get("DOCKFLOW_BACKGROUND", "1") == "0" or not in_ray_actor():
         return "normal"
     return background_policy()
