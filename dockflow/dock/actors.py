@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from dockflow.background import run_in_background
 from dockflow.dock import protocol
 from dockflow.dock.controller import ControllerState
 from dockflow.dock.errors import DockInvalid, DockUnavailable
@@ -84,6 +85,7 @@ class ControllerActor:
         columns: Sequence[str],
         link: LinkSpec | None = None,
     ) -> None:
+        run_in_background()  # its wake-ups wait for a free core rather than preempt a model worker's threads
         self.link = node_link(link)
         owners = shard_map.owner(np.arange(shard_map.capacity))
         self.state = ControllerState(consumer, all_columns, shard_map.capacity, shard_map.group_size, columns, owners)
@@ -169,6 +171,7 @@ class WarehouseActor:
         shape_keeper: Any | None,
         link: LinkSpec | None = None,
     ) -> None:
+        run_in_background()
         self.link = node_link(link)
         self.node = self.link.node_id if self.link is not None else None
         self.controller_nodes: dict[str, str | None] = {}

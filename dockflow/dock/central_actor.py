@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from dockflow.background import run_in_background
 from dockflow.dock.actors import cancelled_message, location, nbytes, node_link, take_unless_reset
 from dockflow.dock.controller import ControllerState
 from dockflow.dock.errors import DockInvalid
@@ -29,6 +30,7 @@ class CentralBufferActor:
     def __init__(
         self, columns: Mapping[str, str], capacity: int, group_size: int, link: LinkSpec | None = None
     ) -> None:
+        run_in_background()  # its wake-ups wait for a free core rather than preempt a model worker's threads
         self.link = node_link(link)
         self.store = WarehouseStore(columns, ShardMap(capacity, group_size, 1), 0)
         self.consumers: dict[str, ControllerState] = {}

@@ -14,6 +14,7 @@ import torch
 from tensordict import TensorDict
 
 from dockflow.algos.recipe import PreferenceSection
+from dockflow.background import run_in_background
 from dockflow.config import Config
 from dockflow.data import PromptFormat, load_task
 from dockflow.data.preferences import PreferencePair, preference_splits
@@ -28,6 +29,7 @@ class PairSource:
     """``put_pairs`` (the generate state of an offline algorithm) and ``eval_pairs``."""
 
     def __init__(self, cfg: Config, model_dir: str, dock: TransferDock) -> None:
+        run_in_background()  # a light actor (num_cpus=0): dockflow/background.py
         self.cfg, self.dock = cfg, dock
         self.tokenizer = load_tokenizer(fetch_model(model_dir, cfg.checkpoint))
         task = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint)

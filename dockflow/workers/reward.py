@@ -17,6 +17,7 @@ import time
 import torch
 from tensordict import TensorDict
 
+from dockflow.background import run_in_background
 from dockflow.config import Config
 from dockflow.data import Example, load_task
 from dockflow.dock import DockRequest, TransferDock
@@ -51,6 +52,7 @@ class RewardWorker:
     """Consumer states ``reward`` (writes ``rewards``) and ``advantage`` (writes ``advantages``, ``returns``)."""
 
     def __init__(self, cfg: Config, model_dir: str, dock: TransferDock):
+        run_in_background()  # a light actor (num_cpus=0): its wake-ups wait for a free core (dockflow/background.py)
         self.cfg = cfg
         self.dock = dock
         self.tokenizer = load_tokenizer(fetch_model(model_dir, cfg.checkpoint))

@@ -255,6 +255,17 @@ def test_stats_count_puts_gets_and_bytes(fresh):
     assert after["busiest_bytes"] >= before["busiest_bytes"] + 8 * SL * 8 * 2 // 3
 
 
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux only")
+def test_the_docks_processes_run_in_the_background(dock):
+    """Controllers, warehouses and the central buffer wake up without preempting a model worker's threads
+    (dockflow/background.py): every thread of each process is under SCHED_BATCH."""
+    stats = dock.stats()
+    processes = stats["warehouses"] + list(stats["controllers"].values()) if "warehouses" in stats else [stats["buffer"]]
+    for pid in {p["pid"] for p in processes}:
+        policies = {os.sched_getscheduler(int(t)) for t in os.listdir(f"/proc/{pid}/task")}
+        assert policies == {os.SCHED_BATCH}, pid
+
+
 def test_dock_names_must_be_unique(dock):
     with pytest.raises(DockInvalid, match="already exists"):
         create_dock(dock.spec)
