@@ -137,7 +137,7 @@ class MegatronCriticEngine(MegatronTrainingEngine):
         """Gather (collective) the full weights into the HF critic, once per change."""
         if self._gathered:
             return
-        hf = self._gather_hf({n: p.detach().clone() for n, p in self.model.named_parameters()})
+        hf = self._gather_hf({n: p.detach() for n, p in self.model.named_parameters()})
         for name, param in self.generation_model.named_parameters():
             param.data = hf[name]
         self._gathered = True

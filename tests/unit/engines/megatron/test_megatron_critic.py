@@ -2,7 +2,8 @@
 gloo ranks at TP=2 and at PP=2, against ``TorchTrainingEngine`` with ``response_values`` (the torch critic) on the same HF
 critic: values before and after one update with PPO's clipped value loss (2 micro-batches, clipping of the values
 and of the grad norm that both bite, AdamW with weight decay) agree within 1e-5, and so do the updated weights
-(gathered, HF critic names), the grad norm and the loss; the HF <-> megatron critic conversion round-trips exactly.
+(gathered, HF critic names), the grad norm and the loss; the HF <-> megatron critic conversion round-trips exactly;
+the layout-free ``state_dict`` reloads and resumes bit-exactly and ``save_pretrained`` writes the HF critic.
 
 megatron is imported once before the forks (``test_megatron_ranks.py``).
 """
@@ -82,7 +83,17 @@ def _rank(rank: int, layout: tuple[int, int], tmp: str) -> None:
     tp, pp = layout
     engine = MegatronCriticEngine(make_critic(Path(tmp) / "policy"), tp=tp, pp=pp, **ENGINE_ARGS)
     out = _one_update(engine)
-    hf = engine.state_dict()["model"]
+    state = engine.state_dict()
+    hf = state["model"]
+    batch = critic_batch(out["values"])
+    engine.train_mini_batch(batch, value_loss, micro_batch_size=2)
+    second = {n: w.clone() for n, w in engine.named_weights()}
+    engine.load_state_dict(state)  # each rank takes its shards of the layout-free state back
+    out["reloaded_equal"] = all(torch.equal(w, hf[n]) for n, w in engine.named_weights())
+    engine.train_mini_batch(batch, value_loss, micro_batch_size=2)
+    out["resumed_equal"] = all(torch.equal(w, second[n]) for n, w in engine.named_weights())
+    out["second"] = second
+    engine.save_pretrained(Path(tmp) / "saved")  # the HF critic, gathered after the resumed update
     out["round_trip"] = all(torch.equal(t, hf[n]) for n, t in megatron_to_critic(critic_to_megatron(
         hf, engine.spec), engine.spec).items()) and len(hf) == len(megatron_to_critic(
         critic_to_megatron(hf, engine.spec), engine.spec))
@@ -93,7 +104,7 @@ def _rank(rank: int, layout: tuple[int, int], tmp: str) -> None:
 
 
 @pytest.fixture(scope="module", params=[(2, 1), (1, 2)], ids=["tp2", "pp2"])
-def runs(request, tmp_path_factory) -> tuple[list[dict], dict, dict]:
+def runs(request, tmp_path_factory) -> tuple[list[dict], dict, dict, Path]:
     import megatron.core  # noqa: F401  (once, before the forks: the ranks inherit the import)
 
     tmp = tmp_path_factory.mktemp("megatron_critic")
@@ -102,11 +113,11 @@ def runs(request, tmp_path_factory) -> tuple[list[dict], dict, dict]:
     reference = _one_update(TorchTrainingEngine(make_critic(tmp / "policy"), response_fn=response_values,
                                                 **ENGINE_ARGS))
     mp.start_processes(_rank, args=(request.param, str(tmp)), nprocs=2, start_method="fork")
-    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(2)], reference, start
+    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(2)], reference, start, tmp
 
 
 def test_values_and_one_update_equal_the_torch_critic(runs):
-    ranks, ref, start = runs
+    ranks, ref, start, tmp = runs
     mask = ref["mask"]
     assert ref["metrics"]["grad_norm"] > ENGINE_ARGS["grad_clip"]  # the grad clipping bites
     assert 0 < ref["metrics"]["critic/clip_fraction"] < 1  # so does the value clipping, on some tokens
@@ -120,6 +131,14 @@ def test_values_and_one_update_equal_the_torch_critic(runs):
             torch.testing.assert_close(out["weights"][key], weight, rtol=0, atol=1e-5, msg=key)
             assert not torch.equal(weight, start[key]), key  # every weight moved, the head and the trunk
         assert out["round_trip"]
+        assert out["reloaded_equal"] and out["resumed_equal"]  # state_dict / load_state_dict resume bit-exactly
+
+    from transformers import AutoModelForTokenClassification
+
+    saved = AutoModelForTokenClassification.from_pretrained(tmp / "saved", dtype=torch.float32).state_dict()
+    assert saved.keys() == ranks[0]["second"].keys()
+    for key, weight in saved.items():
+        assert torch.equal(weight, ranks[0]["second"][key]), key
 
 
 def test_the_value_head_starts_at_zero_like_load_critic():
