@@ -16,6 +16,15 @@ from dockflow.engines.megatron.model import forward_rollout, response_logp, trim
 
 # (log-probs [b, R] of the micro-batch's rows, those rows of the batch) -> the micro-batch's loss
 MicroLoss = Callable[[torch.Tensor, slice], torch.Tensor]
+# (the last stage's output [b, s, ...], the micro-batch's trimmed ids, kept response columns) -> [b, kept]: the
+# per-token outputs (log-probs by default; a value model's values, ``value.response_values``)
+ResponseHead = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+
+
+def _head_or_logp(head: ResponseHead | None, vocab_size: int, temperature: float) -> ResponseHead:
+    if head is not None:
+        return head
+    return lambda out, ids, keep_r: response_logp(out, ids, keep_r, vocab_size, temperature)
 
 
 def _micro_batches(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int, size: int):
@@ -55,16 +64,17 @@ def _from_last_stage(tensor: torch.Tensor) -> torch.Tensor:
 
 def pipeline_response_log_probs(
     model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int, vocab_size: int,
-    *, micro_batch_size: int, temperature: float = 1.0,
+    *, micro_batch_size: int, temperature: float = 1.0, head: ResponseHead | None = None,
 ) -> torch.Tensor:
     """``model.response_log_probs`` through the schedule (forward only) in micro-batches of ``micro_batch_size``
-    rows; the last stage computes them and every stage of the pipeline receives them."""
+    rows (or ``head``'s outputs, e.g. a value model's values); the last stage computes them and every stage of the
+    pipeline receives them."""
     from megatron.core import parallel_state
 
+    head = _head_or_logp(head, vocab_size, temperature)
     micro, keep_r, seq = _micro_batches(input_ids, attention_mask, response_width, micro_batch_size)
     with torch.no_grad():
-        outputs = _run(model, micro, seq, True,
-                       lambda out, rows, ids: response_logp(out, ids, keep_r, vocab_size, temperature))
+        outputs = _run(model, micro, seq, True, lambda out, rows, ids: head(out, ids, keep_r))
     last = parallel_state.is_pipeline_last_stage()
     logp = torch.cat(outputs) if last else torch.empty(input_ids.shape[0], keep_r)
     return F.pad(_from_last_stage(logp), (0, response_width - keep_r))
@@ -72,17 +82,18 @@ def pipeline_response_log_probs(
 
 def pipeline_forward_backward(
     model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int, vocab_size: int,
-    *, micro_batch_size: int, loss_fn: MicroLoss, temperature: float = 1.0,
+    *, micro_batch_size: int, loss_fn: MicroLoss, temperature: float = 1.0, head: ResponseHead | None = None,
 ) -> float:
     """Forward and backward every micro-batch through the schedule, ``loss_fn`` on each micro-batch's response
-    log-probs (taken as it is: normalise it in ``loss_fn``); gradients accumulate in the parameters' ``.grad``
-    (call ``finalize_grads`` next). Returns the summed loss, on every stage."""
+    log-probs (or ``head``'s outputs; taken as it is: normalise it in ``loss_fn``); gradients accumulate in the
+    parameters' ``.grad`` (call ``finalize_grads`` next). Returns the summed loss, on every stage."""
     from megatron.core import parallel_state
 
+    head = _head_or_logp(head, vocab_size, temperature)
     micro, keep_r, seq = _micro_batches(input_ids, attention_mask, response_width, micro_batch_size)
 
     def loss_of(out: torch.Tensor, rows: slice, ids: torch.Tensor):
-        logp = F.pad(response_logp(out, ids, keep_r, vocab_size, temperature), (0, response_width - keep_r))
+        logp = F.pad(head(out, ids, keep_r), (0, response_width - keep_r))
         loss = loss_fn(logp, rows)
         return loss, torch.ones((), dtype=torch.int), {"loss": loss.detach()}
 

@@ -40,6 +40,7 @@ from dockflow.engines.megatron.convert import DecoderSpec, hf_to_megatron, megat
 from dockflow.engines.megatron.cpu import prepare_megatron
 from dockflow.engines.megatron.persist import MegatronPersistence
 from dockflow.engines.megatron.schedule import (
+    ResponseHead,
     finalize_grads,
     pipeline_forward_backward,
     pipeline_response_log_probs,
@@ -89,21 +90,8 @@ class MegatronTrainingEngine(MegatronPersistence, TrainingEngine):
     ):
         """``model``: the Hugging Face causal LM (Qwen2/Qwen2.5, Qwen3 or Llama) every rank starts from; it becomes
         the generation copy. Initialises megatron's TP x PP groups over the default group unless already done."""
-        if not dist.is_initialized():
-            raise RuntimeError("MegatronTrainingEngine needs torch.distributed initialised (the actor's ranks) first")
-        world = dist.get_world_size()
-        if tp < 1 or pp < 1 or world % (tp * pp):
-            raise ValueError(f"train.tp={tp} x train.pp={pp} must divide the actor's {world} ranks; "
-                             "pick tp and pp whose product divides them")
+        self._init_ranks(tp, pp, seed, device)
         self.spec: DecoderSpec = spec_from_hf(model.config)
-        prepare_megatron(device)  # before megatron is imported (MindSpeed's adaptor on NPU)
-        from megatron.core import parallel_state
-
-        if not parallel_state.model_parallel_is_initialized():
-            mg.init_model_parallel(tp=tp, pp=pp, seed=seed, device=device)
-        self.tp, self.pp, self.dp = tp, pp, world // (tp * pp)
-        self.rank = dist.get_rank()
-        self.device = torch.device(device)
         self.model = mg.build_gpt_model(self.spec, tp=tp, pp=pp)
         full = hf_to_megatron(model.state_dict(), self.spec)
         mg.load_full_state(self.model, full, self.spec)
@@ -112,30 +100,53 @@ class MegatronTrainingEngine(MegatronPersistence, TrainingEngine):
         self.generation_model = model.eval()
         for p in self.generation_model.parameters():  # filled by each reshard
             p.data = torch.empty(0, dtype=p.dtype, device=self.device)
+        self.temperature = temperature
+        self._init_training(lr, weight_decay, grad_clip, infer_batch_size)
+        self.update_layout = ParallelLayout(tp=tp, pp=pp, dp=self.dp, vocab_multiple=MEGATRON_VOCAB_MULTIPLE)
+        self.gen_layout = ParallelLayout(tp=1, dp=dist.get_world_size())  # every rank a full copy for generation
+        self.groups = ReshardGroups(self.update_layout)
+        self.bucket_bytes = bucket_bytes
+        self._to_generation()
+
+    def _init_ranks(self, tp: int, pp: int, seed: int, device: str) -> None:
+        """Check the layout against the ranks and initialise megatron's TP x PP groups unless already done."""
+        if not dist.is_initialized():
+            raise RuntimeError(f"{type(self).__name__} needs torch.distributed initialised (the actor's ranks) first")
+        world = dist.get_world_size()
+        if tp < 1 or pp < 1 or world % (tp * pp):
+            raise ValueError(f"train.tp={tp} x train.pp={pp} must divide the actor's {world} ranks; "
+                             "pick tp and pp whose product divides them")
+        prepare_megatron(device)  # before megatron is imported (MindSpeed's adaptor on NPU)
+        from megatron.core import parallel_state
+
+        if not parallel_state.model_parallel_is_initialized():
+            mg.init_model_parallel(tp=tp, pp=pp, seed=seed, device=device)
+        self.tp, self.pp, self.dp = tp, pp, world // (tp * pp)
+        self.rank = dist.get_rank()
+        self.device = torch.device(device)
+
+    def _init_training(self, lr: float, weight_decay: float, grad_clip: float, infer_batch_size: int) -> None:
+        """AdamW over ``self.model``'s shards, the groups, the grad-norm parameters and the memory ledger."""
+        from megatron.core import parallel_state
+        from megatron.core.tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
+        from megatron.core.transformer.module import param_is_not_shared
+
         self.grad_clip = grad_clip
         self.infer_batch_size = infer_batch_size
-        self.temperature = temperature
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
         self._dp_group, self._mp_group, self._pp_group = _groups()
         self._pp_last = parallel_state.get_pipeline_model_parallel_last_rank()
         # Each weight once in the global grad norm: TP-replicated ones on TP rank 0 only, the last stage's copy
         # of a tied embedding not at all.
-        from megatron.core.tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
-        from megatron.core.transformer.module import param_is_not_shared
-
         self._norm_params = [p for p in self.model.parameters()
                              if param_is_not_shared(p) and param_is_not_tensor_parallel_duplicate(p)]
-        self.update_layout = ParallelLayout(tp=tp, pp=pp, dp=self.dp, vocab_multiple=MEGATRON_VOCAB_MULTIPLE)
-        self.gen_layout = ParallelLayout(tp=1, dp=world)  # every rank a full copy for generation
-        self.groups = ReshardGroups(self.update_layout)
-        self.bucket_bytes = bucket_bytes
         self.ledger = MemoryLedger(self.device, self.rank)
         # Global layer names share the model's parameter tensors (swapping them swaps the model's).
-        self._local_weights = global_names(dict(self.model.named_parameters()), self.spec.num_layers, pp,
+        self._local_weights = global_names(dict(self.model.named_parameters()), self.spec.num_layers, self.pp,
                                            parallel_state.get_pipeline_model_parallel_rank())
         self._reshard: ReshardResult | None = None
         self._steps = 0
-        self._to_generation()
+        self._head: ResponseHead | None = None  # the per-token outputs: log-probs (a critic sets its values)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **engine_args: Any) -> MegatronTrainingEngine:
@@ -161,7 +172,7 @@ class MegatronTrainingEngine(MegatronPersistence, TrainingEngine):
             ids, mask = batch["input_ids"][rows], batch["attention_mask"][rows]
             parts.append(pipeline_response_log_probs(
                 [self.model], ids.to(self.device), mask.to(self.device), width, self.spec.vocab_size,
-                micro_batch_size=ids.shape[0], temperature=self.temperature).cpu())
+                micro_batch_size=ids.shape[0], temperature=self.temperature, head=self._head).cpu())
         return torch.cat(parts)
 
     def _dp_sum(self, values: torch.Tensor) -> torch.Tensor:
@@ -200,7 +211,8 @@ class MegatronTrainingEngine(MegatronPersistence, TrainingEngine):
         width = batch["responses"].shape[1]
         pipeline_forward_backward(
             [self.model], batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device), width,
-            self.spec.vocab_size, micro_batch_size=micro_batch_size, loss_fn=micro_loss, temperature=self.temperature)
+            self.spec.vocab_size, micro_batch_size=micro_batch_size, loss_fn=micro_loss, temperature=self.temperature,
+            head=self._head)
         finalize_grads(self.model, self.spec)
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         if self.dp > 1:  # the loss is a global token mean: DP ranks' grads add up to the full batch's

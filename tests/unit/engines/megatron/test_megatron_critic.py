@@ -1,0 +1,149 @@
+"""``MegatronCriticEngine`` (the value model: the GPTModel trunk, a scalar head for ``output_layer``) on two forked
+gloo ranks at TP=2 and at PP=2, against ``TorchTrainingEngine`` with ``response_values`` (the torch critic) on the same HF
+critic: values before and after one update with PPO's clipped value loss (2 micro-batches, clipping of the values
+and of the grad norm that both bite, AdamW with weight decay) agree within 1e-5, and so do the updated weights
+(gathered, HF critic names), the grad norm and the loss; the HF <-> megatron critic conversion round-trips exactly;
+the layout-free ``state_dict`` reloads and resumes bit-exactly and ``save_pretrained`` writes the HF critic.
+
+megatron is imported once before the forks (``test_megatron_ranks.py``).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from fixtures.tiny_models import tiny_decoder
+from tensordict import TensorDict
+from torch import nn
+
+from dockflow.algos import clipped_value_loss
+from dockflow.engines.logprobs import response_values
+from dockflow.engines.torch_training import TorchTrainingEngine
+from dockflow.models import build_char_tokenizer, load_critic, save_pretrained_dir
+
+RESPONSE = 5
+NAME = "qwen2_tied"  # the policy's tied embedding is the trunk's input embedding only
+ENGINE_ARGS = dict(lr=1e-3, weight_decay=0.1, grad_clip=0.5, infer_batch_size=3)
+VALUE_CLIP = 0.05
+
+
+def make_critic(policy: Path) -> nn.Module:
+    """The policy's critic (``load_critic``) given a non-zero head: a zero head passes no grad to the trunk."""
+    critic = load_critic(policy)
+    with torch.no_grad():
+        critic.score.weight.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(5))
+    return critic
+
+
+def critic_batch(values: torch.Tensor | None = None) -> TensorDict:
+    """4 rollouts, prompt 6 + response 5 (left-padded prompts, responses of 5, 3, 1, 5 tokens), with returns and
+    old values a little off ``values`` (so the value clipping bites on some tokens)."""
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, 40, (4, 6 + RESPONSE), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    mask[2, :4] = 0
+    for row, length in enumerate([5, 3, 1, 5]):
+        mask[row, 6 + length :] = 0
+    response_mask = mask[:, -RESPONSE:].clone()
+    batch = TensorDict({"input_ids": ids, "attention_mask": mask, "responses": ids[:, -RESPONSE:].clone(),
+                        "response_mask": response_mask}, batch_size=[4])
+    if values is not None:
+        batch["returns"] = torch.randn(4, RESPONSE, generator=gen) * response_mask
+        batch["values"] = (values + 0.1 * torch.randn(values.shape, generator=gen)) * response_mask
+    return batch
+
+
+def value_loss(values: torch.Tensor, micro: TensorDict, tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
+    loss, clip_fraction = clipped_value_loss(values, micro["values"], micro["returns"], micro["response_mask"],
+                                             VALUE_CLIP, token_denom=tokens)
+    return loss, {"critic/value_loss": float(loss.detach()), "critic/clip_fraction": float(clip_fraction)}
+
+
+def _one_update(engine) -> dict:
+    values = engine.infer(critic_batch())
+    batch = critic_batch(values)
+    metrics = engine.train_mini_batch(batch, value_loss, micro_batch_size=2)
+    return {"values": values, "metrics": metrics, "weights": {n: w.clone() for n, w in engine.named_weights()},
+            "values_after": engine.infer(batch), "mask": batch["response_mask"]}
+
+
+def _rank(rank: int, layout: tuple[int, int], tmp: str) -> None:
+    from dockflow.engines.megatron import model as mg
+    from dockflow.engines.megatron.value import MegatronCriticEngine, critic_to_megatron, megatron_to_critic
+
+    torch.set_num_threads(1)
+    store = dist.FileStore(str(Path(tmp) / "store"), 2)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=60))
+    tp, pp = layout
+    engine = MegatronCriticEngine(make_critic(Path(tmp) / "policy"), tp=tp, pp=pp, **ENGINE_ARGS)
+    out = _one_update(engine)
+    state = engine.state_dict()
+    hf = state["model"]
+    batch = critic_batch(out["values"])
+    engine.train_mini_batch(batch, value_loss, micro_batch_size=2)
+    second = {n: w.clone() for n, w in engine.named_weights()}
+    engine.load_state_dict(state)  # each rank takes its shards of the layout-free state back
+    out["reloaded_equal"] = all(torch.equal(w, hf[n]) for n, w in engine.named_weights())
+    engine.train_mini_batch(batch, value_loss, micro_batch_size=2)
+    out["resumed_equal"] = all(torch.equal(w, second[n]) for n, w in engine.named_weights())
+    out["second"] = second
+    engine.save_pretrained(Path(tmp) / "saved")  # the HF critic, gathered after the resumed update
+    out["round_trip"] = all(torch.equal(t, hf[n]) for n, t in megatron_to_critic(critic_to_megatron(
+        hf, engine.spec), engine.spec).items()) and len(hf) == len(megatron_to_critic(
+        critic_to_megatron(hf, engine.spec), engine.spec))
+    torch.save(out, Path(tmp) / f"rank{rank}.pt")
+    dist.barrier()
+    mg.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module", params=[(2, 1), (1, 2)], ids=["tp2", "pp2"])
+def runs(request, tmp_path_factory) -> tuple[list[dict], dict, dict, Path]:
+    import megatron.core  # noqa: F401  (once, before the forks: the ranks inherit the import)
+
+    tmp = tmp_path_factory.mktemp("megatron_critic")
+    save_pretrained_dir(tiny_decoder(NAME), build_char_tokenizer(), tmp / "policy")
+    start = make_critic(tmp / "policy").state_dict()
+    reference = _one_update(TorchTrainingEngine(make_critic(tmp / "policy"), response_fn=response_values,
+                                                **ENGINE_ARGS))
+    mp.start_processes(_rank, args=(request.param, str(tmp)), nprocs=2, start_method="fork")
+    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(2)], reference, start, tmp
+
+
+def test_values_and_one_update_equal_the_torch_critic(runs):
+    ranks, ref, start, tmp = runs
+    mask = ref["mask"]
+    assert ref["metrics"]["grad_norm"] > ENGINE_ARGS["grad_clip"]  # the grad clipping bites
+    assert 0 < ref["metrics"]["critic/clip_fraction"] < 1  # so does the value clipping, on some tokens
+    for out in ranks:
+        for key in ("values", "values_after"):
+            torch.testing.assert_close(out[key] * mask, ref[key] * mask, rtol=0, atol=1e-5, msg=key)
+        for key in ("grad_norm", "critic/value_loss", "critic/clip_fraction"):
+            assert out["metrics"][key] == pytest.approx(ref["metrics"][key], rel=1e-5, abs=1e-6), key
+        assert out["weights"].keys() == ref["weights"].keys() == start.keys()
+        for key, weight in ref["weights"].items():
+            torch.testing.assert_close(out["weights"][key], weight, rtol=0, atol=1e-5, msg=key)
+            assert not torch.equal(weight, start[key]), key  # every weight moved, the head and the trunk
+        assert out["round_trip"]
+        assert out["reloaded_equal"] and out["resumed_equal"]  # state_dict / load_state_dict resume bit-exactly
+
+    from transformers import AutoModelForTokenClassification
+
+    saved = AutoModelForTokenClassification.from_pretrained(tmp / "saved", dtype=torch.float32).state_dict()
+    assert saved.keys() == ranks[0]["second"].keys()
+    for key, weight in saved.items():
+        assert torch.equal(weight, ranks[0]["second"][key]), key
+
+
+def test_the_value_head_starts_at_zero_like_load_critic():
+    from dockflow.engines.megatron.value import ValueHead
+
+    head = ValueHead(8, bias=True)
+    values, _ = head(torch.randn(3, 2, 8))
+    assert values.shape == (3, 2, 1) and torch.equal(values, torch.zeros(3, 2, 1))
