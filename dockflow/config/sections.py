@@ -236,6 +236,11 @@ class TrainConfig(Section):
         """Actor workers: dp x tp x pp (one process each)."""
         return self.dp * self.tp * self.pp
 
+    @property
+    def critic_ranks(self) -> int:
+        """Critic workers (PPO's): tp x pp megatron ranks, else one torch process."""
+        return self.tp * self.pp if self.engine == "megatron" else 1
+
 
 class PlacementConfig(Section):
     mode: Literal["colocated", "disaggregated"] = Field(
