@@ -1,9 +1,8 @@
 """Every algorithm's example config, shrunk to the tiny task, runs 2 iterations end to end and trains.
 Four runs also carry other features, to pay Ray's start-up once: REINFORCE++ runs disaggregated, one
 version stale, with truncated importance sampling; PF-PPO trains its actor on 2 data-parallel
-ranks (FSDP2, allgather-swap resharding, memory ledger) and resumes from its checkpoint; RLOO trains its actor
-with the megatron engine on 2 tensor-parallel ranks and resumes its checkpoint at TP=1; PPO trains actor and critic
-with the megatron engine on 2 tensor-parallel ranks each; DPO trains the tiny Qwen3-MoE (from a fresh model: DPO's
+ranks (FSDP2, allgather-swap resharding, memory ledger) and resumes from its checkpoint; PPO trains its actor
+and its critic with the megatron engine on 2 tensor-parallel ranks each and resumes its checkpoint at TP=1; DPO trains the tiny Qwen3-MoE (from a fresh model: DPO's
 offline pairs give a gradient without an SFT warm start).
 
 One local Ray cluster serves the whole module (``train`` joins it instead of starting its own).
@@ -56,7 +55,7 @@ def run_overrides(algorithm: str) -> dict:
     if algorithm == "pf_ppo":
         extra["algorithm__pf_ppo__keep"] = 2  # G x keep = 8 = one mini-batch
         extra["train__dp"] = 2
-    if algorithm in ("rloo", "ppo"):  # also the megatron engine: 2 actor (PPO: and 2 critic) ranks, split by TP
+    if algorithm == "ppo":  # also the megatron engine: 2 actor and 2 critic ranks, each model split by TP
         extra |= {"train__engine": "megatron", "train__tp": 2}
     if algorithm == "reinforce_pp":  # also the asynchronous scheduler: a generator worker runs one version ahead
         extra |= {"placement__mode": "disaggregated", "train__max_staleness": 1, "placement__generator_cpus": 0}
@@ -97,12 +96,11 @@ def test_two_iterations_train_the_policy(algorithm, ray_cluster, tiny_config):
         assert summary["margin_before"] is not None and summary["margin_after"] is not None
         assert [s for s, _ in read_metric_history(uri, summary["mlflow_run_id"], "eval/preference_margin")] == [0, 2]
         assert any(".mlp.experts." in k for k in after), "not the MoE model"
-    if algorithm == "ppo":
-        assert critics == [[f"{cfg.run.name}-critic", f"{cfg.run.name}-critic-1"]] * 2, critics
-        check_megatron_critic(cfg, before)
     if algorithm == "pf_ppo":
         check_data_parallel_run(cfg, summary, rank_weights, uri)
-    if algorithm == "rloo":  # TP=2: both ranks generate with the same full policy, and the final model is it
+    if algorithm == "ppo":  # TP=2: both ranks generate with the same full policy, and the final model is it
+        assert critics == [[f"{cfg.run.name}-critic", f"{cfg.run.name}-critic-1"]] * 2, critics
+        check_megatron_critic(cfg, before)
         assert len(rank_weights) == 2 and all(len(ranks) == 2 for ranks in rank_weights)
         for first, second in rank_weights:
             assert all(torch.equal(first[k], second[k]) for k in first), "the TP ranks hold different policies"
@@ -166,7 +164,8 @@ def test_a_run_resumed_with_generations_in_flight_repeats_and_loses_no_sample(ra
 def resume_megatron_at_tp1(cfg, final: dict[str, torch.Tensor]) -> None:
     """The TP=2 run's checkpoint (iteration 2) holds each TP rank's shards as dist_checkpointing parts, no gathered
     state; resumed with ``train.tp=1`` (one actor rank, no iteration left to run) the whole model loads from them:
-    the resumed run's final model is the TP=2 run's, bit for bit."""
+    the resumed run's final model is the TP=2 run's, bit for bit. The critic's part is layout-free: its one rank
+    loads it at TP=1."""
     store = run_store(cfg.checkpoint, cfg.run)
     assert store.read_part(2, "actor", weights_only=False)["engine"] == {"dist_checkpoint": "actor.mcore"}
     assert sum(p.startswith("actor.mcore.") and p.endswith(".distcp") for p in store.list_parts(2)) == 2
