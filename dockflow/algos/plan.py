@@ -37,7 +37,7 @@ class Role:
     """One kind of worker in the run: how many, what each asks Ray for, what it reads and writes in the dock."""
 
     name: str
-    count: int  # workers of this role (actor ranks: train.actor_ranks; generators: placement.generators)
+    count: int  # workers of this role (actor ranks: train.actor_ranks; critic: train.critic_ranks; generators: placement.generators)
     cpus: float  # Ray CPUs per worker
     devices: float  # accelerators per worker, of engine.device's kind (0 on cpu; a fraction shares one)
     reads: dict[str, tuple[str, ...]] = field(default_factory=dict)  # its dock consumer states -> their columns

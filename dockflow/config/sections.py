@@ -201,8 +201,8 @@ class TrainConfig(Section):
         description="The actor's training engine: fsdp = plain torch (dp 1) or FSDP2 (dp >= 2); megatron = "
         "megatron-core with train.tp x train.pp ranks (docs/engines.md), each an actor worker; dp must be 1 for now.",
     )
-    tp: int = Field(1, ge=1, description="train.engine=megatron: tensor-parallel ranks of the policy.")
-    pp: int = Field(1, ge=1, description="train.engine=megatron: pipeline-parallel stages of the policy.")
+    tp: int = Field(1, ge=1, description="train.engine=megatron: tensor-parallel ranks of the policy (and of PPO's critic).")
+    pp: int = Field(1, ge=1, description="train.engine=megatron: pipeline-parallel stages of the policy (and of PPO's critic).")
     max_staleness: int = Field(
         0,
         ge=0,
@@ -235,6 +235,11 @@ class TrainConfig(Section):
     def actor_ranks(self) -> int:
         """Actor workers: dp x tp x pp (one process each)."""
         return self.dp * self.tp * self.pp
+
+    @property
+    def critic_ranks(self) -> int:
+        """Critic workers (PPO's): tp x pp megatron ranks, else one torch process."""
+        return self.tp * self.pp if self.engine == "megatron" else 1
 
 
 class PlacementConfig(Section):

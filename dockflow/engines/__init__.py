@@ -106,17 +106,16 @@ def create_critic_engine(
     inputs: EngineInputs, critic: CriticSection, model: nn.Module, device: str | None = None
 ) -> TrainingEngine:
     """Training engine of a critic: the same trainer, with the value head's outputs instead of log-probs, at the
-    critic's learning rate (``critic.critic_lr``: the run plan's critic section).
+    critic's learning rate (``critic.critic_lr``: the run plan's critic section); with ``train.engine: megatron``
+    this rank's shard of a megatron value model (``MegatronCriticEngine``).
     ``device``: None = ``engine.device``, checked here."""
     if device is None:
         device = str(check_worker_device(inputs.engine.device))
     tc = inputs.train
-    return TorchTrainingEngine(
-        model,
-        lr=critic.critic_lr,
-        weight_decay=tc.weight_decay,
-        grad_clip=tc.grad_clip,
-        infer_batch_size=tc.infer_batch_size,
-        device=device,
-        response_fn=response_values,
-    )
+    common = dict(lr=critic.critic_lr, weight_decay=tc.weight_decay, grad_clip=tc.grad_clip,
+                  infer_batch_size=tc.infer_batch_size, device=device)
+    if tc.engine == "megatron":  # this rank's TP x PP shard of the value model
+        from dockflow.engines.megatron.value import MegatronCriticEngine
+
+        return MegatronCriticEngine(model, tp=tc.tp, pp=tc.pp, seed=inputs.seed, **common)
+    return TorchTrainingEngine(model, response_fn=response_values, **common)

@@ -26,10 +26,11 @@ def ckpt_due(cfg: Config, step: int) -> bool:
 
 
 def stateful(workers: Workers) -> dict[str, Any]:
-    """Workers whose state a checkpoint holds (each writes its own part; the actor ranks save and load together,
-    rank 0 writes the "actor" part, every rank reads it)."""
+    """Workers whose state a checkpoint holds (each writes its own part; the actor ranks, and the critic ranks, save
+    and load together: rank 0 writes the "actor" ("critic") part, every rank reads it)."""
     named = {"actor": workers.actor, "critic": workers.critic}
     named.update({f"actor-{k}": a for k, a in enumerate(worker_calls.actor_ranks(workers)) if k > 0})
+    named.update({f"critic-{k}": c for k, c in enumerate(worker_calls.critic_ranks(workers)) if k > 0})
     return {k: v for k, v in named.items() if v is not None}
 
 

@@ -64,6 +64,20 @@ def on_actor_ranks(workers: Workers, stage: str, method: str, *args: Any) -> Ref
     return {stage if k == 0 else f"{stage}/{k}": getattr(a, method).remote(*args) for k, a in enumerate(ranks)}
 
 
+def critic_ranks(workers: Workers) -> list[Any]:
+    """Every critic rank's handle (tp x pp with megatron, else one; none without a critic)."""
+    if workers.critic is None:
+        return []
+    return getattr(workers, "critics", None) or [workers.critic]
+
+
+def on_critic_ranks(workers: Workers, stage: str, method: str, *args: Any) -> Refs:
+    """Call ``method`` on every critic rank (collective with megatron): ``stage`` for rank 0, ``stage/k`` for rank
+    k; only rank 0 reports metrics (the others return none)."""
+    ranks = critic_ranks(workers)
+    return {stage if k == 0 else f"{stage}/{k}": getattr(c, method).remote(*args) for k, c in enumerate(ranks)}
+
+
 def shares(n: int, parts: int) -> list[tuple[int, int]]:
     """``[lo, hi)`` of each of ``parts`` contiguous, near-equal shares of ``n`` items (earlier ones larger)."""
     size, extra = divmod(n, parts)
@@ -92,16 +106,14 @@ def infer(workers: Workers, iteration: int, offline: bool = False) -> Refs:
     refs = {} if offline else on_actor_ranks(workers, "old_log_prob", "compute_old_log_prob", iteration)
     if workers.reference is not None:
         refs["ref_log_prob"] = workers.reference.compute_ref_log_prob.remote(iteration)
-    if workers.critic is not None:
-        refs["values"] = workers.critic.compute_values.remote(iteration)
+    refs.update(on_critic_ranks(workers, "values", "compute_values", iteration))
     return refs
 
 
 def update(workers: Workers, iteration: int) -> Refs:
     """Policy (and critic) update on the iteration's samples."""
     refs = on_actor_ranks(workers, "update", "update", iteration)
-    if workers.critic is not None:
-        refs["critic_update"] = workers.critic.update.remote(iteration)
+    refs.update(on_critic_ranks(workers, "critic_update", "update", iteration))
     return refs
 
 

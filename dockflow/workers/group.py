@@ -45,16 +45,20 @@ class Workers:
     generators: list[Any] = field(default_factory=list)  # placement.mode=disaggregated
     rollout_queue: Any | None = None  # several generators: the chunks they draw from (workers/rollout_queue.py)
     prefix: str = ""  # the actors are named "<prefix>-<role>"
-    actors: list[Any] = field(default_factory=list)  # every actor rank (train.dp); actors[0] is ``actor``
+    actors: list[Any] = field(default_factory=list)  # every actor rank (train.actor_ranks); actors[0] is ``actor``
+    critics: list[Any] = field(default_factory=list)  # every critic rank (train.critic_ranks); critics[0] is ``critic``
 
     def __post_init__(self) -> None:
         if not self.actors:
             self.actors = [self.actor]
+        if not self.critics and self.critic is not None:
+            self.critics = [self.critic]
 
     def all(self) -> dict[str, Any]:
         named = {"actor": self.actor, "reward": self.reward, "reference": self.reference, "critic": self.critic,
                  "pairs": self.pairs}
         named.update({f"actor-{k}": a for k, a in enumerate(self.actors) if k > 0})
+        named.update({f"critic-{k}": c for k, c in enumerate(self.critics) if k > 0})
         named.update({f"generator-{k}": g for k, g in enumerate(self.generators)})
         named["rollout-queue"] = self.rollout_queue
         named["reward-model"] = self.reward_model
@@ -84,15 +88,16 @@ def _spawn(cfg: Config, role: Role, k: int, prefix: str, args: tuple[Any, ...]) 
 
 def _start_roles(cfg: Config, model_dir: str, dock: TransferDock, prefix: str) -> dict[str, list[Any]]:
     """Role name -> the handles of its workers, started in the plan's order."""
-    dp_key = f"{prefix}-{uuid.uuid4().hex}"  # where actor rank 0 publishes its process group's address
+    # where rank 0 of the actor's (the critic's) ranks publishes its process group's address
+    group_keys = {name: f"{prefix}-{name}-{uuid.uuid4().hex}" for name in ("actor", "critic")}
     started: dict[str, list[Any]] = {}
     for role in cfg.plan.roles.values():
         started[role.name] = []
         for k in range(role.count):
             if role.name == "rollout_queue":
                 args: tuple[Any, ...] = (queue_settings(cfg),)
-            elif role.name == "actor":
-                args = (cfg, model_dir, dock, k, dp_key)  # rank k of train.dp
+            elif role.name in group_keys:
+                args = (cfg, model_dir, dock, k, group_keys[role.name])  # rank k of the role's process group
             else:
                 args = (cfg, model_dir, dock)
             started[role.name].append(_spawn(cfg, role, k, prefix, args))
@@ -104,7 +109,8 @@ def _workers(started: dict[str, list[Any]], prefix: str) -> Workers:
         return started[role][0] if started.get(role) else None
 
     return Workers(actor=started["actor"][0], actors=started["actor"], reward=one("reward"),
-                   reference=one("reference"), critic=one("critic"), reward_model=one("reward_model"),
+                   reference=one("reference"), critic=one("critic"), critics=started.get("critic", []),
+                   reward_model=one("reward_model"),
                    pairs=one("pairs"), generators=started.get("generator", []), rollout_queue=one("rollout_queue"),
                    prefix=prefix)
 

@@ -1,8 +1,8 @@
 """Every algorithm's example config, shrunk to the tiny task, runs 2 iterations end to end and trains.
 Four runs also carry other features, to pay Ray's start-up once: REINFORCE++ runs disaggregated, one
 version stale, with truncated importance sampling; PF-PPO trains its actor on 2 data-parallel
-ranks (FSDP2, allgather-swap resharding, memory ledger) and resumes from its checkpoint; RLOO trains its actor
-with the megatron engine on 2 tensor-parallel ranks and resumes its checkpoint at TP=1; DPO trains the tiny Qwen3-MoE (from a fresh model: DPO's
+ranks (FSDP2, allgather-swap resharding, memory ledger) and resumes from its checkpoint; PPO trains its actor
+and its critic with the megatron engine on 2 tensor-parallel ranks each and resumes its checkpoint at TP=1; DPO trains the tiny Qwen3-MoE (from a fresh model: DPO's
 offline pairs give a gradient without an SFT warm start).
 
 One local Ray cluster serves the whole module (``train`` joins it instead of starting its own).
@@ -44,8 +44,8 @@ def ray_cluster():
     ray.shutdown()
 
 
-@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
-def test_two_iterations_train_the_policy(algorithm, ray_cluster, tiny_config):
+def run_overrides(algorithm: str) -> dict:
+    """The config overrides of ``algorithm``'s run: the features it carries besides its own."""
     # The centralized dock is one actor instead of a controller per worker state: these tests are about the
     # algorithms (the distributed dock has its own tests and carries the GRPO run of test_train_loop).
     extra = {"dock__backend": "centralized"}
@@ -55,14 +55,26 @@ def test_two_iterations_train_the_policy(algorithm, ray_cluster, tiny_config):
     if algorithm == "pf_ppo":
         extra["algorithm__pf_ppo__keep"] = 2  # G x keep = 8 = one mini-batch
         extra["train__dp"] = 2
-    if algorithm == "rloo":  # also the megatron engine: 2 actor ranks, one model split by tensor parallelism
+    if algorithm == "ppo":  # also the megatron engine: 2 actor and 2 critic ranks, each model split by TP
         extra |= {"train__engine": "megatron", "train__tp": 2}
     if algorithm == "reinforce_pp":  # also the asynchronous scheduler: a generator worker runs one version ahead
         extra |= {"placement__mode": "disaggregated", "train__max_staleness": 1, "placement__generator_cpus": 0}
         extra["train__tis_cap"] = 2.0  # truncated IS against the generator's log-probs (one version behind)
+    return extra
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_two_iterations_train_the_policy(algorithm, ray_cluster, tiny_config):
+    extra = run_overrides(algorithm)
     cfg = tiny_config(algorithm, 2, config=f"configs/{algorithm}_arith.yaml", **extra)
     rank_weights: list[list[dict]] = []
-    summary = train(cfg, on_iteration=lambda step, _: rank_weights.append(policy_of_each_rank(cfg)))
+    critics: list[list[str]] = []  # the critic workers Ray holds after each iteration
+
+    def after_iteration(step: int, _) -> None:
+        rank_weights.append(policy_of_each_rank(cfg))
+        critics.append(critic_workers(cfg))
+
+    summary = train(cfg, on_iteration=after_iteration)
 
     assert summary["iterations"] == 2 and summary["algorithm"] == algorithm
     before = load_file(str(Path(summary["initial_model"]) / "model.safetensors"))
@@ -86,7 +98,9 @@ def test_two_iterations_train_the_policy(algorithm, ray_cluster, tiny_config):
         assert any(".mlp.experts." in k for k in after), "not the MoE model"
     if algorithm == "pf_ppo":
         check_data_parallel_run(cfg, summary, rank_weights, uri)
-    if algorithm == "rloo":  # TP=2: both ranks generate with the same full policy, and the final model is it
+    if algorithm == "ppo":  # TP=2: both ranks generate with the same full policy, and the final model is it
+        assert critics == [[f"{cfg.run.name}-critic", f"{cfg.run.name}-critic-1"]] * 2, critics
+        check_megatron_critic(cfg, before)
         assert len(rank_weights) == 2 and all(len(ranks) == 2 for ranks in rank_weights)
         for first, second in rank_weights:
             assert all(torch.equal(first[k], second[k]) for k in first), "the TP ranks hold different policies"
@@ -150,7 +164,8 @@ def test_a_run_resumed_with_generations_in_flight_repeats_and_loses_no_sample(ra
 def resume_megatron_at_tp1(cfg, final: dict[str, torch.Tensor]) -> None:
     """The TP=2 run's checkpoint (iteration 2) holds each TP rank's shards as dist_checkpointing parts, no gathered
     state; resumed with ``train.tp=1`` (one actor rank, no iteration left to run) the whole model loads from them:
-    the resumed run's final model is the TP=2 run's, bit for bit."""
+    the resumed run's final model is the TP=2 run's, bit for bit. The critic's part is layout-free: its one rank
+    loads it at TP=1."""
     store = run_store(cfg.checkpoint, cfg.run)
     assert store.read_part(2, "actor", weights_only=False)["engine"] == {"dist_checkpoint": "actor.mcore"}
     assert sum(p.startswith("actor.mcore.") and p.endswith(".distcp") for p in store.list_parts(2)) == 2
@@ -158,6 +173,24 @@ def resume_megatron_at_tp1(cfg, final: dict[str, torch.Tensor]) -> None:
     assert resumed["resumed_from"] == 2 and resumed["iterations"] == 2
     again = load_file(str(Path(resumed["final_model"]) / "model.safetensors"))
     assert again.keys() == final.keys() and all(torch.equal(again[k], final[k]) for k in final)
+
+
+def critic_workers(cfg) -> list[str]:
+    """The names of the run's critic workers that Ray holds now (sorted)."""
+    import ray
+
+    prefix = f"{cfg.run.name}-critic"
+    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                  if a["name"] == prefix or a["name"].startswith(f"{prefix}-"))
+
+
+def check_megatron_critic(cfg, initial: dict[str, torch.Tensor]) -> None:
+    """TP=2: the checkpoint's gathered critic (rank 0 wrote it after a collective gather) trained: its value head
+    left zero and its trunk left the policy's initial weights."""
+    critic = run_store(cfg.checkpoint, cfg.run).read_part(2, "critic", weights_only=False)["engine"]["model"]
+    assert critic["score.weight"].abs().sum() > 0, "the critic's value head did not train"
+    trunk = [k for k in critic if k.startswith("model.") and k in initial]
+    assert trunk and all(not torch.equal(critic[k], initial[k]) for k in trunk), "the critic's trunk did not train"
 
 
 def policy_of_each_rank(cfg) -> list[dict]:

@@ -3,12 +3,16 @@ Eq. 5's ND are what worker creation, the device check, the dock and the record c
 the plan existed (the oracles below), and the sections its roles carry are the algorithm's."""
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from dockflow.algos.plan import REWARD_MODEL_CONSUMER, SNAPSHOT_CONSUMER
 from dockflow.algos.recipe import CriticSection, PreferenceSection
 from dockflow.config import Config, load_config
+from dockflow.flow import worker_calls
+from dockflow.flow.record import stateful
+from dockflow.workers import Workers
 from dockflow.workers.cluster import local_inputs
 from dockflow.workers.group import worker_cpus, worker_label
 
@@ -164,3 +168,28 @@ def test_roles_carry_the_algorithms_sections_with_their_key_paths(tmp_path):
     assert not any("pairs_path" in k for k in local_inputs(load_config("configs/grpo_arith.yaml")))
     with pytest.raises(TypeError, match="the critic worker reads PPOConfig, not PreferenceSection"):
         load_config("configs/ppo_arith.yaml").plan.section("critic", PreferenceSection)
+
+
+def test_megatron_gives_the_critic_tp_x_pp_ranks_and_the_stages_call_each():
+    cfg = load_config("configs/ppo_arith.yaml", ["train.engine=megatron", "train.tp=2", "train.pp=2"])
+    critic = cfg.plan.role("critic")
+    assert critic.count == cfg.train.critic_ranks == 4 and cfg.plan.role("actor").count == 4
+    assert [w for w in worker_cpus(cfg.plan) if w.startswith("critic")] == ["critic", "critic-1", "critic-2", "critic-3"]
+    assert cfg.plan.model_cpus() == 4 * (cfg.ray.actor_cpus + cfg.ray.critic_cpus)
+    assert load_config("configs/ppo_arith.yaml").plan.role("critic").count == 1  # fsdp: one torch critic
+
+    class Rank:  # a worker handle: ``method.remote(*args)`` -> (rank, method, args)
+        def __init__(self, k: int):
+            self.k = k
+
+        def __getattr__(self, method: str):
+            return SimpleNamespace(remote=lambda *args: (self.k, method, args))
+
+    critics = [Rank(k) for k in range(4)]
+    workers = Workers(actor=Rank(0), critic=critics[0], critics=critics)
+    assert stateful(workers).keys() == {"actor", "critic", "critic-1", "critic-2", "critic-3"}
+    refs = worker_calls.update(workers, 3)
+    assert {k: v for k, v in refs.items() if k.startswith("critic")} == {
+        "critic_update": (0, "update", (3,)), **{f"critic_update/{k}": (k, "update", (3,)) for k in (1, 2, 3)}}
+    assert worker_calls.infer(workers, 3)["values/2"] == (2, "compute_values", (3,))
+    assert "values" not in worker_calls.infer(Workers(actor=Rank(0)), 3)  # no critic, no critic calls
