@@ -149,6 +149,11 @@ class Config(Section):
         for why, bad in refused.items():
             if bad:
                 raise ValueError(f"tools are configured but {why}")
+        if self.tools.max_total_tokens <= self.rollout.max_new_tokens:
+            raise ValueError(
+                f"tools.max_total_tokens={self.tools.max_total_tokens} must exceed rollout.max_new_tokens="
+                f"{self.rollout.max_new_tokens}: a trajectory's prompt gets the difference, its response the latter"
+            )
 
     def _check_dp(self) -> None:
         tc = self.train

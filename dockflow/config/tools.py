@@ -64,6 +64,12 @@ class ToolsConfig(Section):
         """Whether a run gives the policy tools (functions or an environment)."""
         return bool(self.functions or self.environment or self.environments)
 
+    @property
+    def paths(self) -> list[str]:
+        """Every module:attribute the section names (tools, then environments): imported where the run starts,
+        their modules shipped to the workers."""
+        return [*self.functions, *([self.environment] if self.environment else []), *self.environments.values()]
+
     @model_validator(mode="after")
     def _paths(self) -> ToolsConfig:
         for path in self.functions:
