@@ -52,7 +52,9 @@ class _Sampler:
         if max_new <= 0:  # the response width is spent (only tool tokens past it, which are cut)
             return []
         row = torch.tensor([ids], dtype=torch.long)
-        tokens, logp = self.engine.sample(row, torch.ones_like(row), max_new, self.params, self.seed + self.calls)
+        tokens, logp = self.engine.sample(
+            row, torch.ones_like(row), max_new, self.params, self.seed + self.calls
+        )
         self.calls += 1
         new = tokens[0].tolist()
         if self.eos in new:
@@ -86,15 +88,21 @@ def tool_rollouts(
     for k in range(n):
         row = rows[k // params.n]
         sampler = _Sampler(engine, tok.eos_token_id, params, seed + 1000 * k)
-        out = run_rollout(row, sampler, tok, spec.tools, spec.factories, spec.limits, chat_template=spec.chat_template)
+        out = run_rollout(
+            row, sampler, tok, spec.tools, spec.factories, spec.limits, chat_template=spec.chat_template
+        )
         traj = out.trajectory
         p = traj.prompt_length
         if p > prompt_width:
-            raise ValueError(f"a tool prompt has {p} tokens (tool schemas and the environment's observation "
-                             f"included), more than the prompt width {prompt_width}: shorten it")
+            raise ValueError(
+                f"a tool prompt has {p} tokens (tool schemas and the environment's observation "
+                f"included), more than the prompt width {prompt_width}: shorten it"
+            )
         response = traj.token_ids[p:][:width_r]  # past the width: tool tokens only (mask 0), never trained on
-        input_ids[k, prompt_width - p: prompt_width + len(response)] = torch.tensor(traj.token_ids[: p + width_r])
-        attention[k, prompt_width - p: prompt_width + len(response)] = 1
+        input_ids[k, prompt_width - p : prompt_width + len(response)] = torch.tensor(
+            traj.token_ids[: p + width_r]
+        )
+        attention[k, prompt_width - p : prompt_width + len(response)] = 1
         response_mask[k, : len(response)] = torch.tensor(traj.mask[p:][:width_r])
         model_positions = response_mask[k].nonzero().squeeze(-1)
         rollout_logp[k, model_positions] = torch.tensor(sampler.logps, dtype=torch.float32)

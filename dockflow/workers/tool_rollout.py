@@ -70,8 +70,15 @@ def generate_tools_into_dock(
     rollouts: list[Any] = []
     while (work := queue.take(iteration, rank)) is not None:
         rows = [table.rows[i] for i in work.prompt_ids]
-        out, done = tool_rollouts(engine, table.tokenizer, rows, table.spec, params,
-                                  seed=seed + work.offset * 1_000_000, prompt_width=table.width)
+        out, done = tool_rollouts(
+            engine,
+            table.tokenizer,
+            rows,
+            table.spec,
+            params,
+            seed=seed + work.offset * 1_000_000,
+            prompt_width=table.width,
+        )
         first = cfg.dock_window(iteration)[0] + first_index + work.slot * ro.group_size
         indices = list(range(first, first + out.batch_size[0]))
         meta = {
@@ -85,7 +92,9 @@ def generate_tools_into_dock(
         totals["samples"] += len(indices)
         totals["chunks"] += 1
         rollouts += done
-    metrics = rollout_metrics(int(totals["prompt"]), int(totals["response"]), max(int(totals["samples"]), 1), start)
+    metrics = rollout_metrics(
+        int(totals["prompt"]), int(totals["response"]), max(int(totals["samples"]), 1), start
+    )
     metrics["rollout/samples"] = totals["samples"]
     metrics[f"flow/chunks_generator_{rank}"] = totals["chunks"]
     metrics.update(trajectory_metrics(rollouts))

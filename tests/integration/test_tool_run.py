@@ -35,7 +35,8 @@ def test_a_grpo_run_with_a_calculator_tool_logs_the_tool_metrics(tiny_config, tm
     (where / "calc_tools.py").write_text(USER_TOOLS)
     monkeypatch.syspath_prepend(str(where))  # importable by the driver only: Ray must ship it
     cfg = tiny_config("tool_run", 2, data__chat_template="true", tools__functions="[calc_tools:calculator]",
-                      tools__max_total_tokens=160, tools__max_turns=2)
+                      tools__max_total_tokens=160, tools__max_turns=2,
+                      sft__enabled=False, checkpoint__every=0, eval__num_prompts=8)
     summary = train(cfg)
     uri = resolve_tracking_uri(cfg.tracking.uri, cfg.run.output_dir)
     for key in ("tools/turns", "tools/tool_calls", "tools/tool_errors", "tools/timeouts", "tools/tool_token_share"):

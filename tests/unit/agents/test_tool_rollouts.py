@@ -11,7 +11,7 @@ from dockflow.config.tools import ToolsConfig
 from dockflow.engines.base import GenerationEngine, SamplingParams
 from dockflow.engines.tool_rollouts import ToolSpec, tool_rollouts, trajectory_metrics
 from tests.unit.agents.chat import call
-from tests.unit.agents.tools_for_tests import add, add_wrong
+from tests.unit.agents.tools_for_tests import Counter, add, add_wrong
 
 ROW = {"prompt": [{"role": "user", "content": "What is 3 + 4?"}], "answer": "7"}
 W = 1000  # prompt width: the char tokenizer spends ~800 tokens on the tool schema
@@ -21,11 +21,11 @@ TURNS = [call("add", '{"a": 3, "b": 4}'), "It is 7."]
 class Scripted(GenerationEngine):
     """Answers each ``sample`` with the next scripted turn (then EOS) and log-prob -(position + 1)."""
 
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer, self.turn = tokenizer, 0
+    def __init__(self, tokenizer, turns: list[str] = TURNS) -> None:
+        self.tokenizer, self.turns, self.turn = tokenizer, turns, 0
 
     def sample(self, input_ids, attention_mask, max_new_tokens, params, seed, generated=None, row_caps=None):
-        ids = self.tokenizer.encode(TURNS[self.turn % len(TURNS)], add_special_tokens=False)
+        ids = self.tokenizer.encode(self.turns[self.turn % len(self.turns)], add_special_tokens=False)
         ids = (ids + [self.tokenizer.eos_token_id])[:max_new_tokens]
         self.turn += 1
         return torch.tensor([ids]), -torch.arange(1, len(ids) + 1, dtype=torch.float32).unsqueeze(0)
@@ -55,8 +55,10 @@ def test_the_response_mask_is_the_trajectory_mask_and_attention_covers_tool_toke
     p, r = traj.prompt_length, len(traj.token_ids) - traj.prompt_length
     assert batch["prompt_length"].tolist() == [p, p] and batch["response_length"].tolist() == [r, r]
     assert batch["response_mask"][0, :r].tolist() == traj.mask[p:]
-    assert batch["attention_mask"][0, W - p: W + r].eq(1).all() and batch["attention_mask"].sum() == 2 * (p + r)
-    assert batch["input_ids"][0, W - p: W + r].tolist() == traj.token_ids
+    assert batch["attention_mask"][0, W - p : W + r].eq(1).all() and batch["attention_mask"].sum() == 2 * (
+        p + r
+    )
+    assert batch["input_ids"][0, W - p : W + r].tolist() == traj.token_ids
     tool_text = tokenizer.decode(batch["responses"][0, :r][batch["response_mask"][0, :r] == 0])
     assert "<tool_response>\n7\n</tool_response>" in tool_text
     # the sampler's log-probs sit on the model tokens, in order; 0 on tool tokens and padding
@@ -95,14 +97,34 @@ def test_the_policy_gradient_does_not_depend_on_tool_tokens(tokenizer) -> None:
     # PPO's GAE skips the tool tokens: no advantage there, and the value bootstraps from the next model token
     rewards = torch.zeros(mask.shape)
     rewards[:, int(mask[0].nonzero().max())] = torch.tensor([1.0, 0.0])
-    adv, ret = gae_advantages(rewards, torch.rand(mask.shape, generator=gen), mask, gamma=1.0, lam=1.0, whiten=False)
+    adv, ret = gae_advantages(
+        rewards, torch.rand(mask.shape, generator=gen), mask, gamma=1.0, lam=1.0, whiten=False
+    )
     assert adv[tool].eq(0).all() and ret[tool].eq(0).all() and adv[mask.bool()].ne(0).any()
 
 
 def test_model_tokens_stay_within_the_response_width(tokenizer) -> None:
     """A width that ends inside the second turn: the turn is cut there, nothing past the width."""
     full, _ = _rollouts(tokenizer, add)
-    first_and_tool = int(full["response_length"][0]) - len(tokenizer.encode(TURNS[1], add_special_tokens=False)) - 1
+    first_and_tool = (
+        int(full["response_length"][0]) - len(tokenizer.encode(TURNS[1], add_special_tokens=False)) - 1
+    )
     batch, rollouts = _rollouts(tokenizer, add, max_new=first_and_tool + 3)
-    assert int(batch["response_mask"][0].sum()) == len(tokenizer.encode(TURNS[0], add_special_tokens=False)) + 1 + 3
+    assert (
+        int(batch["response_mask"][0].sum())
+        == len(tokenizer.encode(TURNS[0], add_special_tokens=False)) + 1 + 3
+    )
     assert rollouts[0].trajectory.finish == "max_total_tokens"
+
+
+def test_an_environments_reward_is_reported_under_its_class_name(tokenizer) -> None:
+    """``reset(**row)`` gets the row (its observation lands in the prompt), the scripted turns call
+    ``increment`` and stop, and each trajectory's ``get_reward()`` is averaged as ``tools/reward_Counter``."""
+    engine = Scripted(tokenizer, [call("increment", '{"by": 2}'), "Done."])
+    spec = ToolSpec([], Counter, ToolsConfig(max_total_tokens=4096, timeout_s=5.0))
+    rows = [{**ROW, "target": 2}, {**ROW, "target": 3}]
+    params = SamplingParams(200, 1.0, 1.0, greedy=False, n=1)
+    batch, rollouts = tool_rollouts(engine, tokenizer, rows, spec, params, seed=0, prompt_width=W)
+    assert [r.reward for r in rollouts] == [1.0, 0.0] and {r.environment for r in rollouts} == {"Counter"}
+    assert "target 2" in tokenizer.decode(batch["input_ids"][0, :W][batch["attention_mask"][0, :W].bool()])
+    assert trajectory_metrics(rollouts)["tools/reward_Counter"] == 0.5
