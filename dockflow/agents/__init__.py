@@ -1,6 +1,6 @@
 """Multi-turn tool use: tools and TRL-style environments, tool-call parsing, the tool loop (docs/agents.md).
 
-A building block: not yet called by the generation engines or the workers.
+Run by ``dockflow.engines.tool_rollouts`` when a run configures ``tools:``.
 """
 
 from dockflow.agents.environments import (

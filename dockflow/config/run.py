@@ -45,12 +45,13 @@ from dockflow.config.sections import (
     TrackingConfig,
     TrainConfig,
 )
+from dockflow.config.tools import ToolsConfig
 
 __all__ = [
     "AlgorithmConfig", "ArithmeticConfig", "CheckpointConfig", "Config", "ConfigError", "CostModelConfig", "DataConfig",
     "DockConfig", "EngineConfig", "EvalConfig", "FaultToleranceConfig", "ModelConfig", "PartialRolloutConfig",
     "PlacementConfig", "RayConfig", "RegistryConfig", "RewardConfig", "RewardFunctionConfig", "RewardModelConfig",
-    "RolloutConfig", "RunConfig", "SFTConfig", "TinyModelConfig",
+    "RolloutConfig", "RunConfig", "SFTConfig", "TinyModelConfig", "ToolsConfig",
     "TrackingConfig", "TrainConfig", "VLLMConfig", "config_from_dict", "flatten_dict", "load_config", "parse_overrides",
 ]
 
@@ -79,6 +80,7 @@ class Config(Section):
     fault_tolerance: FaultToleranceConfig = Field(default_factory=FaultToleranceConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
+    tools: ToolsConfig = Field(default_factory=ToolsConfig)
 
     @model_validator(mode="after")
     def _check(self) -> Config:
@@ -105,6 +107,7 @@ class Config(Section):
         self._check_generation()
         self._check_dp()
         self._check_engine()
+        self._check_tools()
         if self.data.source == "file" and not self.data.train_path:
             raise ValueError("data.source is 'file' but data.train_path is not set: give a JSONL or Parquet path")
         return self
@@ -128,6 +131,29 @@ class Config(Section):
         if self.rollout.partial.token_budget is not None and self.placement.mode != "disaggregated":
             raise ValueError("rollout.partial.token_budget parks unfinished groups in the generator workers: it needs "
                              "placement.mode: disaggregated")
+
+    def _check_tools(self) -> None:
+        """Multi-turn tool rollouts run on the HF generation engine, one trajectory at a time (docs/agents.md)."""
+        if not self.tools.enabled:
+            return
+        refused = {
+            "data.chat_template is false (tools are rendered by the chat template; set data.chat_template: true)":
+                not self.data.chat_template,
+            f"engine.backend={self.engine.backend} (only the hf engine runs the tool loop; set engine.backend: hf)":
+                self.engine.backend != "hf",
+            "rollout.partial.token_budget is set (a parked trajectory cannot resume mid-turn yet; set it to null)":
+                self.rollout.partial.token_budget is not None,
+            f"algorithm.name={self.algorithm.name} trains on offline pairs (nothing is generated)":
+                self.algorithm.recipe.offline,
+        }
+        for why, bad in refused.items():
+            if bad:
+                raise ValueError(f"tools are configured but {why}")
+        if self.tools.max_total_tokens <= self.rollout.max_new_tokens:
+            raise ValueError(
+                f"tools.max_total_tokens={self.tools.max_total_tokens} must exceed rollout.max_new_tokens="
+                f"{self.rollout.max_new_tokens}: a trajectory's prompt gets the difference, its response the latter"
+            )
 
     def _check_dp(self) -> None:
         tc = self.train

@@ -8,7 +8,8 @@
       max_total_tokens: 1024
       timeout_s: 5.0
 
-The tool loop (``dockflow.agents``) reads it; it is not wired into ``Config`` or the workers yet (docs/agents.md).
+``Config.tools``; with functions or an environment set, the HF generation engine runs the tool loop
+(``dockflow.engines.tool_rollouts``) instead of one response per prompt (docs/agents.md).
 """
 
 from __future__ import annotations
@@ -57,6 +58,17 @@ class ToolsConfig(Section):
         description="Seconds one tool call (or reset/get_reward) may take; a call "
         "still running then is killed with its child process and answered with an error turn.",
     )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether a run gives the policy tools (functions or an environment)."""
+        return bool(self.functions or self.environment or self.environments)
+
+    @property
+    def paths(self) -> list[str]:
+        """Every module:attribute the section names (tools, then environments): imported where the run starts,
+        their modules shipped to the workers."""
+        return [*self.functions, *([self.environment] if self.environment else []), *self.environments.values()]
 
     @model_validator(mode="after")
     def _paths(self) -> ToolsConfig:

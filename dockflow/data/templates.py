@@ -14,7 +14,7 @@ Only the literal '{prompt}' is replaced, so other braces (``\\boxed{}``, JSON) m
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dockflow.data.messages import Prompt, is_conversational
 
@@ -78,12 +78,15 @@ class PromptFormat:
                 "data.chat_template is true but the model's tokenizer has no chat template: use an instruct model's "
                 f"tokenizer (tokenizer_config.json 'chat_template'), {fix}"
             )
+        return tokenizer.apply_chat_template(self.messages(prompt), tokenize=False, add_generation_prompt=True)
+
+    def messages(self, prompt: Prompt) -> list[dict[str, Any]]:
+        """The turns the chat template renders for ``prompt``: the system turn (if any), then the user turn or the
+        row's own messages (the tool loop renders them itself, with the tools' schemas)."""
         turns = [{"role": "system", "content": self.system}] if self.system else []
-        if conversational:
-            turns = [*(turns if prompt[0]["role"] != "system" else []), *prompt]  # the row's own system turn wins
-        else:
-            turns.append({"role": "user", "content": apply_template(self.template, prompt)})
-        return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+        if is_conversational(prompt):
+            return [*(turns if prompt[0]["role"] != "system" else []), *prompt]  # the row's own system turn wins
+        return [*turns, {"role": "user", "content": apply_template(self.template, prompt)}]
 
     def render_all(self, prompts: list[Prompt], tokenizer: PreTrainedTokenizerBase | None = None) -> list[str]:
         return [self.render(p, tokenizer) for p in prompts]

@@ -47,6 +47,7 @@ def pop_generated(results: dict[str, dict[str, float]]) -> dict[str, float]:
     if versions:
         merged["rollout/policy_version"] = min(versions)
     merged.update(merge_flow_counts(parts))
+    merged.update(tool_means(parts))
     return merged
 
 
@@ -54,6 +55,18 @@ def worst_sync_check(parts: list[dict[str, float]]) -> dict[str, float]:
     """The largest sync-check difference of the generators that took (and checked) new weights, if any did."""
     diffs = [p[SYNC_CHECK] for p in parts if SYNC_CHECK in p]
     return {SYNC_CHECK: max(diffs)} if diffs else {}
+
+
+def tool_means(parts: list[dict[str, float]]) -> dict[str, float]:
+    """The per-trajectory ``tools/`` means of generators or rounds (runs with tools), weighted by their samples
+    (an environment's reward: over the parts that report it)."""
+    out: dict[str, float] = {}
+    keys = dict.fromkeys(k for p in parts for k in p if k.startswith("tools/"))
+    for key in keys:
+        having = [p for p in parts if key in p]
+        weight = sum(p["rollout/samples"] for p in having)
+        out[key] = sum(p[key] * p["rollout/samples"] for p in having) / weight if weight else 0.0
+    return out
 
 
 def merge_flow_counts(parts: list[dict[str, float]]) -> dict[str, float]:
@@ -86,4 +99,5 @@ def rollout_summary(rounds: list[dict[str, float]], round_samples: int) -> dict[
         out["timing/load_weights_s"] = sum(loads)
     out.update(worst_sync_check(rounds))
     out.update(merge_flow_counts(rounds))
+    out.update(tool_means(rounds))
     return out

@@ -29,10 +29,14 @@ def write_run_config(cfg: Config, run_dir: Path) -> None:
 
 def check_reward_functions(cfg: Config) -> None:
     """Import every ``reward.functions`` entry where the run starts, so a path that does not import fails now,
-    before any worker starts, with one line (:class:`~dockflow.rewards.functions.RewardError`)."""
+    before any worker starts, with one line (:class:`~dockflow.rewards.functions.RewardError`); the same for the
+    ``tools:`` paths (:class:`~dockflow.agents.ToolError`)."""
+    from dockflow.agents import import_tool
     from dockflow.rewards.functions import check_functions
 
     check_functions(cfg.reward)
+    for path in cfg.tools.paths:
+        import_tool(path)
 
 
 def check_model_path(cfg: Config) -> None:

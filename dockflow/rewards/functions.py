@@ -86,13 +86,20 @@ def shipped_modules(reward: RewardConfig) -> list[str]:
     """Files or package directories of the user's reward modules that Ray must ship to its workers (its
     ``runtime_env`` ``py_modules``): the top-level module of each ``path``, unless it is installed (site-packages)
     or part of DockFlow."""
+    return user_module_dirs([function_path(fn) for fn in reward.functions])
+
+
+def user_module_dirs(paths: Sequence[str]) -> list[str]:
+    """The top-level module file or package directory of each ``module:attribute`` path that Ray must ship
+    (neither installed nor DockFlow's): reward functions, and the run's tools (``tools.functions``, its
+    environments)."""
     installed = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
     out: list[str] = []
-    for fn in reward.functions:
-        top = function_path(fn).partition(":")[0].split(".")[0]
+    for path in paths:
+        top = path.partition(":")[0].split(".")[0]
         if top == "dockflow":
             continue
-        import_function(function_path(fn))
+        import_function(path)
         module = sys.modules[top]
         where = Path(module.__path__[0]) if hasattr(module, "__path__") else Path(module.__file__ or "")
         if where.suffix or where.is_dir():

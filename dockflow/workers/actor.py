@@ -43,6 +43,7 @@ from dockflow.workers.rollout import PromptTable, generate_into_dock
 from dockflow.workers.rollout_queue import staleness_bound
 from dockflow.workers.runtime import ModelWorker
 from dockflow.workers.staleness import StalenessCounter
+from dockflow.workers.tool_rollout import ToolTable, generate_tools_into_dock
 from dockflow.workers.training import length_sorted, train_epochs
 
 T = TypeVar("T")
@@ -82,6 +83,7 @@ class ActorWorker(ModelWorker):
         self.prompts = PromptTable(
             PromptFormat.of(cfg.data).render_all([ex.prompt for ex in self.task.train], self.tokenizer), self.gen_engine
         )
+        self.tool_table = ToolTable(cfg, self.task.train, self.tokenizer) if cfg.tools.enabled else None
         self.columns = cfg.plan.role("actor").reads  # its states' dock columns
         self.policy_version = 0
         self.recipe = cfg.algorithm.recipe  # the algorithm: its loss, how its rows are batched
@@ -98,6 +100,11 @@ class ActorWorker(ModelWorker):
     def generate(self, iteration: int, prompt_ids: list[int], first_index: int = 0) -> dict[str, float]:
         """Sample N responses for each prompt and stream them into the dock, group by group, from dock index
         ``first_index`` on (later rounds of dynamic sampling write after the earlier ones)."""
+        if self.tool_table is not None:
+            return generate_tools_into_dock(
+                self.cfg, self.gen_engine, self.dock, self.tool_table, iteration=iteration, prompt_ids=prompt_ids,
+                first_index=first_index, policy_version=self.policy_version,
+            )
         return generate_into_dock(
             self.cfg, self.gen_engine, self.dock, self.prompts, iteration=iteration, prompt_ids=prompt_ids,
             first_index=first_index, policy_version=self.policy_version,

@@ -127,10 +127,12 @@ def joined_address() -> str:
 
 def run_runtime_env(cfg: Config) -> dict:
     """The Ray runtime environment a run's workers need: the user's reward modules that are not installed
-    (``reward.functions`` paths) as ``py_modules``, so a module on the driver's PYTHONPATH reaches every node."""
-    from dockflow.rewards.functions import shipped_modules
+    (``reward.functions`` paths) and tool modules (``tools:``) as ``py_modules``, so a module on the driver's
+    PYTHONPATH reaches every node."""
+    from dockflow.rewards.functions import shipped_modules, user_module_dirs
 
-    modules = shipped_modules(cfg.reward)
+    tools = user_module_dirs(cfg.tools.paths)
+    modules = list(dict.fromkeys([*shipped_modules(cfg.reward), *tools]))
     return {"py_modules": modules} if modules else {}
 
 

@@ -23,6 +23,7 @@ from dockflow.workers.partial_rollout import generate_partial_into_dock
 from dockflow.workers.rollout import PromptTable, QueueClient, generate_into_dock
 from dockflow.workers.rollout_queue import RolloutQueue, rollout_queue
 from dockflow.workers.runtime import init_worker_process
+from dockflow.workers.tool_rollout import ToolTable, generate_tools_into_dock
 
 
 class GeneratorWorker:
@@ -42,6 +43,7 @@ class GeneratorWorker:
         train = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint).train
         self.prompts = PromptTable(PromptFormat.of(cfg.data).render_all([ex.prompt for ex in train], tokenizer),
                                    self.engine)
+        self.tool_table = ToolTable(cfg, train, tokenizer) if cfg.tools.enabled else None
         self.policy_version = 0
 
     def ready(self) -> bool:
@@ -65,6 +67,11 @@ class GeneratorWorker:
             out = generate_partial_into_dock(
                 self.cfg, self.engine, self.tokenizer, self.dock, self.prompts, client, iteration=iteration,
                 policy_version=self.policy_version, rank=rank,
+            )
+        elif self.tool_table is not None:
+            out = generate_tools_into_dock(
+                self.cfg, self.engine, self.dock, self.tool_table, iteration=iteration, prompt_ids=prompt_ids,
+                first_index=first_index, policy_version=self.policy_version, queue=client, rank=rank,
             )
         else:
             out = generate_into_dock(

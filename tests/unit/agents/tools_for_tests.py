@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -89,3 +90,9 @@ class Doubler:
         """Double the value and return it."""
         self.value *= 2
         return self.value
+
+
+
+@functools.wraps(add)  # the same name and schema as ``add``: only the tool turn's tokens differ
+def add_wrong(a: int, b: int) -> int:
+    return a + b + 1

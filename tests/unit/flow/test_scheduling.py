@@ -2,7 +2,7 @@ import pytest
 
 from dockflow.config import ConfigError, load_config
 from dockflow.flow.idle import IdleTracker
-from dockflow.flow.metrics import pop_generated
+from dockflow.flow.metrics import pop_generated, rollout_summary
 from dockflow.flow.worker_calls import shares
 
 
@@ -25,6 +25,18 @@ def test_generations_of_several_workers_merge_into_one_round():
     assert merged == {"rollout/samples": 12.0, "rollout/tokens": 72.0, "timing/generate_s": 3.0,
                       "timing/generate_busy_s": 4.0, "rollout/prompt_length": 3.0,
                       "rollout/response_length": 3.0, "rollout/policy_version": 2.0}
+
+
+def test_tool_metrics_of_several_generators_are_sample_weighted_means():
+    base = {"rollout/prompt_length": 1.0, "rollout/response_length": 1.0, "rollout/tokens": 1.0,
+            "timing/generate_s": 1.0}
+    results = {
+        "generate/0": {**base, "rollout/samples": 6.0, "tools/turns": 2.0, "tools/reward_Calc": 1.0},
+        "generate/1": {**base, "rollout/samples": 2.0, "tools/turns": 4.0},
+    }
+    merged = pop_generated(results)
+    assert merged["tools/turns"] == 2.5 and merged["tools/reward_Calc"] == 1.0
+    assert rollout_summary([merged, {**merged, "tools/turns": 1.5}], 8)["tools/turns"] == 2.0
 
 
 def test_idle_fractions_count_dock_waits_as_idle():

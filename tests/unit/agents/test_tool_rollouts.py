@@ -1,0 +1,130 @@
+"""Tool rollouts in the rollout layout (``dockflow.engines.tool_rollouts``): the trajectory mask is the dock's
+``response_mask``, so the losses never train on tool tokens."""
+
+from __future__ import annotations
+
+import torch
+
+from dockflow.algos.grpo import clipped_policy_loss
+from dockflow.algos.ppo import gae_advantages
+from dockflow.config.tools import ToolsConfig
+from dockflow.engines.base import GenerationEngine, SamplingParams
+from dockflow.engines.tool_rollouts import ToolSpec, tool_rollouts, trajectory_metrics
+from tests.unit.agents.chat import call
+from tests.unit.agents.tools_for_tests import Counter, add, add_wrong
+
+ROW = {"prompt": [{"role": "user", "content": "What is 3 + 4?"}], "answer": "7"}
+W = 1000  # prompt width: the char tokenizer spends ~800 tokens on the tool schema
+TURNS = [call("add", '{"a": 3, "b": 4}'), "It is 7."]
+
+
+class Scripted(GenerationEngine):
+    """Answers each ``sample`` with the next scripted turn (then EOS) and log-prob -(position + 1)."""
+
+    def __init__(self, tokenizer, turns: list[str] = TURNS) -> None:
+        self.tokenizer, self.turns, self.turn = tokenizer, turns, 0
+
+    def sample(self, input_ids, attention_mask, max_new_tokens, params, seed, generated=None, row_caps=None):
+        ids = self.tokenizer.encode(self.turns[self.turn % len(self.turns)], add_special_tokens=False)
+        ids = (ids + [self.tokenizer.eos_token_id])[:max_new_tokens]
+        self.turn += 1
+        return torch.tensor([ids]), -torch.arange(1, len(ids) + 1, dtype=torch.float32).unsqueeze(0)
+
+    def generate(self, prompts, params, seed, prompt_width=None):
+        raise NotImplementedError
+
+    def decode(self, responses, response_mask):
+        raise NotImplementedError
+
+    def load_weights(self, weights):
+        raise NotImplementedError
+
+    def prompt_width(self, prompts):
+        raise NotImplementedError
+
+
+def _rollouts(tokenizer, tool, max_new: int = 200):
+    spec = ToolSpec([tool], None, ToolsConfig(max_total_tokens=4096, timeout_s=5.0))
+    params = SamplingParams(max_new, 1.0, 1.0, greedy=False, n=2)
+    return tool_rollouts(Scripted(tokenizer), tokenizer, [ROW], spec, params, seed=0, prompt_width=W)
+
+
+def test_the_response_mask_is_the_trajectory_mask_and_attention_covers_tool_tokens(tokenizer) -> None:
+    batch, rollouts = _rollouts(tokenizer, add)
+    traj = rollouts[0].trajectory
+    p, r = traj.prompt_length, len(traj.token_ids) - traj.prompt_length
+    assert batch["prompt_length"].tolist() == [p, p] and batch["response_length"].tolist() == [r, r]
+    assert batch["response_mask"][0, :r].tolist() == traj.mask[p:]
+    assert batch["attention_mask"][0, W - p : W + r].eq(1).all() and batch["attention_mask"].sum() == 2 * (
+        p + r
+    )
+    assert batch["input_ids"][0, W - p : W + r].tolist() == traj.token_ids
+    tool_text = tokenizer.decode(batch["responses"][0, :r][batch["response_mask"][0, :r] == 0])
+    assert "<tool_response>\n7\n</tool_response>" in tool_text
+    # the sampler's log-probs sit on the model tokens, in order; 0 on tool tokens and padding
+    model = batch["response_mask"][0].bool()
+    turn_lengths = [len(tokenizer.encode(t, add_special_tokens=False)) + 1 for t in TURNS]
+    expected = [-float(i) for n in turn_lengths for i in range(1, n + 1)]
+    assert batch["rollout_log_prob"][0][model].tolist() == expected
+    assert batch["rollout_log_prob"][0][~model].eq(0).all()
+    m = trajectory_metrics(rollouts)
+    assert (m["tools/turns"], m["tools/tool_calls"], m["tools/tool_errors"]) == (2.0, 1.0, 0.0)
+    assert 0.0 < m["tools/tool_token_share"] < 1.0
+
+
+def test_the_policy_gradient_does_not_depend_on_tool_tokens(tokenizer) -> None:
+    """Another tool output (same widths, other tokens) leaves the mask alone; the loss and its gradient are the
+    same whatever log-probs the tool tokens get, and that gradient is 0 on every tool token."""
+    batch, _ = _rollouts(tokenizer, add)
+    other, _ = _rollouts(tokenizer, add_wrong)
+    assert torch.equal(batch["response_mask"], other["response_mask"])
+    assert not torch.equal(batch["responses"], other["responses"])  # the tool turn's tokens changed
+    mask = batch["response_mask"]
+    tool = (mask == 0) & batch["attention_mask"][:, W:].bool()
+    assert tool.any()
+    gen = torch.Generator().manual_seed(0)
+    old = batch["rollout_log_prob"]
+    grads, losses = [], []
+    for scale in (0.0, 5.0):  # tool tokens' log-probs: 0, then arbitrary
+        noise = torch.where(tool, scale * torch.randn(mask.shape, generator=gen), torch.zeros(mask.shape))
+        logp = (old + 0.1 + noise).requires_grad_()
+        out = clipped_policy_loss(logp, old + noise, torch.tensor([1.0, -0.5]), mask, clip_eps=0.2)
+        out.loss.backward()
+        grads.append(logp.grad)
+        losses.append(float(out.loss.detach()))
+    assert losses[0] == losses[1] and torch.equal(grads[0], grads[1])
+    assert grads[0][tool].eq(0).all() and grads[0][mask.bool()].ne(0).all()
+    # PPO's GAE skips the tool tokens: no advantage there, and the value bootstraps from the next model token
+    rewards = torch.zeros(mask.shape)
+    rewards[:, int(mask[0].nonzero().max())] = torch.tensor([1.0, 0.0])
+    adv, ret = gae_advantages(
+        rewards, torch.rand(mask.shape, generator=gen), mask, gamma=1.0, lam=1.0, whiten=False
+    )
+    assert adv[tool].eq(0).all() and ret[tool].eq(0).all() and adv[mask.bool()].ne(0).any()
+
+
+def test_model_tokens_stay_within_the_response_width(tokenizer) -> None:
+    """A width that ends inside the second turn: the turn is cut there, nothing past the width."""
+    full, _ = _rollouts(tokenizer, add)
+    first_and_tool = (
+        int(full["response_length"][0]) - len(tokenizer.encode(TURNS[1], add_special_tokens=False)) - 1
+    )
+    batch, rollouts = _rollouts(tokenizer, add, max_new=first_and_tool + 3)
+    assert (
+        int(batch["response_mask"][0].sum())
+        == len(tokenizer.encode(TURNS[0], add_special_tokens=False)) + 1 + 3
+    )
+    assert rollouts[0].trajectory.finish == "max_total_tokens"
+
+
+def test_an_environments_reward_is_reported_under_its_class_name(tokenizer) -> None:
+    """``reset(**row)`` gets the row (its observation lands in the prompt), the scripted turns call
+    ``increment`` and stop, and each trajectory's ``get_reward()`` is averaged as ``tools/reward_Counter``."""
+    engine = Scripted(tokenizer, [call("increment", '{"by": 2}'), "Done."])
+    spec = ToolSpec([], Counter, ToolsConfig(max_total_tokens=4096, timeout_s=5.0))
+    rows = [{**ROW, "target": 2}, {**ROW, "target": 3}]
+    params = SamplingParams(200, 1.0, 1.0, greedy=False, n=1)
+    batch, rollouts = tool_rollouts(engine, tokenizer, rows, spec, params, seed=0, prompt_width=W)
+    assert [r.reward for r in rollouts] == [1.0, 0.0] and {r.environment for r in rollouts} == {"Counter"}
+    assert "target 2" in tokenizer.decode(batch["input_ids"][0, :W][batch["attention_mask"][0, :W].bool()])
+    assert trajectory_metrics(rollouts)["tools/reward_Counter"] == 0.5

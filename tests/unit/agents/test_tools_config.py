@@ -1,0 +1,36 @@
+"""``tools:`` in ``Config``: what a run with tools needs, each refusal in one line naming the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from dockflow.config import ConfigError, load_config
+
+TOOL = "tools.functions=[tests.unit.agents.tools_for_tests:add]"
+
+
+def test_the_response_must_fit_in_the_trajectory() -> None:
+    with pytest.raises(ConfigError, match="tools.max_total_tokens=8 must exceed rollout.max_new_tokens=8"):
+        load_config(None, [TOOL, "data.chat_template=true", "tools.max_total_tokens=8"])
+
+
+def test_no_tools_by_default_and_a_tool_run_validates() -> None:
+    assert not load_config(None).tools.enabled
+    cfg = load_config(None, [TOOL, "data.chat_template=true"])
+    assert cfg.tools.enabled and cfg.tools.functions == ["tests.unit.agents.tools_for_tests:add"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ([], "data.chat_template"),
+        (["data.chat_template=true", "engine.backend=vllm"], "engine.backend"),
+        (
+            ["data.chat_template=true", "placement.mode=disaggregated", "rollout.partial.token_budget=64"],
+            "rollout.partial.token_budget",
+        ),
+    ],
+)
+def test_what_the_tool_loop_cannot_run_is_refused(extra: list[str], named: str) -> None:
+    with pytest.raises(ConfigError, match=f"tools are configured but {named}"):
+        load_config(None, [TOOL, *extra])
