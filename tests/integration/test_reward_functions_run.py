@@ -94,12 +94,34 @@ def _reward_processes() -> set[str]:
     return set(found.stdout.split())
 
 
-def test_a_conversational_dataset_trains_with_trls_think_format_reward(tiny_config, tmp_path: Path) -> None:
+USER_TOOLS = textwrap.dedent('''
+    def calculator(a: int, op: str, b: int) -> int:
+        """Add or subtract two integers.
+
+        Args:
+            a: The first integer.
+            op: "+" or "-".
+            b: The second integer.
+        """
+        return a + b if op == "+" else a - b
+''')
+
+
+def test_a_conversational_dataset_with_a_calculator_tool_trains_with_trls_think_format_reward(
+    tiny_config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The issue's run: prompts as lists of messages, rendered by the tiny tokenizer's chat template in rollouts and
     evaluation, scored by the built-in verifier and by TRL's own ``think_format_reward`` (which needs conversational
-    completions), unchanged."""
+    completions), unchanged; the actor runs the multi-turn tool loop with a calculator tool whose module exists
+    only in the test's temporary directory (shipped to the Ray workers as reward modules are), and the
+    per-trajectory tool metrics reach MLflow every iteration. Two iterations teach the tiny model nothing: this
+    checks the wiring; ``tests/unit/agents/test_tool_rollouts.py`` checks the mask."""
     import json
 
+    where = tmp_path / "user_code"
+    where.mkdir()
+    (where / "calc_tools.py").write_text(USER_TOOLS)
+    monkeypatch.syspath_prepend(str(where))  # importable by the driver only: Ray must ship it
     rows = [{"prompt": [{"role": "system", "content": "Answer with the number."},
                         {"role": "user", "content": f"What is {a} + {b}?"}], "answer": a + b}
             for a in range(10) for b in range(4)]
@@ -108,10 +130,14 @@ def test_a_conversational_dataset_trains_with_trls_think_format_reward(tiny_conf
     functions = "[{name: math_verify}, {path: 'trl.rewards:think_format_reward', weight: 0.1}]"
     cfg = tiny_config("conversational", 2, reward__functions=functions, data__chat_template="true",
                       data__source="file", data__train_path=str(data), data__test_path=str(data),
-                      data__arithmetic__num_val=8, sft__enabled=False, checkpoint__every=0, eval__num_prompts=8)
+                      data__arithmetic__num_val=8, sft__enabled=False, checkpoint__every=0, eval__num_prompts=8,
+                      tools__functions="[calc_tools:calculator]", tools__max_total_tokens=160, tools__max_turns=2)
     summary = train(cfg)
     uri = resolve_tracking_uri(cfg.tracking.uri, cfg.run.output_dir)
-    for key in ("rewards/math_verify/mean", "rewards/think_format_reward/mean", "reward/mean"):
-        assert [step for step, _ in read_metric_history(uri, summary["mlflow_run_id"], key)] == [1, 2], key
-    assert all(v == 0.0 for _, v in read_metric_history(uri, summary["mlflow_run_id"], "rewards/think_format_reward/mean"))
-    assert [s for s, _ in read_metric_history(uri, summary["mlflow_run_id"], "eval/test_accuracy")] == [0, 2]
+    run_id = summary["mlflow_run_id"]
+    for key in ("rewards/math_verify/mean", "rewards/think_format_reward/mean", "reward/mean", "tools/turns",
+                "tools/tool_calls", "tools/tool_errors", "tools/timeouts", "tools/tool_token_share"):
+        assert [step for step, _ in read_metric_history(uri, run_id, key)] == [1, 2], key
+    assert all(v == 0.0 for _, v in read_metric_history(uri, run_id, "rewards/think_format_reward/mean"))
+    assert all(1.0 <= v <= 2.0 for _, v in read_metric_history(uri, run_id, "tools/turns"))
+    assert [s for s, _ in read_metric_history(uri, run_id, "eval/test_accuracy")] == [0, 2]
