@@ -22,7 +22,9 @@ from dockflow.tracking import read_metric_history, resolve_tracking_uri
 
 pytestmark = pytest.mark.slow
 
-# config -> metrics that only this algorithm logs (each must reach MLflow for both iterations)
+# config -> metrics that only this algorithm logs (each must reach MLflow for both iterations). GRPO runs in
+# test_train_loop.py; RLOO and Dr. GRPO take GRPO's path through the workers with another advantage or loss
+# normalisation, which their unit tests cover (tests/unit/algos/); `python -m benchmarks.algos` trains them all.
 ALGORITHMS = {
     "ppo": ("critic/value_loss", "train/pg_loss"),
     "pf_ppo": ("critic/value_loss", "train/pg_loss"),
@@ -30,8 +32,6 @@ ALGORITHMS = {
     "dpo": ("train/dpo_margin", "train/dpo_reward_accuracy"),
     "dapo": ("dapo/kept_groups", "dapo/rounds"),  # dynamic sampling: generate and score rounds in one generate task
     "gspo": ("train/seq_ratio_mean", "train/pg_loss"),  # the sequence-level ratio
-    "rloo": ("train/pg_loss",),
-    "dr_grpo": ("train/pg_loss",),  # added through its recipe alone (issue 26)
 }
 
 
