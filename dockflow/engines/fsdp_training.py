@@ -21,8 +21,6 @@ Between stage calls the engine rests in the generation state (after construction
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -40,10 +38,10 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.utils._pytree import tree_map_only
 
 from dockflow.engines.base import LossFn
+from dockflow.engines.swapped_generation import SwappedGeneration
 from dockflow.engines.torch_training import TorchTrainingEngine
 from dockflow.reshard import (
     DEFAULT_BUCKET_BYTES,
-    HostSwap,
     MemoryLedger,
     ModelPartition,
     ParallelLayout,
@@ -87,7 +85,7 @@ def full_value(t: torch.Tensor) -> torch.Tensor:
     return full() if callable(full) else t
 
 
-class FSDPTrainingEngine(TorchTrainingEngine):
+class FSDPTrainingEngine(SwappedGeneration, TorchTrainingEngine):
     """This rank's FSDP2 shard of the policy, its AdamW state, and the plain generation copy."""
 
     def __init__(
@@ -152,35 +150,6 @@ class FSDPTrainingEngine(TorchTrainingEngine):
         self._reshard = None
         self._update_state().track(self.ledger)
         self.ledger.record("swapped back", phase="update")
-
-    @contextmanager
-    def _update_on_device(self) -> Iterator[None]:
-        """The update state on the device for the block; afterwards the engine is in the state it was in (the
-        generation weights stay valid: the update weights do not change in between)."""
-        result = self._reshard
-        if result is None or result.swap is None:
-            yield
-            return
-        result.swap.swap_back()
-        try:
-            yield
-        finally:
-            result.swap = HostSwap.swap_out(self._update_state().all_tensors(), self.device)
-
-    def generation_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The reshard (collective on every rank): full weights of ``generation_model``."""
-        self._to_generation()
-        for name, p in self.generation_model.named_parameters():
-            yield name, p.detach()
-
-    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return self.generation_weights()
-
-    def memory_metrics(self) -> dict[str, float]:
-        """The ledger since the last call as ``memory/rank<r>/<phase>/<category>_bytes``; starts a new one."""
-        metrics = {f"memory/rank{self.rank}/{k.removeprefix('memory/')}": v for k, v in self.ledger.to_metrics().items()}
-        self.ledger = MemoryLedger(self.device, self.rank)  # the next reshard tracks what it moves
-        return metrics
 
     # -- training (every rank calls these the same number of times) ---------------------------------------
 

@@ -23,8 +23,6 @@ Backend types stay in here; tensors in and out are plain torch tensors in the ro
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,11 +43,11 @@ from dockflow.engines.megatron.schedule import (
     pipeline_forward_backward,
     pipeline_response_log_probs,
 )
+from dockflow.engines.swapped_generation import SwappedGeneration
 from dockflow.engines.torch_training import load_metrics
 from dockflow.reshard import (
     DEFAULT_BUCKET_BYTES,
     MEGATRON_VOCAB_MULTIPLE,
-    HostSwap,
     MemoryLedger,
     ModelPartition,
     ParallelLayout,
@@ -70,7 +68,7 @@ def _groups() -> tuple[Any, Any, Any]:
     return ps.get_data_parallel_group(), ps.get_model_parallel_group(), ps.get_pipeline_model_parallel_group()
 
 
-class MegatronTrainingEngine(MegatronPersistence, TrainingEngine):
+class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEngine):
     """This rank's TP / PP shard of the policy, its AdamW state, and the HF generation copy."""
 
     def __init__(
@@ -300,32 +298,3 @@ class MegatronTrainingEngine(MegatronPersistence, TrainingEngine):
         self._reshard = None
         self._update_state().track(self.ledger)
         self.ledger.record("swapped back", phase="update")
-
-    @contextmanager
-    def _update_on_device(self) -> Iterator[None]:
-        """The update state on the device for the block, then back in the state it was in (the generation
-        weights stay valid: the update weights do not change in between)."""
-        result = self._reshard
-        if result is None or result.swap is None:
-            yield
-            return
-        result.swap.swap_back()
-        try:
-            yield
-        finally:
-            result.swap = HostSwap.swap_out(self._update_state().all_tensors(), self.device)
-
-    def generation_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The reshard (collective on every rank): full HF-named weights of ``generation_model``."""
-        self._to_generation()
-        for name, param in self.generation_model.named_parameters():
-            yield name, param.detach()
-
-    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return self.generation_weights()
-
-    def memory_metrics(self) -> dict[str, float]:
-        """The ledger since the last call as ``memory/rank<r>/<phase>/<category>_bytes``; starts a new one."""
-        metrics = {f"memory/rank{self.rank}/{k.removeprefix('memory/')}": v for k, v in self.ledger.to_metrics().items()}
-        self.ledger = MemoryLedger(self.device, self.rank)
-        return metrics
