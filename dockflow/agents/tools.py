@@ -19,7 +19,6 @@ counted as errors; results are ``str(result)`` as in TRL.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import multiprocessing
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +27,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from dockflow.agents.environments import environment_methods
+from dockflow.user_code import import_user_callable
 
 
 class ToolError(RuntimeError):
@@ -46,18 +46,7 @@ class ToolOutcome:
 
 def import_tool(path: str) -> Callable[..., Any]:
     """The function (or environment class) at ``module:attribute``; a ToolError naming the path otherwise."""
-    module_name, _, attr = path.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - any import failure of the user's module is reported the same way
-        raise ToolError(
-            f"tool {path!r}: cannot import module {module_name!r} ({type(exc).__name__}: {exc}); put it "
-            "on PYTHONPATH (or install it) where the run starts"
-        ) from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ToolError(f"tool {path!r}: module {module_name!r} has no callable {attr!r}")
-    return fn
+    return import_user_callable(path, "tool", ToolError, noun="callable")
 
 
 def tool_schema(fn: Callable[..., Any]) -> dict[str, Any]:

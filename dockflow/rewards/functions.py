@@ -15,7 +15,6 @@ completions are strings for a standard dataset; for a conversational one (its fi
 
 from __future__ import annotations
 
-import importlib
 import math
 import sys
 import sysconfig
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dockflow.data.messages import is_conversational
+from dockflow.user_code import import_user_callable
 
 if TYPE_CHECKING:
     from dockflow.config.reward import RewardConfig, RewardFunctionConfig
@@ -62,18 +62,7 @@ def function_path(fn: RewardFunctionConfig) -> str:
 
 def import_function(path: str) -> Callable[..., Any]:
     """The callable at ``module:function``; a RewardError with the reason when it cannot be imported."""
-    module_name, _, attr = path.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - any import failure of the user's module is reported the same way
-        raise RewardError(
-            f"reward function {path!r}: cannot import module {module_name!r} ({type(exc).__name__}: {exc}); put it on "
-            "PYTHONPATH (or install it) where the run starts"
-        ) from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise RewardError(f"reward function {path!r}: module {module_name!r} has no function {attr!r}")
-    return fn
+    return import_user_callable(path, "reward function", RewardError)
 
 
 def check_functions(reward: RewardConfig) -> None:
