@@ -37,7 +37,7 @@ def prepare_initial_model(cfg: Config, store: Any, work_dir: Path, tracking_uri:
         from dockflow.models.sft import SFTInputs, sft_warm_start
 
         inputs = SFTInputs(cfg.model, cfg.data, cfg.sft, cfg.checkpoint, cfg.run.seed, cfg.rollout.max_new_tokens,
-                           cfg.eval.batch_size)
+                           cfg.eval.batch_size, cfg.tools)
         res = sft_warm_start(inputs, work_dir)
         stage_model(res.model_dir, dest, cfg.checkpoint)
         return dest, {"sft/val_accuracy": res.val_accuracy, "sft/cached": float(res.cached)}
