@@ -46,7 +46,8 @@ def prepare_initial_model(cfg: Config, store: Any, work_dir: Path, tracking_uri:
     from dockflow.models.factory import build_tiny_model, save_pretrained_dir
     from dockflow.models.tokenizer import build_task_tokenizer
 
-    tok = build_task_tokenizer(cfg.data, cfg.run.seed, cfg.model.tiny.tokenizer_merges, cfg.checkpoint)
+    tok = build_task_tokenizer(cfg.data, cfg.run.seed, cfg.model.tiny.tokenizer_merges, cfg.checkpoint,
+                               tools=cfg.tools.enabled)
     model = build_tiny_model(cfg.model.tiny, tok, seed=cfg.run.seed)
     with tempfile.TemporaryDirectory(prefix="dockflow-tiny-") as tmp:
         stage_model(save_pretrained_dir(model, tok, Path(tmp) / "model"), dest, cfg.checkpoint)

@@ -1,8 +1,8 @@
 """The tiny tokenizer's chat template (``data.chat_template: true``): role tokens, Qwen-style tools.
 
-Each turn is a role token, its text and ``<|end|>``, which is also the tokenizer's EOS (as Qwen's instruct
-tokenizers end every turn with ``<|im_end|>``, their EOS), so a model turn ends exactly where the template ends
-it. With ``tools=`` (``apply_chat_template(messages, tools=schemas)``, the JSON schemas of
+Each turn is a role token, its text and ``<|end|>``; a tool run's tokenizer also has ``<|end|>`` as its EOS (as
+Qwen's instruct tokenizers end every turn with ``<|im_end|>``, their EOS), so a model turn ends exactly where the
+template ends it, and the tool tokens (``with_chat_template``). With ``tools=`` (``apply_chat_template(messages, tools=schemas)``, the JSON schemas of
 ``transformers.utils.get_json_schema``) the template lists the tools in the system turn, one signature each
 (name, parameters with their JSON types, ``?`` after an optional one, the description: a tiny model's context
 is short, so not the whole schema), and renders calls and results in Qwen2.5's format, which
@@ -28,7 +28,7 @@ CHAT_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
 # Single tokens, not special (decoding keeps them, so a decoded turn still shows its calls), as in Qwen2.5.
 TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 END_OF_TURN = "<|end|>"
-TINY_CHAT_VERSION = 2  # 1: role tokens only, turns ended by <eos>; 2: tool tokens and tools, <|end|> as the EOS
+TINY_CHAT_VERSION = 1  # of the tool run's tiny chat tokenizer and template (in the SFT cache key of tool runs)
 
 TINY_CHAT_TEMPLATE = (
     "{%- set sys = messages[0]['content'] if messages and messages[0]['role'] == 'system' else none -%}"

@@ -103,9 +103,8 @@ def sft_cache_key(inputs: SFTInputs) -> str:
         "sft": inputs.sft.model_dump(exclude={"cache_dir", *(() if inputs.sft.demonstrations else ("demonstrations",))}),
         "max_new_tokens": inputs.max_new_tokens,
     }
-    if data.chat_template and not path:  # the tiny chat tokenizer's version (tool tokens, <|end|> as EOS)
-        key["tiny_chat"] = TINY_CHAT_VERSION
     if inputs.tools.enabled:  # the tools, the loop's limits, and the code of the tools and demonstrations
+        key["tiny_chat"] = TINY_CHAT_VERSION  # the tiny tool template's version
         key["tools"] = inputs.tools.model_dump(exclude={"record_bytes"})
         key["code"] = code_fingerprints([*inputs.tools.paths, *filter(None, [inputs.sft.demonstrations])])
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -134,7 +133,8 @@ def _initial_model(
         path = fetch_model(m.path, inputs.storage) if is_s3_uri(m.path) else m.path
         return load_model_and_tokenizer(path, dtype=m.dtype)
     extra = demos.corpus(with_chat_template(build_char_tokenizer())) if demos is not None else []
-    tokenizer = build_task_tokenizer(inputs.data, inputs.seed, m.tiny.tokenizer_merges, inputs.storage, extra)
+    tokenizer = build_task_tokenizer(inputs.data, inputs.seed, m.tiny.tokenizer_merges, inputs.storage, extra,
+                                     tools=inputs.tools.enabled)
     return build_tiny_model(m.tiny, tokenizer, seed=inputs.seed, dtype=m.dtype), tokenizer
 
 

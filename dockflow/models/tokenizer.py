@@ -81,13 +81,16 @@ def build_char_tokenizer(corpus: Iterable[str] | None = None, num_merges: int = 
     )
 
 
-def with_chat_template(tokenizer: PreTrainedTokenizerFast) -> PreTrainedTokenizerFast:
-    """``tokenizer`` with the chat tokens (special), the tool tokens (not special, as in Qwen2.5), ``<|end|>`` as
-    its EOS and ``TINY_CHAT_TEMPLATE`` (``dockflow.models.chat_template``); returns it."""
+def with_chat_template(tokenizer: PreTrainedTokenizerFast, tools: bool = True) -> PreTrainedTokenizerFast:
+    """``tokenizer`` with the chat tokens (special) and ``TINY_CHAT_TEMPLATE`` (``dockflow.models.chat_template``);
+    for a run with ``tools`` also the tool tokens (not special, as in Qwen2.5) and ``<|end|>`` as its EOS, so a
+    model turn ends where the template ends it. Without tools the vocabulary and EOS stay as they were before
+    tools existed (the model's init and its SFT do not move). Returns it."""
     tokenizer.add_special_tokens({"additional_special_tokens": list(CHAT_TOKENS)})
-    tokenizer.add_tokens(list(TOOL_TOKENS))
-    tokenizer.eos_token = END_OF_TURN
     tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    if tools:
+        tokenizer.add_tokens(list(TOOL_TOKENS))
+        tokenizer.eos_token = END_OF_TURN
     return tokenizer
 
 
@@ -105,12 +108,14 @@ def build_task_tokenizer(
     merges: int,
     storage: CheckpointConfig | None = None,
     extra_corpus: Sequence[str] = (),
+    *,
+    tools: bool = False,
 ) -> PreTrainedTokenizerFast:
     """The tiny model's tokenizer: characters plus ``merges`` merges (``model.tiny.tokenizer_merges``) learned
     from the templated train prompts and answers of ``data`` (its files fetched with ``storage``'s S3 settings)
     and ``extra_corpus`` (a tool run's rendered demonstrations: ``corpus_pieces``); deterministic: the same
-    inputs give the same tokenizer. With ``data.chat_template`` also the chat and tool tokens, ``<|end|>`` as EOS
-    and ``TINY_CHAT_TEMPLATE`` (``with_chat_template``)."""
+    inputs give the same tokenizer. With ``data.chat_template`` also the chat tokens and ``TINY_CHAT_TEMPLATE``, and
+    for a run with ``tools`` the tool tokens and ``<|end|>`` as EOS (``with_chat_template``)."""
     from dockflow.data import apply_template, load_task
     from dockflow.data.messages import prompt_text
 
@@ -119,5 +124,5 @@ def build_task_tokenizer(
               + ex.answer for ex in task.train]
     tokenizer = build_char_tokenizer([*corpus, *corpus_pieces(extra_corpus)], merges)
     if data.chat_template:  # only then: new tokens change the tiny model's vocabulary, hence its init
-        with_chat_template(tokenizer)
+        with_chat_template(tokenizer, tools)
     return tokenizer
