@@ -118,5 +118,6 @@ class MegatronPersistence:
             moments = {key: self._local_from_hf(saved[key]) for key in ADAM_MOMENTS}
             for name, param in params.items():
                 self.optimizer.state[param] = {"step": torch.tensor(saved["step"]),
-                                               **{key: moments[key][name].clone() for key in ADAM_MOMENTS}}
+                                               **{key: moments[key][name].to(param.device, copy=True)
+                                                  for key in ADAM_MOMENTS}}
         self._to_generation()

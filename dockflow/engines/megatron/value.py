@@ -106,14 +106,16 @@ class MegatronCriticEngine(MegatronTrainingEngine):
         self._init_ranks(tp, pp, seed, device)
         self.spec = critic_spec(model.config)
         state = model.state_dict()
-        self.model = build_value_model(self.spec, tp=tp, pp=pp, bias=HF_HEAD + "bias" in state)
+        self.model = build_value_model(self.spec, tp=tp, pp=pp, bias=HF_HEAD + "bias" in state).to(self.device)
         mg.load_full_state(self.model, critic_to_megatron(state, self.spec), self.spec)
         del state
-        self.generation_model = model.eval()
+        for p in model.parameters():  # filled when read (``policy_module``): no second copy on the device
+            p.data = torch.empty(0, dtype=p.dtype, device=self.device)
+        self.generation_model = model.to(self.device).eval()  # its buffers on the device
         self.temperature = 1.0
         self._init_training(lr, weight_decay, grad_clip, infer_batch_size)
         self._head = response_values
-        self._gathered = True  # the HF copy holds the current weights (it was the source)
+        self._gathered = False
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **engine_args: Any) -> MegatronCriticEngine:
