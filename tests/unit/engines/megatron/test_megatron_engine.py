@@ -276,5 +276,5 @@ def test_a_checkpoint_of_another_engine_is_one_clear_error(tmp_path):
     from dockflow.storage import CheckpointError
 
     gathered = {"model": {}, "optimizer": {}}  # what another engine's worker part holds
-    with pytest.raises(CheckpointError, match=r"part 'actor' holds no megatron checkpoint .*train\.engine"):
+    with pytest.raises(CheckpointError, match=r"part 'actor' holds no dist_checkpointing checkpoint .*train\.engine"):
         MegatronPersistence().load_state(LocalCheckpointStore(tmp_path, keep=1), 3, "actor", gathered)
