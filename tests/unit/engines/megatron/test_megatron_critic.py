@@ -19,20 +19,17 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from fixtures.engine_batches import critic_batch, value_loss
 from fixtures.tiny_models import tiny_decoder
-from tensordict import TensorDict
 from torch import nn
 
-from dockflow.algos import clipped_value_loss
 from dockflow.engines.logprobs import response_values
 from dockflow.engines.torch_training import TorchTrainingEngine
 from dockflow.models import build_char_tokenizer, load_critic, save_pretrained_dir
 from dockflow.storage import LocalCheckpointStore
 
-RESPONSE = 5
 NAME = "qwen2_tied"  # the policy's tied embedding is the trunk's input embedding only
 ENGINE_ARGS = dict(lr=1e-3, weight_decay=0.1, grad_clip=0.5, infer_batch_size=3)
-VALUE_CLIP = 0.05
 
 
 def make_critic(policy: Path) -> nn.Module:
@@ -41,31 +38,6 @@ def make_critic(policy: Path) -> nn.Module:
     with torch.no_grad():
         critic.score.weight.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(5))
     return critic
-
-
-def critic_batch(values: torch.Tensor | None = None) -> TensorDict:
-    """4 rollouts, prompt 6 + response 5 (left-padded prompts, responses of 5, 3, 1, 5 tokens), with returns and
-    old values a little off ``values`` (so the value clipping bites on some tokens)."""
-    gen = torch.Generator().manual_seed(3)
-    ids = torch.randint(1, 40, (4, 6 + RESPONSE), generator=gen)
-    mask = torch.ones_like(ids)
-    mask[0, :2] = 0
-    mask[2, :4] = 0
-    for row, length in enumerate([5, 3, 1, 5]):
-        mask[row, 6 + length :] = 0
-    response_mask = mask[:, -RESPONSE:].clone()
-    batch = TensorDict({"input_ids": ids, "attention_mask": mask, "responses": ids[:, -RESPONSE:].clone(),
-                        "response_mask": response_mask}, batch_size=[4])
-    if values is not None:
-        batch["returns"] = torch.randn(4, RESPONSE, generator=gen) * response_mask
-        batch["values"] = (values + 0.1 * torch.randn(values.shape, generator=gen)) * response_mask
-    return batch
-
-
-def value_loss(values: torch.Tensor, micro: TensorDict, tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
-    loss, clip_fraction = clipped_value_loss(values, micro["values"], micro["returns"], micro["response_mask"],
-                                             VALUE_CLIP, token_denom=tokens)
-    return loss, {"critic/value_loss": float(loss.detach()), "critic/clip_fraction": float(clip_fraction)}
 
 
 def _one_update(engine) -> dict:

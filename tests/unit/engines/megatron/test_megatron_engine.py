@@ -19,48 +19,16 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from fixtures.engine_batches import grpo_loss, rollout_batch, with_old_log_probs
 from fixtures.tiny_models import tiny_decoder
-from tensordict import TensorDict
 
-from dockflow.config import Config
 from dockflow.engines.torch_training import TorchTrainingEngine
 from dockflow.reshard import UPDATE_STATE, measured_redundant_bytes
 from dockflow.storage import LocalCheckpointStore
 
-RESPONSE = 5
 NAMES = ("qwen2_tied", "qwen3")  # tied embedding (a last-stage copy at PP=2); q/k norms reduced over TP
 DP_MODEL = "qwen3"  # at TP=2 x DP=2: its q/k norm grads are summed over TP, then every grad over DP
 ENGINE_ARGS = dict(lr=1e-3, weight_decay=0.1, grad_clip=0.5, infer_batch_size=3, temperature=0.7)
-
-
-def rollout_batch() -> TensorDict:
-    """4 rollouts, prompt 6 + response 5 (left-padded prompts, responses of 5, 3, 1, 5 tokens), with GRPO's columns."""
-    gen = torch.Generator().manual_seed(3)
-    ids = torch.randint(1, 40, (4, 6 + RESPONSE), generator=gen)
-    mask = torch.ones_like(ids)
-    mask[0, :2] = 0
-    mask[2, :4] = 0
-    for row, length in enumerate([5, 3, 1, 5]):
-        mask[row, 6 + length :] = 0
-    response_mask = mask[:, -RESPONSE:].clone()
-    return TensorDict({
-        "input_ids": ids, "attention_mask": mask, "responses": ids[:, -RESPONSE:].clone(),
-        "response_mask": response_mask, "advantages": torch.tensor([1.0, -0.5, 0.8, -1.2]),
-    }, batch_size=[4])
-
-
-def with_old_log_probs(batch: TensorDict, logp: torch.Tensor) -> TensorDict:
-    """Old / reference log-probs a little off the current ones, so the ratio clips on some tokens."""
-    noise = 0.3 * torch.randn(logp.shape, generator=torch.Generator().manual_seed(1))
-    batch = batch.clone()
-    batch["old_log_prob"] = (logp + noise) * batch["response_mask"]
-    batch["ref_log_prob"] = (logp - noise) * batch["response_mask"]
-    return batch
-
-
-def grpo_loss():
-    cfg = Config(algorithm={"name": "grpo", "kl_coef": 0.05})
-    return lambda logp, micro, tokens: cfg.algorithm.recipe.policy_loss(cfg, logp, micro, tokens)
 
 
 def _weights(engine) -> dict[str, torch.Tensor]:
