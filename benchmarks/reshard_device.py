@@ -26,9 +26,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from benchmarks.reshard_records import finish_generation
 from benchmarks.results_file import write_results
 from dockflow.reshard import (
-    UPDATE_STATE,
     MemoryLedger,
     ModelPartition,
     ParallelLayout,
@@ -91,22 +91,14 @@ def run_once(method: str, meta: dict[str, Any], device: torch.device, groups: Re
         result = allgather_swap(state, partition, LAYOUT, LAYOUT, groups, bucket_bytes=bucket_bytes, ledger=ledger,
                                 arena=arena)
     accel.synchronize(device)
-    ready = ledger.snapshots("generation")[-1]
     peaks = ledger.to_metrics()  # the ledger resets the allocator's peak at each step it records
     record = {
         "allocated_before_bytes": before,
         "allocated_in_generation_bytes": accel.memory_allocated(device),
         "allocator_peak_bytes": max(peaks.get(f"memory/{phase}/allocator_peak_bytes", 0) for phase in
                                     ("reshard", "generation")),
-        "gen_weights_bytes": ready.by_category["generation_weights"],
-        "update_state_bytes_in_gen": sum(ready.by_category[c] for c in UPDATE_STATE),
-        "reshard_s": result.reshard_s, "swap_s": result.swap_s, "swap_back_s": 0.0, "host_bytes": 0,
+        **finish_generation(result, ledger),
     }
-    if result.swap is not None:
-        record["host_bytes"] = result.swap.host_bytes
-        result.swap.swap_back(timeout=600)
-        record["swap_back_s"] = result.swap.swap_back_s
-    result.release_generation(ledger)
     del state, result, ledger
     gc.collect()
     accel.empty_cache()
