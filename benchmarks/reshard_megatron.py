@@ -27,9 +27,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from benchmarks.reshard_records import finish_generation
 from dockflow.reshard import (
     MEGATRON_VOCAB_MULTIPLE,
-    UPDATE_STATE,
     MemoryLedger,
     ModelPartition,
     ParallelLayout,
@@ -83,22 +83,13 @@ def run_once(method: str, state: UpdateState, partition: ModelPartition, groups:
         result = naive_reshard(state, partition, update, gen, groups, ledger=ledger)
     else:
         result = allgather_swap(state, partition, update, gen, groups, bucket_bytes=bucket_bytes, ledger=ledger)
-    ready = ledger.snapshots("generation")[-1]
     record = {
         "gen_peak_bytes": ledger.peak("generation"),
-        "gen_weights_bytes": ready.by_category["generation_weights"],
-        "update_state_bytes_in_gen": sum(ready.by_category[c] for c in UPDATE_STATE),
         "reshard_peak_bytes": ledger.peak("reshard"),
         "redundant_bytes": measured_redundant_bytes(state.weights.values(), result.generation_weights.values(), "cpu"),
         "temp_peak_bytes": result.temp_peak_bytes, "buckets": result.buckets,
-        "reshard_s": result.reshard_s, "swap_s": result.swap_s, "swap_back_s": 0.0, "host_bytes": 0,
     }
-    if result.swap is not None:
-        record["host_bytes"] = result.swap.host_bytes
-        result.swap.swap_back(timeout=600)
-        record["swap_back_s"] = result.swap.swap_back_s
-    result.release_generation(ledger)
-    return record
+    return {**record, **finish_generation(result, ledger)}
 
 
 def worker(rank: int, store: str, layout: tuple[int, int], models: list[str], options: dict[str, int],

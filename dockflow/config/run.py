@@ -164,7 +164,7 @@ class Config(Section):
         self._check_megatron()
         if tc.actor_ranks == 1:
             return
-        layout = f"train.dp={tc.dp}" if tc.engine == "fsdp" else f"train.engine=megatron (tp={tc.tp}, pp={tc.pp})"
+        layout = f"train.dp={tc.dp}" if tc.engine == "fsdp" else f"train.engine=megatron (tp={tc.tp}, pp={tc.pp}, dp={tc.dp})"
         refused = {
             "placement.mode=disaggregated": self.placement.mode == "disaggregated",
             f"algorithm.name={self.algorithm.name} (offline pairs)": self.algorithm.recipe.offline,
@@ -182,16 +182,11 @@ class Config(Section):
                              "rollout.prompts_per_iter must be >= it")
 
     def _check_megatron(self) -> None:
-        """train.tp / train.pp only with the megatron engine, which runs one data-parallel group for now."""
+        """train.tp / train.pp only with the megatron engine."""
         tc = self.train
-        if tc.engine != "megatron":
-            if tc.tp > 1 or tc.pp > 1:
-                raise ValueError(f"train.tp={tc.tp} / train.pp={tc.pp} split the model with megatron: set "
-                                 "train.engine=megatron (fsdp parallelises by train.dp only)")
-            return
-        if tc.dp > 1:
-            raise ValueError(f"train.engine=megatron runs train.dp=1 for now (got {tc.dp}): parallelise with "
-                             "train.tp / train.pp")
+        if tc.engine != "megatron" and (tc.tp > 1 or tc.pp > 1):
+            raise ValueError(f"train.tp={tc.tp} / train.pp={tc.pp} split the model with megatron: set "
+                             "train.engine=megatron (fsdp parallelises by train.dp only)")
 
     def _check_engine(self) -> None:
         """engine.backend against engine.device, and what vLLM's log-probs can stand for."""

@@ -197,7 +197,8 @@ class TrainConfig(Section):
         ge=1,
         description="Data-parallel ranks of the actor's update: 1 = one worker (plain torch); W >= 2 = W actor "
         "workers training with FSDP2 over torch.distributed (gloo on CPU), resharded to a full copy per rank for "
-        "generation by allgather-swap (docs/reshard.md). train.mini_batch_size must divide by it.",
+        "generation by allgather-swap (docs/reshard.md); with train.engine=megatron, W replicas of the tp x pp "
+        "model, each taking its own share of every batch. train.mini_batch_size must divide by it.",
     )
     reshard_bucket_mb: float = Field(
         64.0, gt=0.0, description="dp >= 2: size of one allgather bucket when resharding for generation (MiB)."
@@ -205,7 +206,7 @@ class TrainConfig(Section):
     engine: Literal["fsdp", "megatron"] = Field(
         "fsdp",
         description="The actor's training engine: fsdp = plain torch (dp 1) or FSDP2 (dp >= 2); megatron = "
-        "megatron-core with train.tp x train.pp ranks (docs/engines.md), each an actor worker; dp must be 1 for now.",
+        "megatron-core on train.dp replicas of train.tp x train.pp ranks (docs/engines.md), each an actor worker.",
     )
     tp: int = Field(1, ge=1, description="train.engine=megatron: tensor-parallel ranks of the policy (and of PPO's critic).")
     pp: int = Field(1, ge=1, description="train.engine=megatron: pipeline-parallel stages of the policy (and of PPO's critic).")

@@ -4,8 +4,8 @@ cost_model) and ``engine.device`` the device (cpu, cuda, npu: ``devices.py``).
 ``create_engines`` is the only constructor the workers call. Backends: transformers generation, or vLLM /
 vLLM-Ascend (``vllm_generation.py``, imported only when chosen); plain-torch training on one process
 (``train.dp: 1``), FSDP2 over the actor's data-parallel process group (``train.dp >= 2``,
-``fsdp_training.py``), or megatron-core over TP x PP ranks (``train.engine: megatron``, ``megatron/training.py``).
-MindSpeed is not built (see docs/engines.md).
+``fsdp_training.py``), or megatron-core over DP x TP x PP ranks (``train.engine: megatron``,
+``megatron/training.py``). MindSpeed: only its adaptor import (``megatron/cpu.py``), never run (docs/engines.md).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def create_engines(
     tc = inputs.train
     common = dict(lr=tc.lr, weight_decay=tc.weight_decay, grad_clip=tc.grad_clip, infer_batch_size=tc.infer_batch_size,
                   temperature=inputs.rollout.temperature, device=device)
-    if tc.engine == "megatron":  # TP x PP ranks of megatron-core; generation on the HF copy of the gathered weights
+    if tc.engine == "megatron":  # DP x TP x PP ranks of megatron-core; generation on the HF copy of the gathered weights
         from dockflow.engines.megatron.training import MegatronTrainingEngine
 
         train = MegatronTrainingEngine(model, tp=tc.tp, pp=tc.pp, seed=inputs.seed, **common)

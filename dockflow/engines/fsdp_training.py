@@ -130,7 +130,8 @@ class FSDPTrainingEngine(SwappedGeneration, TorchTrainingEngine):
         if self._reshard is not None:
             return
         result = allgather_swap(self._update_state(), self.partition, self.update_layout, self.gen_layout,
-                                self.groups, bucket_bytes=self.bucket_bytes, ledger=self.ledger)
+                                self.groups, bucket_bytes=self.bucket_bytes, ledger=self.ledger,
+                                arena=self._host_arena())
         params = dict(self.generation_model.named_parameters())
         for name, weight in result.generation_weights.items():
             params[name].data = weight  # by reference: tied weights share one Parameter, so they follow
@@ -157,21 +158,22 @@ class FSDPTrainingEngine(SwappedGeneration, TorchTrainingEngine):
         return shard_model(model)
 
     def _total_tokens(self, batch: TensorDict) -> float:
-        tokens = batch["response_mask"].sum().to(torch.float64)
+        tokens = batch["response_mask"].sum().to(self.device, torch.float64)  # nccl reduces device tensors only
         dist.all_reduce(tokens)
         return float(tokens.clamp(min=1))
 
     def _reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         """Each rank's metrics are weighted by its share of the global tokens: their sum is the global mean."""
         keys = sorted(metrics)
-        values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
+        values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=self.device)
         dist.all_reduce(values)
         return dict(zip(keys, values.tolist(), strict=True))
 
     def _rank_loads(self, load: torch.Tensor) -> torch.Tensor:
+        load = load.to(self.device)
         loads = [torch.zeros_like(load) for _ in range(dist.get_world_size())]
         dist.all_gather(loads, load)
-        return torch.stack(loads)
+        return torch.stack(loads).cpu()
 
     def _clip_grads(self) -> torch.Tensor:
         self._update_state().track(self.ledger)  # the grads exist now

@@ -14,11 +14,13 @@ from contextlib import contextmanager
 
 import torch
 
-from dockflow.reshard import HostSwap, MemoryLedger
+from dockflow.reshard import HostSwap, MemoryLedger, PinnedArena
 
 
 class SwappedGeneration:
     """Mixin of the resharding training engines (``FSDPTrainingEngine``, ``MegatronTrainingEngine``)."""
+
+    _arena: PinnedArena | None = None  # made on first use by ``_host_arena``
 
     @contextmanager
     def _update_on_device(self) -> Iterator[None]:
@@ -32,7 +34,16 @@ class SwappedGeneration:
         try:
             yield
         finally:
-            result.swap = HostSwap.swap_out(self._update_state().all_tensors(), self.device)
+            result.swap = HostSwap.swap_out(self._update_state().all_tensors(), self.device, arena=self._host_arena())
+
+    def _host_arena(self) -> PinnedArena | None:
+        """The pinned host bytes every swap-out of this engine reuses (on an accelerator; None on CPU, where the
+        host copy is new memory each time and the freed storages really shrink the process)."""
+        if self.device.type == "cpu":
+            return None
+        if self._arena is None:
+            self._arena = PinnedArena(self.device)
+        return self._arena
 
     def generation_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The reshard (collective on every rank): full (HF-named) weights of ``generation_model``."""

@@ -105,6 +105,17 @@ class LogProbDrift:
         self.max = max(self.max, float(diff.max()))
         self.tokens += int(keep.sum())
 
+    @classmethod
+    def merged(cls, drifts: list[LogProbDrift]) -> LogProbDrift:
+        """One drift of several ranks' (each compared its own share of the samples)."""
+        out = cls()
+        for drift in drifts:
+            out.abs_sum += drift.abs_sum
+            out.mult_sum += drift.mult_sum
+            out.max = max(out.max, drift.max)
+            out.tokens += drift.tokens
+        return out
+
     def metrics(self) -> dict[str, float]:
         """Mean and max absolute difference, and the mean of exp(|difference|) (1 = identical); none when no
         token was compared."""

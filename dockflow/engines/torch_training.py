@@ -80,7 +80,7 @@ class TorchTrainingEngine(TrainingEngine):
         out: dict[str, float] = {}
         positions = 0  # token positions the forward passes compute: real tokens plus the padding left in
         for i in range(0, batch.batch_size[0], micro_batch_size):
-            micro = batch[i : i + micro_batch_size]
+            micro = batch[i : i + micro_batch_size].to(self.device)  # the loss reads its columns next to logp
             positions += padded_positions(micro)
             logp = self._forward(micro)
             loss, metrics = loss_fn(logp, micro, tokens)

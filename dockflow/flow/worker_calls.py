@@ -53,13 +53,14 @@ def _generate_on_actor_ranks(workers: Workers, iteration: int, prompt_ids: list[
 
 
 def actor_ranks(workers: Workers) -> list[Any]:
-    """Every actor rank's handle (one unless train.dp >= 2); a bare handle set without ``actors`` has one."""
+    """Every actor rank's handle (train.actor_ranks: dp x tp x pp); a bare handle set without ``actors`` has one."""
     return getattr(workers, "actors", None) or [workers.actor]
 
 
 def on_actor_ranks(workers: Workers, stage: str, method: str, *args: Any) -> Refs:
-    """Call ``method`` on every actor rank (collective under train.dp >= 2): ``stage`` for rank 0, ``stage/k``
-    for rank k; their metrics merge (the ranks' train metrics are already reduced over the group)."""
+    """Call ``method`` on every actor rank (collective with several): ``stage`` for rank 0, ``stage/k`` for rank k;
+    their metrics merge (rank 0 reports the stage's, over every rank's share; the others only their own
+    ``memory/rank<k>/...``)."""
     ranks = actor_ranks(workers)
     return {stage if k == 0 else f"{stage}/{k}": getattr(a, method).remote(*args) for k, a in enumerate(ranks)}
 

@@ -11,6 +11,7 @@ from dockflow.reshard.allgather_swap import DEFAULT_BUCKET_BYTES, allgather_swap
 from dockflow.reshard.blocks import Block, BlockMap
 from dockflow.reshard.gather import ReshardResult
 from dockflow.reshard.groups import ReshardGroups
+from dockflow.reshard.host_arena import PinnedArena
 from dockflow.reshard.layout import ParallelLayout, RankCoords
 from dockflow.reshard.ledger import CATEGORIES, UPDATE_STATE, MemoryLedger, Snapshot, storage_bytes
 from dockflow.reshard.megatron import MEGATRON_RULES, MEGATRON_VOCAB_MULTIPLE, global_names, megatron_rules
@@ -39,7 +40,8 @@ from dockflow.reshard.swap import HostSwap
 __all__ = [
     "CATEGORIES", "DEFAULT_BUCKET_BYTES", "DEFAULT_RULES", "KINDS", "MEGATRON_RULES", "MEGATRON_VOCAB_MULTIPLE",
     "UPDATE_STATE", "Block", "Eq3Inputs",
-    "HostSwap", "MemoryLedger", "ModelPartition", "ParallelLayout", "ParamMeta", "PartitionRules", "RankCoords",
+    "HostSwap", "MemoryLedger", "ModelPartition", "ParallelLayout", "ParamMeta", "PartitionRules", "PinnedArena",
+    "RankCoords",
     "ReshardGroups", "ReshardResult", "BlockMap", "Snapshot", "StageRules", "UnknownParameterError", "UpdateState",
     "allgather_swap", "eq3_inputs", "global_names", "measured_redundant_bytes", "megatron_rules", "naive_reshard",
     "param_meta",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dockflow.reshard.gather import ReshardResult, run_reshard
 from dockflow.reshard.groups import ReshardGroups
+from dockflow.reshard.host_arena import PinnedArena
 from dockflow.reshard.layout import ParallelLayout
 from dockflow.reshard.ledger import MemoryLedger
 from dockflow.reshard.rules import ModelPartition
@@ -25,15 +26,17 @@ DEFAULT_BUCKET_BYTES = 64 * 1024 * 1024
 
 def allgather_swap(state: UpdateState, partition: ModelPartition, update: ParallelLayout, gen: ParallelLayout,
                    groups: ReshardGroups, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                   ledger: MemoryLedger | None = None, pin_memory: bool | None = None) -> ReshardResult:
-    """This rank's generation weights; the update state is on the host until ``result.swap.swap_back()``."""
+                   ledger: MemoryLedger | None = None, pin_memory: bool | None = None,
+                   arena: PinnedArena | None = None) -> ReshardResult:
+    """This rank's generation weights; the update state is on the host until ``result.swap.swap_back()``
+    (in ``arena``'s pinned bytes when given: an engine's, reused every iteration)."""
     device = state.device
     if ledger is not None:
         state.track(ledger)
         ledger.record("start", phase="reshard")
     result = run_reshard("allgather_swap", state.local_weights(), partition, update, gen, groups,
                          bucket_bytes=bucket_bytes, alias=False, device=device, ledger=ledger)
-    result.swap = HostSwap.swap_out(state.all_tensors(), device, pin_memory=pin_memory)
+    result.swap = HostSwap.swap_out(state.all_tensors(), device, pin_memory=pin_memory, arena=arena)
     result.swap_s = result.swap.swap_out_s
     if ledger is not None:
         ledger.record("swapped", phase="reshard")

@@ -20,6 +20,7 @@ from types import ModuleType
 import torch
 
 from dockflow.reshard.accelerator import accelerator_of
+from dockflow.reshard.host_arena import PinnedArena
 
 
 def _as_bytes(storage: torch.UntypedStorage) -> torch.Tensor:
@@ -31,9 +32,10 @@ class HostSwap:
     """Device storages swapped to host; ``swap_back`` (or ``start_swap_back`` to overlap) restores them."""
 
     def __init__(self, device: torch.device, entries: list[tuple[torch.UntypedStorage, torch.Tensor]],
-                 seconds: float) -> None:
+                 seconds: float, arena: PinnedArena | None = None) -> None:
         self.device = device
         self._entries = entries
+        self._arena = arena
         self.host_bytes = sum(host.numel() for _, host in entries)
         self.swap_out_s = seconds
         self.swap_back_s: float | None = None
@@ -42,8 +44,9 @@ class HostSwap:
 
     @classmethod
     def swap_out(cls, tensors: Iterable[torch.Tensor], device: torch.device | str,
-                 pin_memory: bool | None = None) -> HostSwap:
-        """Copy the storages of ``tensors`` that live on ``device`` to host, then release them on the device."""
+                 pin_memory: bool | None = None, arena: PinnedArena | None = None) -> HostSwap:
+        """Copy the storages of ``tensors`` that live on ``device`` to host, then release them on the device.
+        ``arena``: pinned host bytes reused from swap to swap (``host_arena.py``); else new host buffers."""
         device = torch.device(device)
         accel = accelerator_of(device)
         pin = accel is not None if pin_memory is None else pin_memory
@@ -60,15 +63,17 @@ class HostSwap:
             raise ValueError(f"{len(fixed)} of {len(storages)} storages to swap cannot be resized (shared with numpy or "
                              "created from external memory), so their device memory could not be released")
         entries = []
-        for storage in storages.values():
-            host = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=pin)
+        hosts = (arena.slices([s.nbytes() for s in storages.values()]) if arena is not None else
+                 [torch.empty(s.nbytes(), dtype=torch.uint8, pin_memory=pin) for s in storages.values()])
+        pin = pin or arena is not None
+        for storage, host in zip(storages.values(), hosts, strict=True):
             host.copy_(_as_bytes(storage), non_blocking=pin)
             entries.append((storage, host))
         if accel is not None:
             accel.synchronize(device)  # the host copies must be complete before the device memory goes
         for storage, _ in entries:
             storage.resize_(0)
-        return cls(device, entries, time.perf_counter() - started)
+        return cls(device, entries, time.perf_counter() - started, arena)
 
     @property
     def done(self) -> bool:
@@ -103,6 +108,8 @@ class HostSwap:
                 with accel.device(self.device):
                     self._restore_async(accel)
             self._entries = []  # the host copies are no longer needed
+            if self._arena is not None:
+                self._arena.release()
             self.swap_back_s = time.perf_counter() - started
             self._future.set_result(None)
         except BaseException as err:  # noqa: BLE001 - handed to whoever waits on the future

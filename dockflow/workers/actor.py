@@ -5,9 +5,11 @@ policy's tensors, so resharding is a no-op on one process). With ``train.dp`` = 
 workers, ranks of one process group: each generates for its share of the prompts on a plain copy of the
 policy, takes an equal share of every batch for old log-probs and the FSDP2 update, and the states cycle
 update -> reshard (allgather-swap) -> generate -> swap back -> update (``engines/fsdp_training.py``). With
-``train.engine: megatron`` there are tp x pp actor workers, megatron ranks of one model: each generates for its
-share of the prompts on its full HF copy, and rank 0 reads the dock for log-probs and the update and passes every
-batch to the others (``model_parallel``). Every method reads its inputs from the
+``train.engine: megatron`` there are dp x tp x pp actor workers, megatron ranks of dp replicas of one model: each
+generates for its share of the prompts on its full HF copy; for log-probs and the update the first rank of each
+replica's model group reads the replica's share of every batch from the dock and passes it to its TP / PP peers
+(``model_parallel``). Multi-rank metrics are rank 0's (summed over the replicas' readers where each counts its own
+share), plus each rank's memory ledger. Every method reads its inputs from the
 transfer dock and writes its outputs back; the driver passes only iteration numbers and prompt indices.
 The loss is the algorithm's (its recipe's ``policy_loss``: the clipped surrogate of the policy-gradient
 algorithms, GSPO's sequence-level one, DPO's on the pairs the pair source put into the dock).
@@ -38,7 +40,7 @@ from dockflow.models import load_model_and_tokenizer
 from dockflow.storage.objects import fetch_model
 from dockflow.workers.consume import WaitClock, consume
 from dockflow.workers.dp_group import join_dp_group
-from dockflow.workers.model_parallel import shared_stream
+from dockflow.workers.model_parallel import ModelReplica, from_readers, model_group, shared_stream
 from dockflow.workers.rollout import PromptTable, generate_into_dock
 from dockflow.workers.rollout_queue import staleness_bound
 from dockflow.workers.runtime import ModelWorker
@@ -65,16 +67,17 @@ class ActorWorker(ModelWorker):
     def __init__(self, cfg: Config, model_dir: str, dock: TransferDock, rank: int = 0, dp_key: str = ""):
         """``rank`` of ``train.actor_ranks`` actor ranks; with several (with megatron, even one) the ranks first
         join one process group, found under ``dp_key`` (see ``dp_group``), and train with FSDP2 (dp >= 2) or
-        megatron (tp x pp)."""
+        megatron (dp x tp x pp)."""
         super().__init__(cfg, dock)
         self.rank, self.dp = rank, cfg.train.dp
         world = cfg.train.actor_ranks
         if world > 1 or cfg.train.engine == "megatron":  # megatron's parallel state needs a group, even of one rank
             join_dp_group(rank, world, dp_key, cfg.ray.init_timeout_s, cfg.train.stage_timeout_s,
                           backend=process_group_backend(cfg.engine.device))  # gloo / nccl / hccl
-        # megatron's ranks split one model: rank 0 reads the dock and passes every batch on (``model_parallel``)
-        self.model_parallel = cfg.train.engine == "megatron" and world > 1
-        self.reads_dock = not self.model_parallel or rank == 0
+        # dp replicas (FSDP2's ranks: tp = pp = 1) of a tp x pp model; a megatron model group splits one replica:
+        # its first rank reads the replica's share of the dock and passes every batch on (``model_parallel``)
+        self.replica = ModelReplica(rank, cfg.train.tp, cfg.train.pp, cfg.train.dp)
+        self.model_group = model_group(self.replica)
         model, self.tokenizer = load_model_and_tokenizer(fetch_model(model_dir, cfg.checkpoint), dtype=cfg.model.dtype)
         inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed)
         self.train_engine, self.gen_engine = create_engines(inputs, model, self.tokenizer, cpus=cfg.ray.actor_cpus)
@@ -91,6 +94,11 @@ class ActorWorker(ModelWorker):
 
     def ready(self) -> bool:
         return True
+
+    @property
+    def reads_dock(self) -> bool:
+        """Whether this rank reads the dock for its replica (every FSDP2 rank; a megatron model group's first)."""
+        return self.replica.reads_dock
 
     @property
     def policy(self):
@@ -129,8 +137,9 @@ class ActorWorker(ModelWorker):
             current = torch.as_tensor(batch.meta["policy_version"]) == self.policy_version
             if bool(current.any()):
                 drift.add(batch.data["rollout_log_prob"][current], logp[current], batch.data["response_mask"][current])
+        drift = LogProbDrift.merged(from_readers(drift, self.replica))  # every replica's share
         out = {"timing/old_log_prob_s": time.perf_counter() - start, "timing/old_log_prob_wait_s": waited.seconds}
-        return {**out, **drift.metrics()} if self.reads_dock else out
+        return self._report({**out, **drift.metrics()})
 
     def update(self, iteration: int) -> dict[str, float]:
         """Train on the iteration's samples with the algorithm's loss: mini-batches as they become ready, then
@@ -145,7 +154,7 @@ class ActorWorker(ModelWorker):
         # balanced by response length across the ranks when seqlen_balance is on
         request = DockRequest("actor_update", tc.mini_batch_size // self.dp, tuple(self.columns["actor_update"]),
                               whole_groups=paired, window=self.cfg.dock_window(iteration),
-                              dp_share=(self.rank, self.dp) if balance and self.dp > 1 else None)
+                              dp_share=(self.replica.index, self.dp) if balance and self.dp > 1 else None)
         staleness = StalenessCounter(self.policy_version, staleness_bound(self.cfg))
         mini_batches = None
         if self.reads_dock:
@@ -158,21 +167,29 @@ class ActorWorker(ModelWorker):
             return self.recipe.policy_loss(self.cfg, logp, micro, tokens)
 
         out = train_epochs(self.train_engine, self._shared(mini_batches), loss_fn, tc.epochs, tc.micro_batch_size)
-        if self.reads_dock:  # the other model-parallel ranks saw no samples of their own to count
-            out.update(staleness.metrics())
+        # the replicas' readers counted their own shares; their peers saw no samples of their own
+        out.update(StalenessCounter.merged(from_readers(staleness, self.replica)).metrics())
         out.update(self.train_engine.memory_metrics())
         self.policy_version += 1
         out["timing/update_s"] = time.perf_counter() - start
         out["timing/update_wait_s"] = waited.seconds
         out["train/policy_version"] = float(self.policy_version)
-        return out
+        return self._report(out)
 
     def _shared(self, items: Iterable[T] | None) -> Iterable[T]:
-        """``items`` as they are (each rank reads its own), or megatron's ranks: rank 0's, passed to every rank."""
-        if not self.model_parallel:
+        """``items`` as they are (each rank reads its own), or megatron's model groups: each reader's, passed to its
+        TP / PP peers."""
+        if not self.replica.shares_batches:
             assert items is not None
             return items
-        return shared_stream(items, self.reads_dock)
+        return shared_stream(items, self.reads_dock, self.model_group, src=self.replica.peers[0])
+
+    def _report(self, metrics: dict[str, float]) -> dict[str, float]:
+        """What this rank reports of a stage: everything on rank 0 (the stages merge the ranks' results, later
+        ones winning a shared key), only its own ``memory/rank<r>/...`` ledger on the other ranks."""
+        if self.rank == 0:
+            return metrics
+        return {k: v for k, v in metrics.items() if k.startswith(f"memory/rank{self.rank}/")}
 
     def publish_weights(self) -> tuple[dict[str, float], dict[str, Any]]:
         """For the generator workers (disaggregated placement): (metrics with the policy version, the version and
@@ -191,7 +208,7 @@ class ActorWorker(ModelWorker):
         probe = self.sync_checker.next_probe(self.policy, len(self.tokenizer))
         if probe is not None:  # WeightSyncError stops the run when the generation engine's weights are not ours
             out[SYNC_CHECK] = self.gen_engine.check_sync(probe)
-        return out
+        return self._report(out)
 
     def _scoring(self) -> EvalInputs:
         cfg = self.cfg

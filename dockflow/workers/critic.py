@@ -25,7 +25,7 @@ from dockflow.models import load_critic
 from dockflow.storage.objects import fetch_model
 from dockflow.workers.consume import consume
 from dockflow.workers.dp_group import join_dp_group
-from dockflow.workers.model_parallel import shared_stream
+from dockflow.workers.model_parallel import ModelReplica, shared_stream
 from dockflow.workers.runtime import ModelWorker
 from dockflow.workers.training import length_sorted, train_epochs
 
@@ -45,8 +45,9 @@ class CriticWorker(ModelWorker):
         if cfg.train.engine == "megatron":  # megatron's parallel state needs a group, even of one rank
             join_dp_group(rank, world, group_key, cfg.ray.init_timeout_s, cfg.train.stage_timeout_s,
                           backend=process_group_backend(cfg.engine.device), role="critic")
-        self.model_parallel = world > 1
-        self.reads_dock = rank == 0
+        # one replica of a tp x pp value model (a torch critic: one rank): rank 0 reads the dock for it
+        self.replica = ModelReplica(rank, cfg.train.tp, cfg.train.pp) if world > 1 else ModelReplica(rank)
+        self.reads_dock = self.replica.reads_dock
         self.columns = cfg.plan.role("critic").reads  # its states' dock columns
         self.section = cfg.plan.section("critic", CriticSection)  # the algorithm's critic settings
         inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed)
@@ -105,7 +106,7 @@ class CriticWorker(ModelWorker):
 
     def _shared(self, items: Iterable[T] | None) -> Iterable[T]:
         """``items`` as they are (one rank), or megatron's ranks: rank 0's, passed to every rank."""
-        if not self.model_parallel:
+        if not self.replica.shares_batches:
             assert items is not None
             return items
         return shared_stream(items, self.reads_dock)

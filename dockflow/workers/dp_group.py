@@ -1,5 +1,5 @@
 """The actor's data-parallel process group: W actor workers join one torch.distributed group (gloo on CPU); with
-``train.engine: megatron`` the actor's TP x PP ranks join one, and the critic's ranks another of their own.
+``train.engine: megatron`` the actor's DP x TP x PP ranks join one, and the critic's ranks another of their own.
 
 Rank 0 starts the rendezvous store on a free port of its node and publishes ``host:port`` in Ray's key-value
 store under a key unique to this set of workers (a restarted set gets a new one); the other ranks wait for it,

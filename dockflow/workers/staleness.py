@@ -36,6 +36,15 @@ class StalenessCounter:
             self.dropped += int(stale.sum())
         return data
 
+    @classmethod
+    def merged(cls, counters: list[StalenessCounter]) -> StalenessCounter:
+        """One counter of several ranks' (each counted its own share of the update's samples)."""
+        out = cls(counters[0].version, counters[0].bound) if counters else cls(0, 0)
+        for counter in counters:
+            out.ages.update(counter.ages)
+            out.dropped += counter.dropped
+        return out
+
     def metrics(self) -> dict[str, float]:
         """Mean and max age, dropped samples, and how many samples had each age (``staleness/age_<k>``)."""
         total = sum(self.ages.values())

@@ -2,16 +2,20 @@
 Four runs also carry other features, to pay Ray's start-up once: REINFORCE++ runs disaggregated, one
 version stale, with truncated importance sampling; PF-PPO trains its actor on 2 data-parallel
 ranks (FSDP2, allgather-swap resharding, memory ledger) and resumes from its checkpoint; PPO trains its actor
-and its critic with the megatron engine on 2 tensor-parallel ranks each and resumes its checkpoint at TP=1; DPO trains the tiny Qwen3-MoE (from a fresh model: DPO's
+and its critic with the megatron engine, iteration 1 on 2 tensor-parallel ranks each, iteration 2 resumed from that
+checkpoint at TP=1 on 2 data-parallel megatron replicas; DPO trains the tiny Qwen3-MoE (from a fresh model: DPO's
 offline pairs give a gradient without an SFT warm start).
 
 One local Ray cluster serves the whole module (``train`` joins it instead of starting its own).
 """
 
+import io
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 from fixtures.old_record import old_driver_dict, rewrite_driver_part
 from safetensors.torch import load_file
 
@@ -55,7 +59,7 @@ def run_overrides(algorithm: str) -> dict:
     if algorithm == "pf_ppo":
         extra["algorithm__pf_ppo__keep"] = 2  # G x keep = 8 = one mini-batch
         extra["train__dp"] = 2
-    if algorithm == "ppo":  # also the megatron engine: 2 actor and 2 critic ranks, each model split by TP
+    if algorithm == "ppo":  # also the megatron engine: 2 actor and 2 critic ranks, each model split by TP (then DP)
         extra |= {"train__engine": "megatron", "train__tp": 2}
     if algorithm == "reinforce_pp":  # also the asynchronous scheduler: a generator worker runs one version ahead
         extra |= {"placement__mode": "disaggregated", "train__max_staleness": 1, "placement__generator_cpus": 0}
@@ -66,7 +70,8 @@ def run_overrides(algorithm: str) -> dict:
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
 def test_two_iterations_train_the_policy(algorithm, ray_cluster, tiny_config):
     extra = run_overrides(algorithm)
-    cfg = tiny_config(algorithm, 2, config=f"configs/{algorithm}_arith.yaml", **extra)
+    # PPO's megatron run: iteration 1 at TP=2, then iteration 2 resumed from its checkpoint at TP=1 x DP=2
+    cfg = tiny_config(algorithm, 1 if algorithm == "ppo" else 2, config=f"configs/{algorithm}_arith.yaml", **extra)
     rank_weights: list[list[dict]] = []
     critics: list[list[str]] = []  # the critic workers Ray holds after each iteration
 
@@ -75,6 +80,11 @@ def test_two_iterations_train_the_policy(algorithm, ray_cluster, tiny_config):
         critics.append(critic_workers(cfg))
 
     summary = train(cfg, on_iteration=after_iteration)
+    if algorithm == "ppo":
+        cfg = tiny_config(algorithm, 2, config=f"configs/{algorithm}_arith.yaml",
+                          **(extra | {"train__tp": 1, "train__dp": 2}))
+        summary = train(cfg, resume=True, on_iteration=after_iteration)
+        assert summary["resumed_from"] == 1
 
     assert summary["iterations"] == 2 and summary["algorithm"] == algorithm
     before = load_file(str(Path(summary["initial_model"]) / "model.safetensors"))
@@ -98,15 +108,8 @@ def test_two_iterations_train_the_policy(algorithm, ray_cluster, tiny_config):
         assert any(".mlp.experts." in k for k in after), "not the MoE model"
     if algorithm == "pf_ppo":
         check_data_parallel_run(cfg, summary, rank_weights, uri)
-    if algorithm == "ppo":  # TP=2: both ranks generate with the same full policy, and the final model is it
-        assert critics == [[f"{cfg.run.name}-critic", f"{cfg.run.name}-critic-1"]] * 2, critics
-        check_megatron_critic(cfg, before)
-        assert len(rank_weights) == 2 and all(len(ranks) == 2 for ranks in rank_weights)
-        for first, second in rank_weights:
-            assert all(torch.equal(first[k], second[k]) for k in first), "the TP ranks hold different policies"
-        assert all(torch.equal(after[k], rank_weights[-1][0][k]) for k in rank_weights[-1][0])
-        resume_megatron_at_tp1(tiny_config(algorithm, 2, config=f"configs/{algorithm}_arith.yaml",
-                                           **(extra | {"train__tp": 1})), after)
+    if algorithm == "ppo":
+        check_megatron_run(cfg, summary, rank_weights, critics, before)
 
 
 def test_partial_rollout_parks_and_resumes_groups_across_two_generators(ray_cluster, tiny_config):
@@ -161,18 +164,32 @@ def test_a_run_resumed_with_generations_in_flight_repeats_and_loses_no_sample(ra
     assert all(torch.equal(final[k], after[k]) for k in final), "the resumed run's policy differs"
 
 
-def resume_megatron_at_tp1(cfg, final: dict[str, torch.Tensor]) -> None:
-    """The TP=2 run's checkpoint (iteration 2) holds each TP rank's shards as dist_checkpointing parts, no gathered
-    state; resumed with ``train.tp=1`` (one actor rank, no iteration left to run) the whole model loads from them:
-    the resumed run's final model is the TP=2 run's, bit for bit. The critic's part is layout-free: its one rank
-    loads it at TP=1."""
+def check_megatron_run(cfg, summary, rank_weights, critics, initial: dict[str, torch.Tensor]) -> None:
+    """Iteration 1 ran on two TP ranks of the policy and two of the critic; its checkpoint holds each rank's shards,
+    the actor's and the critic's, as dist_checkpointing parts, no gathered state. Iteration 2 resumed from it at
+    ``train.tp=1 train.dp=2``: two megatron replicas of the whole policy (each takes its half of every batch from
+    the dock, their grads summed) and one critic rank. Both layouts' ranks hold one policy after each iteration, the
+    final model is it, and the optimizers' steps went on from the checkpoint's (its AdamW state loaded at DP=2)."""
+    name = cfg.run.name
+    assert critics == [[f"{name}-critic", f"{name}-critic-1"], [f"{name}-critic"]], critics
+    assert len(rank_weights) == 2 and all(len(ranks) == 2 for ranks in rank_weights)
+    for first, second in rank_weights:
+        assert all(torch.equal(first[k], second[k]) for k in first), "the ranks hold different policies"
+    final = load_file(str(Path(summary["final_model"]) / "model.safetensors"))
+    assert all(torch.equal(final[k], rank_weights[-1][0][k]) for k in rank_weights[-1][0])
     store = run_store(cfg.checkpoint, cfg.run)
-    assert store.read_part(2, "actor", weights_only=False)["engine"] == {"dist_checkpoint": "actor.mcore"}
-    assert sum(p.startswith("actor.mcore.") and p.endswith(".distcp") for p in store.list_parts(2)) == 2
-    resumed = train(cfg, resume=True)
-    assert resumed["resumed_from"] == 2 and resumed["iterations"] == 2
-    again = load_file(str(Path(resumed["final_model"]) / "model.safetensors"))
-    assert again.keys() == final.keys() and all(torch.equal(again[k], final[k]) for k in final)
+    for part in ("actor", "critic"):
+        assert store.read_part(1, part, weights_only=False)["engine"] == {"dist_checkpoint": f"{part}.mcore"}
+        assert sum(p.startswith(f"{part}.mcore.") and p.endswith(".distcp") for p in store.list_parts(1)) == 2
+        steps = [dist_checkpoint_common(store, step, f"{part}.mcore")["optimizer"]["step"] for step in (1, 2)]
+        assert steps[0] > 0 and steps[1] == 2 * steps[0], (part, steps)
+    critic = dist_checkpoint_tensors(store, 2, "critic.mcore", ("output_layer.head.", "decoder.final_layernorm."))
+    assert critic["output_layer.head.weight"].abs().sum() > 0, "the critic's value head did not train"
+    assert not torch.equal(critic["decoder.final_layernorm.weight"], initial["model.norm.weight"]), \
+        "the critic's trunk did not train"
+    uri = resolve_tracking_uri(None, cfg.run.output_dir)
+    for key in ("train/dp_load_imbalance", "memory/rank1/update/grads_bytes"):  # the DP ranks' update, iteration 2
+        assert [s for s, _ in read_metric_history(uri, summary["mlflow_run_id"], key)] == [1, 2], key
 
 
 def critic_workers(cfg) -> list[str]:
@@ -184,13 +201,22 @@ def critic_workers(cfg) -> list[str]:
                   if a["name"] == prefix or a["name"].startswith(f"{prefix}-"))
 
 
-def check_megatron_critic(cfg, initial: dict[str, torch.Tensor]) -> None:
-    """TP=2: the checkpoint's gathered critic (rank 0 wrote it after a collective gather) trained: its value head
-    left zero and its trunk left the policy's initial weights."""
-    critic = run_store(cfg.checkpoint, cfg.run).read_part(2, "critic", weights_only=False)["engine"]["model"]
-    assert critic["score.weight"].abs().sum() > 0, "the critic's value head did not train"
-    trunk = [k for k in critic if k.startswith("model.") and k in initial]
-    assert trunk and all(not torch.equal(critic[k], initial[k]) for k in trunk), "the critic's trunk did not train"
+def dist_checkpoint_tensors(store, step: int, index: str, prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """The whole tensors whose keys start with ``prefixes`` in the dist_checkpointing checkpoint ``index`` of
+    ``step`` (its files rebuilt from the store's parts), read in this process by torch.distributed.checkpoint."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in store.read_part(step, index)["files"]:
+            (Path(tmp) / name).write_bytes(store.read_part(step, f"{index}.{name}").numpy().tobytes())
+        reader = dcp.FileSystemReader(tmp)
+        meta = reader.read_metadata().state_dict_metadata
+        state = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.items() if k.startswith(prefixes)}
+        dcp.load(state, storage_reader=reader, no_dist=True)
+    return state
+
+
+def dist_checkpoint_common(store, step: int, index: str) -> dict:
+    """The common (non-tensor) state of the dist_checkpointing checkpoint ``index`` of ``step``."""
+    return torch.load(io.BytesIO(store.read_part(step, f"{index}.common.pt").numpy().tobytes()), weights_only=False)
 
 
 def policy_of_each_rank(cfg) -> list[dict]:

@@ -105,11 +105,11 @@ def test_data_parallel_constraints_name_the_keys(overrides, message):
     [
         (["train.tp=2"], "train.tp=2 / train.pp=1 split the model with megatron: set train.engine=megatron"),
         (["train.pp=2"], "train.tp=1 / train.pp=2 split the model with megatron"),
-        (["train.engine=megatron", "train.tp=2", "train.dp=2"], "train.engine=megatron runs train.dp=1 for now"),
+        (["train.engine=megatron", "train.tp=2", "train.dp=3"], "train.dp=3 must divide train.mini_batch_size"),
         (["train.engine=megatron", "train.tp=2", "engine.backend=vllm"],
-         r"train.engine=megatron \(tp=2, pp=1\) .* not with engine.backend=vllm"),
-        (["train.engine=megatron", "train.pp=2", "placement.mode=disaggregated"],
-         r"train.engine=megatron \(tp=1, pp=2\) .* not with placement.mode=disaggregated"),
+         r"train.engine=megatron \(tp=2, pp=1, dp=1\) .* not with engine.backend=vllm"),
+        (["train.engine=megatron", "train.pp=2", "train.dp=2", "placement.mode=disaggregated"],
+         r"train.engine=megatron \(tp=1, pp=2, dp=2\) .* not with placement.mode=disaggregated"),
         (["train.engine=megatron", "train.tp=2", "train.pp=2", "rollout.prompts_per_iter=2", "rollout.group_size=128"],
          "its 4 actor ranks each generate for some prompts: rollout.prompts_per_iter must be >= it"),
         (["train.engine=mindspeed"], "invalid value for 'train.engine'"),
@@ -121,6 +121,8 @@ def test_megatron_layout_constraints_name_the_keys(overrides, message):
         load_config(EXAMPLE, overrides)
     cfg = load_config(EXAMPLE, ["train.engine=megatron", "train.tp=2", "train.pp=2"])
     assert cfg.train.actor_ranks == 4 and cfg.plan.role("actor").count == 4
+    cfg = load_config(EXAMPLE, ["train.engine=megatron", "train.tp=2", "train.dp=2"])  # 2 replicas of a TP=2 model
+    assert cfg.train.actor_ranks == 4 and cfg.plan.role("actor").count == 4 and cfg.train.critic_ranks == 2
     assert load_config(EXAMPLE, []).train.engine == "fsdp"
 
 

@@ -60,8 +60,10 @@ class MegatronPersistence:
         """Load the checkpoint :meth:`save_state` wrote (saved at any TP / PP) into this rank's shards and AdamW
         state, then reshard for generation."""
         if not isinstance(saved, dict) or DIST_CHECKPOINT not in saved:
-            raise CheckpointError(f"checkpoint {store.location(step)} part {part!r} holds no megatron checkpoint "
-                                  "(saved by another train.engine); resume it with the engine that saved it")
+            raise CheckpointError(f"checkpoint {store.location(step)} part {part!r} holds no dist_checkpointing "
+                                  "checkpoint (saved by another train.engine, or a megatron critic saved before its "
+                                  "checkpoints went through dist_checkpointing); resume it with the engine and "
+                                  "DockFlow version that saved it")
         self._to_update()
         load_checkpoint(store, step, self.model, self.optimizer, saved[DIST_CHECKPOINT])
         self._to_generation()
@@ -118,5 +120,6 @@ class MegatronPersistence:
             moments = {key: self._local_from_hf(saved[key]) for key in ADAM_MOMENTS}
             for name, param in params.items():
                 self.optimizer.state[param] = {"step": torch.tensor(saved["step"]),
-                                               **{key: moments[key][name].clone() for key in ADAM_MOMENTS}}
+                                               **{key: moments[key][name].to(param.device, copy=True)
+                                                  for key in ADAM_MOMENTS}}
         self._to_generation()

@@ -76,7 +76,7 @@ def pipeline_response_log_probs(
     with torch.no_grad():
         outputs = _run(model, micro, seq, True, lambda out, rows, ids: head(out, ids, keep_r))
     last = parallel_state.is_pipeline_last_stage()
-    logp = torch.cat(outputs) if last else torch.empty(input_ids.shape[0], keep_r)
+    logp = torch.cat(outputs) if last else torch.empty(input_ids.shape[0], keep_r, device=input_ids.device)
     return F.pad(_from_last_stage(logp), (0, response_width - keep_r))
 
 
@@ -99,7 +99,7 @@ def pipeline_forward_backward(
 
     outputs = _run(model, micro, seq, False, loss_of)
     last = parallel_state.is_pipeline_last_stage()
-    total = torch.stack([o["loss"] for o in outputs]).sum().reshape(1) if last else torch.zeros(1)
+    total = torch.stack([o["loss"] for o in outputs]).sum().reshape(1) if last else torch.zeros(1, device=input_ids.device)
     return float(_from_last_stage(total))
 
 

@@ -90,14 +90,14 @@ class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEng
         the generation copy. Initialises megatron's TP x PP groups over the default group unless already done."""
         self._init_ranks(tp, pp, seed, device)
         self.spec: DecoderSpec = spec_from_hf(model.config)
-        self.model = mg.build_gpt_model(self.spec, tp=tp, pp=pp)
+        self.model = mg.build_gpt_model(self.spec, tp=tp, pp=pp).to(self.device)
         full = hf_to_megatron(model.state_dict(), self.spec)
         mg.load_full_state(self.model, full, self.spec)
         self.partition = ModelPartition(param_meta(full), megatron_rules(self.spec.num_layers, self.spec.num_kv_heads))
         del full
-        self.generation_model = model.eval()
-        for p in self.generation_model.parameters():  # filled by each reshard
+        for p in model.parameters():  # filled by each reshard
             p.data = torch.empty(0, dtype=p.dtype, device=self.device)
+        self.generation_model = model.to(self.device).eval()  # its buffers (RoPE's frequencies) on the device
         self.temperature = temperature
         self._init_training(lr, weight_decay, grad_clip, infer_batch_size)
         self.update_layout = ParallelLayout(tp=tp, pp=pp, dp=self.dp, vocab_multiple=MEGATRON_VOCAB_MULTIPLE)
@@ -174,9 +174,11 @@ class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEng
         return torch.cat(parts)
 
     def _dp_sum(self, values: torch.Tensor) -> torch.Tensor:
+        """``values`` summed over the DP ranks, on the host (reduced on the device: nccl takes device tensors)."""
         if self.dp > 1:
+            values = values.to(self.device)
             dist.all_reduce(values, group=self._dp_group)
-        return values
+        return values.cpu()
 
     def _from_last_stage(self, obj: Any) -> Any:
         """The last pipeline stage's ``obj`` (a picklable value) on every stage."""
@@ -191,6 +193,7 @@ class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEng
         largest size up to ``micro_batch_size`` that divides it (the pipeline schedule runs equal micro-batches;
         the loss is normalised by the mini-batch's tokens, so the split does not change the step)."""
         self._to_update()
+        batch = batch.to(self.device)  # the loss reads the batch's columns next to the log-probs
         rows = batch.batch_size[0]
         micro_batch_size = max(d for d in range(1, min(micro_batch_size, rows) + 1) if rows % d == 0)
         self.model.train()
@@ -242,14 +245,15 @@ class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEng
     def _rank_loads(self, load: torch.Tensor) -> torch.Tensor:
         if self.dp == 1:
             return load.unsqueeze(0)
+        load = load.to(self.device)
         loads = [torch.zeros_like(load) for _ in range(self.dp)]
         dist.all_gather(loads, load, group=self._dp_group)
-        return torch.stack(loads)
+        return torch.stack(loads).cpu()
 
     def _clip_grads(self) -> torch.Tensor:
         """Clip every shard by the global grad norm over the TP x PP model (as ``clip_grad_norm_`` does on the full
         model); returns the norm before clipping. DP ranks hold equal grads by now, so their norms agree."""
-        squares = torch.zeros((), dtype=torch.float32)
+        squares = torch.zeros((), dtype=torch.float32, device=self.device)
         for p in self._norm_params:
             if p.grad is not None:
                 squares += p.grad.detach().float().pow(2).sum()
@@ -273,7 +277,8 @@ class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEng
         if self._reshard is not None:
             return
         result = allgather_swap(self._update_state(), self.partition, self.update_layout, self.gen_layout,
-                                self.groups, bucket_bytes=self.bucket_bytes, ledger=self.ledger)
+                                self.groups, bucket_bytes=self.bucket_bytes, ledger=self.ledger,
+                                arena=self._host_arena())
         # Fused q/k/v are split into new tensors: the HF dict replaces the megatron one, which frees its buffers.
         hf = megatron_to_hf(result.generation_weights, self.spec)
         result.generation_weights = hf

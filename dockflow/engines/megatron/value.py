@@ -6,6 +6,9 @@ the trunk ``model.*`` and the head ``score.weight`` (``score.bias`` where the fa
 the policy's megatron state (``convert.hf_to_megatron`` without ``lm_head``) and the head is
 ``output_layer.head.*``, replicated on every TP rank (the final hidden states are full on each), on the last
 pipeline stage. The head starts at zero like ``load_critic``'s; built from an HF critic it takes its weights.
+Checkpoints go through ``dist_checkpointing`` as the policy's (``persist.py``): the value model's sharded state dict
+is the trunk's sharding with the head replicated (``value_sharded_state_dict``), so a critic saved at one TP / PP
+loads at another.
 """
 
 from __future__ import annotations
@@ -14,12 +17,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from types import MethodType
 from typing import Any
 
 import torch
 from torch import nn
 
-from dockflow.engines.base import TrainingEngine
 from dockflow.engines.megatron import model as mg
 from dockflow.engines.megatron.convert import DecoderSpec, hf_to_megatron, megatron_to_hf, spec_from_hf
 from dockflow.engines.megatron.training import MegatronTrainingEngine
@@ -49,11 +52,23 @@ def critic_spec(config: Any) -> DecoderSpec:
     return replace(spec_from_hf(config), tied=False)
 
 
+def value_sharded_state_dict(model: Any, prefix: str = "", sharded_offsets: tuple = (), metadata: Any = None) -> Any:
+    """The value model's sharded state dict for ``dist_checkpointing``: megatron's default over its submodules (the
+    trunk sharded as the policy's; the head, a plain module, replicated over TP and DP). ``GPTModel``'s own adds
+    the vocabulary projection's padding flags to ``output_layer.weight``, which the head does not have (a
+    KeyError), and nothing else for an untied model without multi-token prediction."""
+    from megatron.core.transformer.module import MegatronModule
+
+    return MegatronModule.sharded_state_dict(model, prefix, sharded_offsets, metadata)
+
+
 def build_value_model(spec: DecoderSpec, tp: int = 1, pp: int = 1, bias: bool = True) -> Any:
-    """This rank's ``GPTModel`` with a :class:`ValueHead` for ``output_layer`` on the last stage."""
+    """This rank's ``GPTModel`` with a :class:`ValueHead` for ``output_layer`` on the last stage, checkpointed by
+    ``value_sharded_state_dict``."""
     model = mg.build_gpt_model(spec, tp=tp, pp=pp)
     if model.post_process:
         model.output_layer = ValueHead(spec.hidden_size, bias)
+    model.sharded_state_dict = MethodType(value_sharded_state_dict, model)
     return model
 
 
@@ -106,14 +121,16 @@ class MegatronCriticEngine(MegatronTrainingEngine):
         self._init_ranks(tp, pp, seed, device)
         self.spec = critic_spec(model.config)
         state = model.state_dict()
-        self.model = build_value_model(self.spec, tp=tp, pp=pp, bias=HF_HEAD + "bias" in state)
+        self.model = build_value_model(self.spec, tp=tp, pp=pp, bias=HF_HEAD + "bias" in state).to(self.device)
         mg.load_full_state(self.model, critic_to_megatron(state, self.spec), self.spec)
         del state
-        self.generation_model = model.eval()
+        for p in model.parameters():  # filled when read (``policy_module``): no second copy on the device
+            p.data = torch.empty(0, dtype=p.dtype, device=self.device)
+        self.generation_model = model.to(self.device).eval()  # its buffers on the device
         self.temperature = 1.0
         self._init_training(lr, weight_decay, grad_clip, infer_batch_size)
         self._head = response_values
-        self._gathered = True  # the HF copy holds the current weights (it was the source)
+        self._gathered = False
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **engine_args: Any) -> MegatronCriticEngine:
@@ -148,7 +165,3 @@ class MegatronCriticEngine(MegatronTrainingEngine):
     @contextmanager
     def _update_on_device(self) -> Iterator[None]:
         yield  # the update state never leaves the device here
-
-    # The run checkpoint holds the layout-free state (``state_dict``), loadable at any TP / PP.
-    save_state = TrainingEngine.save_state
-    load_state = TrainingEngine.load_state

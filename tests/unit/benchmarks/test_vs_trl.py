@@ -92,6 +92,17 @@ def test_async_mode_is_disaggregated_on_the_same_two_devices(tmp_path):
     assert sync.run.name != asy.run.name  # separate run directories
 
 
+def test_compare_takes_the_median_ratio_over_alternating_pairs():
+    base = {"setup": "tiny", "accuracy_gain": 0.1, "mode": "sync"}
+    results = []
+    for pair, (df, trl) in enumerate([(90.0, 100.0), (120.0, 100.0), (105.0, 100.0)]):
+        results += [{**base, "system": "dockflow", "pair": pair, "tps": df},
+                    {**base, "system": "trl", "pair": pair, "tps": trl}]
+    (c,) = compare(results)
+    assert c["pairs"] == 3 and c["tps_ratios"] == [0.9, 1.2, 1.05]
+    assert c["tps_ratio"] == 1.05 and c["throughput_target_met"] and not c["stretch_met"]
+
+
 def test_compare_has_one_row_per_dockflow_mode():
     base = {"setup": "tiny", "accuracy_gain": 0.1}
     results = [{**base, "system": "dockflow", "mode": "sync", "tps": 50.0},
@@ -99,4 +110,4 @@ def test_compare_has_one_row_per_dockflow_mode():
                {**base, "system": "trl", "mode": "sync", "tps": 100.0}]
     rows = {c["mode"]: c for c in compare(results)}
     assert rows["sync"]["tps_ratio"] == 0.5 and not rows["sync"]["throughput_target_met"]
-    assert rows["async"]["tps_ratio"] == 2.0 and rows["async"]["throughput_target_met"]
+    assert rows["async"]["tps_ratio"] == 2.0 and rows["async"]["throughput_target_met"] and rows["async"]["stretch_met"]

@@ -4,7 +4,7 @@ background thread, storages that cannot be released refused up front."""
 import pytest
 import torch
 
-from dockflow.reshard import HostSwap, MemoryLedger, UpdateState
+from dockflow.reshard import HostSwap, MemoryLedger, PinnedArena, UpdateState
 
 
 def _state() -> UpdateState:
@@ -63,3 +63,25 @@ def test_tensors_on_other_devices_are_left_alone():
     t = torch.randn(3)
     swap = HostSwap.swap_out([t], "meta")
     assert swap.host_bytes == 0 and t.untyped_storage().nbytes() == 12
+
+
+def test_an_arena_is_reused_swap_after_swap_and_holds_one_swap_at_a_time():
+    """The engines' path: one host buffer for every swap-out (pinned on an accelerator), grown only when a swap
+    needs more, refused while the last swap is still out."""
+    arena = PinnedArena("cpu")
+    state = _state()
+    before = _raw(state.all_tensors())
+    swap = HostSwap.swap_out(state.all_tensors(), "cpu", arena=arena)
+    host = arena._host
+    assert arena.busy and arena.nbytes >= swap.host_bytes
+    with pytest.raises(RuntimeError, match="swap it back first"):
+        HostSwap.swap_out(_state().all_tensors(), "cpu", arena=arena)
+    swap.swap_back(timeout=30)
+    assert not arena.busy
+    assert all(torch.equal(x, y) for x, y in zip(before, _raw(state.all_tensors()), strict=True))
+    for _ in range(2):  # the same bytes again: the same buffer
+        HostSwap.swap_out(state.all_tensors(), "cpu", arena=arena).swap_back(timeout=30)
+        assert arena._host is host
+    bigger = [torch.randn(4096)]
+    HostSwap.swap_out(bigger, "cpu", arena=arena).swap_back(timeout=30)
+    assert arena._host is not host and arena.nbytes >= 4096 * 4

@@ -3,7 +3,9 @@ gloo ranks at TP=2 and at PP=2, against ``TorchTrainingEngine`` with ``response_
 critic: values before and after one update with PPO's clipped value loss (2 micro-batches, clipping of the values
 and of the grad norm that both bite, AdamW with weight decay) agree within 1e-5, and so do the updated weights
 (gathered, HF critic names), the grad norm and the loss; the HF <-> megatron critic conversion round-trips exactly;
-the layout-free ``state_dict`` reloads and resumes bit-exactly and ``save_pretrained`` writes the HF critic.
+the layout-free ``state_dict`` reloads and resumes bit-exactly and ``save_pretrained`` writes the HF critic. The run
+checkpoint (``save_state``: each rank's shards through ``dist_checkpointing``, as the policy's) resumes bit-exactly
+at the same layout, and the TP=2 one loads at PP=2 (TP=1) with the same weights and AdamW moments.
 
 megatron is imported once before the forks (``test_megatron_ranks.py``).
 """
@@ -17,19 +19,17 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from fixtures.engine_batches import critic_batch, value_loss
 from fixtures.tiny_models import tiny_decoder
-from tensordict import TensorDict
 from torch import nn
 
-from dockflow.algos import clipped_value_loss
 from dockflow.engines.logprobs import response_values
 from dockflow.engines.torch_training import TorchTrainingEngine
 from dockflow.models import build_char_tokenizer, load_critic, save_pretrained_dir
+from dockflow.storage import LocalCheckpointStore
 
-RESPONSE = 5
 NAME = "qwen2_tied"  # the policy's tied embedding is the trunk's input embedding only
 ENGINE_ARGS = dict(lr=1e-3, weight_decay=0.1, grad_clip=0.5, infer_batch_size=3)
-VALUE_CLIP = 0.05
 
 
 def make_critic(policy: Path) -> nn.Module:
@@ -38,31 +38,6 @@ def make_critic(policy: Path) -> nn.Module:
     with torch.no_grad():
         critic.score.weight.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(5))
     return critic
-
-
-def critic_batch(values: torch.Tensor | None = None) -> TensorDict:
-    """4 rollouts, prompt 6 + response 5 (left-padded prompts, responses of 5, 3, 1, 5 tokens), with returns and
-    old values a little off ``values`` (so the value clipping bites on some tokens)."""
-    gen = torch.Generator().manual_seed(3)
-    ids = torch.randint(1, 40, (4, 6 + RESPONSE), generator=gen)
-    mask = torch.ones_like(ids)
-    mask[0, :2] = 0
-    mask[2, :4] = 0
-    for row, length in enumerate([5, 3, 1, 5]):
-        mask[row, 6 + length :] = 0
-    response_mask = mask[:, -RESPONSE:].clone()
-    batch = TensorDict({"input_ids": ids, "attention_mask": mask, "responses": ids[:, -RESPONSE:].clone(),
-                        "response_mask": response_mask}, batch_size=[4])
-    if values is not None:
-        batch["returns"] = torch.randn(4, RESPONSE, generator=gen) * response_mask
-        batch["values"] = (values + 0.1 * torch.randn(values.shape, generator=gen)) * response_mask
-    return batch
-
-
-def value_loss(values: torch.Tensor, micro: TensorDict, tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
-    loss, clip_fraction = clipped_value_loss(values, micro["values"], micro["returns"], micro["response_mask"],
-                                             VALUE_CLIP, token_denom=tokens)
-    return loss, {"critic/value_loss": float(loss.detach()), "critic/clip_fraction": float(clip_fraction)}
 
 
 def _one_update(engine) -> dict:
@@ -85,18 +60,29 @@ def _rank(rank: int, layout: tuple[int, int], tmp: str) -> None:
     out = _one_update(engine)
     state = engine.state_dict()
     hf = state["model"]
+    ckpt = LocalCheckpointStore(Path(tmp) / "ckpt", keep=2)
+    out["saved"] = engine.save_state(ckpt, 1, "critic")  # the run checkpoint: each rank's shards
+    out["parts"] = sorted(ckpt.commit(1, {"iteration": 1}).parts) if rank == 0 else None
     batch = critic_batch(out["values"])
     engine.train_mini_batch(batch, value_loss, micro_batch_size=2)
     second = {n: w.clone() for n, w in engine.named_weights()}
-    engine.load_state_dict(state)  # each rank takes its shards of the layout-free state back
-    out["reloaded_equal"] = all(torch.equal(w, hf[n]) for n, w in engine.named_weights())
-    engine.train_mini_batch(batch, value_loss, micro_batch_size=2)
-    out["resumed_equal"] = all(torch.equal(w, second[n]) for n, w in engine.named_weights())
+    for reload in (lambda: engine.load_state_dict(state), lambda: engine.load_state(ckpt, 1, "critic", out["saved"])):
+        reload()  # each rank takes its shards of the layout-free state, or of the dist checkpoint, back
+        out.setdefault("reloaded_equal", []).append(all(torch.equal(w, hf[n]) for n, w in engine.named_weights()))
+        engine.train_mini_batch(batch, value_loss, micro_batch_size=2)
+        out.setdefault("resumed_equal", []).append(all(torch.equal(w, second[n]) for n, w in engine.named_weights()))
     out["second"] = second
     engine.save_pretrained(Path(tmp) / "saved")  # the HF critic, gathered after the resumed update
     out["round_trip"] = all(torch.equal(t, hf[n]) for n, t in megatron_to_critic(critic_to_megatron(
         hf, engine.spec), engine.spec).items()) and len(hf) == len(megatron_to_critic(
         critic_to_megatron(hf, engine.spec), engine.spec))
+    if layout == (2, 1):  # the TP=2 checkpoint at PP=2: every weight and moment as saved
+        mg.destroy_model_parallel()
+        other = MegatronCriticEngine(make_critic(Path(tmp) / "policy"), tp=1, pp=2, **ENGINE_ARGS)
+        other.load_state(ckpt, 1, "critic", out["saved"])
+        out["at_pp2"] = other.state_dict()
+        out["state"] = state
+    out["layout"] = layout
     torch.save(out, Path(tmp) / f"rank{rank}.pt")
     dist.barrier()
     mg.destroy_model_parallel()
@@ -131,7 +117,20 @@ def test_values_and_one_update_equal_the_torch_critic(runs):
             torch.testing.assert_close(out["weights"][key], weight, rtol=0, atol=1e-5, msg=key)
             assert not torch.equal(weight, start[key]), key  # every weight moved, the head and the trunk
         assert out["round_trip"]
-        assert out["reloaded_equal"] and out["resumed_equal"]  # state_dict / load_state_dict resume bit-exactly
+        # state_dict / load_state_dict, and the dist checkpoint of save_state / load_state, resume bit-exactly
+        assert out["reloaded_equal"] == out["resumed_equal"] == [True, True]
+        assert out["saved"] == {"dist_checkpoint": "critic.mcore"}
+    parts = ranks[0]["parts"]
+    assert "critic.mcore" in parts and sum(p.startswith("critic.mcore.") and p.endswith(".distcp") for p in parts) == 2
+    for out in ranks:
+        assert ("at_pp2" in out) == (out["layout"] == (2, 1))
+        if "at_pp2" in out:
+            saved, loaded = out["state"], out["at_pp2"]
+            assert loaded["model"].keys() == saved["model"].keys()
+            assert all(torch.equal(loaded["model"][k], w) for k, w in saved["model"].items())
+            for key in ("exp_avg", "exp_avg_sq"):
+                assert all(torch.equal(loaded["optimizer"][key][k], m) for k, m in saved["optimizer"][key].items())
+            assert loaded["optimizer"]["step"] == saved["optimizer"]["step"] == 1.0
 
     from transformers import AutoModelForTokenClassification
 

@@ -19,47 +19,16 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from fixtures.engine_batches import grpo_loss, rollout_batch, with_old_log_probs
 from fixtures.tiny_models import tiny_decoder
-from tensordict import TensorDict
 
-from dockflow.config import Config
 from dockflow.engines.torch_training import TorchTrainingEngine
 from dockflow.reshard import UPDATE_STATE, measured_redundant_bytes
 from dockflow.storage import LocalCheckpointStore
 
-RESPONSE = 5
 NAMES = ("qwen2_tied", "qwen3")  # tied embedding (a last-stage copy at PP=2); q/k norms reduced over TP
+DP_MODEL = "qwen3"  # at TP=2 x DP=2: its q/k norm grads are summed over TP, then every grad over DP
 ENGINE_ARGS = dict(lr=1e-3, weight_decay=0.1, grad_clip=0.5, infer_batch_size=3, temperature=0.7)
-
-
-def rollout_batch() -> TensorDict:
-    """4 rollouts, prompt 6 + response 5 (left-padded prompts, responses of 5, 3, 1, 5 tokens), with GRPO's columns."""
-    gen = torch.Generator().manual_seed(3)
-    ids = torch.randint(1, 40, (4, 6 + RESPONSE), generator=gen)
-    mask = torch.ones_like(ids)
-    mask[0, :2] = 0
-    mask[2, :4] = 0
-    for row, length in enumerate([5, 3, 1, 5]):
-        mask[row, 6 + length :] = 0
-    response_mask = mask[:, -RESPONSE:].clone()
-    return TensorDict({
-        "input_ids": ids, "attention_mask": mask, "responses": ids[:, -RESPONSE:].clone(),
-        "response_mask": response_mask, "advantages": torch.tensor([1.0, -0.5, 0.8, -1.2]),
-    }, batch_size=[4])
-
-
-def with_old_log_probs(batch: TensorDict, logp: torch.Tensor) -> TensorDict:
-    """Old / reference log-probs a little off the current ones, so the ratio clips on some tokens."""
-    noise = 0.3 * torch.randn(logp.shape, generator=torch.Generator().manual_seed(1))
-    batch = batch.clone()
-    batch["old_log_prob"] = (logp + noise) * batch["response_mask"]
-    batch["ref_log_prob"] = (logp - noise) * batch["response_mask"]
-    return batch
-
-
-def grpo_loss():
-    cfg = Config(algorithm={"name": "grpo", "kl_coef": 0.05})
-    return lambda logp, micro, tokens: cfg.algorithm.recipe.policy_loss(cfg, logp, micro, tokens)
 
 
 def _weights(engine) -> dict[str, torch.Tensor]:
@@ -199,6 +168,60 @@ def test_state_dict_is_full_and_resumes_bit_exact(ranks, reference, name):
     assert "actor.mcore" in parts and sum(p.startswith("actor.mcore.") and p.endswith(".distcp") for p in parts) == 2
 
 
+def _dp_rank(rank: int, tmp: str) -> None:
+    """TP=2 x DP=2: replica ``rank // 2`` (megatron's order: TP fastest) trains on its half of the batch."""
+    from dockflow.engines.megatron import model as mg
+    from dockflow.engines.megatron.training import MegatronTrainingEngine
+
+    torch.set_num_threads(1)
+    store = dist.FileStore(str(Path(tmp) / "dp_store"), 4)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=4, timeout=timedelta(seconds=60))
+    engine = MegatronTrainingEngine.from_pretrained(Path(tmp) / DP_MODEL, tp=2, **ENGINE_ARGS)
+    batch = rollout_batch()
+    out = {"logp": engine.infer(batch)}
+    batch = with_old_log_probs(batch, out["logp"])
+    replica = rank // 2  # rows 0-1 (8 response tokens) or rows 2-3 (6): the loss is over the global tokens
+    out["metrics"] = engine.train_mini_batch(batch[2 * replica : 2 * replica + 2], grpo_loss(), micro_batch_size=1)
+    out["weights"] = _weights(engine)  # allgather-swapped from the TP x DP update layout
+    out["trainer"] = engine.state_dict()["model"]  # gathered from the shards, not resharded
+    out["redundant_bytes"] = measured_redundant_bytes(
+        engine._local_weights.values(), engine.policy_module().parameters(), "cpu")
+    out["logp_after"] = engine.infer(batch)
+    torch.save(out, Path(tmp) / f"dp_rank{rank}.pt")
+    dist.barrier()
+    mg.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def dp_ranks(tmp_path_factory) -> list[dict]:
+    import megatron.core  # noqa: F401  (once, before the forks)
+
+    tmp = tmp_path_factory.mktemp("megatron_dp")
+    tiny_decoder(DP_MODEL).save_pretrained(tmp / DP_MODEL)
+    mp.start_processes(_dp_rank, args=(str(tmp),), nprocs=4, start_method="fork")
+    return [torch.load(tmp / f"dp_rank{r}.pt", weights_only=False) for r in range(4)]
+
+
+def test_one_grpo_update_at_tp2_x_dp2_on_half_batches_equals_the_torch_engine_on_the_whole(dp_ranks, reference):
+    """Each DP replica's grads from its half, summed over megatron's DP group with the loss normalised by the global
+    tokens, give the whole batch's step; the metrics are the whole batch's too."""
+    ref = reference[DP_MODEL]
+    mask = ref["mask"]
+    before = tiny_decoder(DP_MODEL).state_dict()
+    for rank, out in enumerate(dp_ranks):
+        _close(out["logp"] * mask, ref["logp"] * mask, "log-probs")
+        _close(out["logp_after"] * mask, ref["logp_after"] * mask, "log-probs after the update")
+        for key in ("grad_norm", "train/pg_loss", "train/kl", "train/clip_fraction", "train/loss"):
+            assert out["metrics"][key] == pytest.approx(ref["metrics"][key], rel=1e-5, abs=1e-6), (rank, key)
+        assert out["weights"].keys() == ref["weights"].keys()
+        for key, weight in ref["weights"].items():
+            _close(out["weights"][key], weight, key)
+            assert not torch.equal(weight, before[key]), key
+            assert torch.equal(out["weights"][key], out["trainer"][key]), (rank, key)  # the reshard is exact
+        assert out["redundant_bytes"] == 0, rank
+
+
 def test_save_pretrained_writes_the_updated_model(ranks, reference):
     from transformers import AutoModelForCausalLM
 
@@ -221,5 +244,5 @@ def test_a_checkpoint_of_another_engine_is_one_clear_error(tmp_path):
     from dockflow.storage import CheckpointError
 
     gathered = {"model": {}, "optimizer": {}}  # what another engine's worker part holds
-    with pytest.raises(CheckpointError, match=r"part 'actor' holds no megatron checkpoint .*train\.engine"):
+    with pytest.raises(CheckpointError, match=r"part 'actor' holds no dist_checkpointing checkpoint .*train\.engine"):
         MegatronPersistence().load_state(LocalCheckpointStore(tmp_path, keep=1), 3, "actor", gathered)
