@@ -7,7 +7,7 @@ export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup demo demo-pipeline test lint bench-dock clean
+.PHONY: setup demo demo-tools demo-pipeline test lint bench-dock clean
 
 setup: $(STAMP)
 
@@ -23,6 +23,11 @@ $(STAMP): pyproject.toml constraints.txt overrides.txt
 
 demo: setup
 	$(BIN)/dockflow train configs/grpo_arith.yaml
+
+# A tiny model learns to use a calculator tool on 3-digit addition/subtraction: SFT on tool-use demonstrations,
+# then GRPO over multi-turn tool rollouts; the table shows held-out accuracy, tool calls and tool errors (README).
+demo-tools: setup
+	$(BIN)/dockflow train configs/grpo_calculator.yaml
 
 # The demo as a Kubeflow pipeline, run here by kfp.local against a local Ray cluster (each run gets its own name).
 demo-pipeline: setup

@@ -134,7 +134,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.temperature is not None:
         overrides.append(f"eval.temperature={args.temperature}")
     cfg = load_config(args.config, overrides)
-    scoring = EvalInputs(cfg.eval, cfg.data, cfg.rollout.max_new_tokens, cfg.run.seed)
+    scoring = EvalInputs(cfg.eval, cfg.data, cfg.rollout.max_new_tokens, cfg.run.seed, cfg.tools)
     setup = EvalRun(scoring, cfg.checkpoint, cfg.run, cfg.tracking, cfg.model.dtype)
     result = run_eval(setup, args.config, args.model, args.split, args.limit, args.data, args.mlflow_run)
     print(json.dumps(result))
@@ -164,7 +164,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(min(2, torch.get_num_threads()))
     inputs = SFTInputs(cfg.model, cfg.data, cfg.sft, cfg.checkpoint, cfg.run.seed, cfg.rollout.max_new_tokens,
-                       cfg.eval.batch_size)
+                       cfg.eval.batch_size, cfg.tools)
     print("\n".join(sft_report(inputs, Path(cfg.run.output_dir) / cfg.run.name, cfg.eval.num_prompts)))
     return 0
 

@@ -1,5 +1,5 @@
 """What a run shows in the terminal: a progress bar per iteration, then tables of held-out accuracy at each
-evaluation, reward per iteration, the evaluation's fingerprint and, with a registry, what the champion gate
+evaluation (with tools: also tool calls and tool errors per trajectory), reward per iteration, the evaluation's fingerprint and, with a registry, what the champion gate
 compared and its decision. ``dockflow train`` and
 ``dockflow pipeline run --local`` show the same."""
 
@@ -16,19 +16,34 @@ def _reward_window(rewards: list[float], lo: int, hi: int) -> str:
     return f"{sum(window) / len(window):.3f}" if window else "-"
 
 
+TOOL_CALLS, TOOL_ERRORS = "eval/test_tool_calls", "eval/test_tool_errors"
+
+
+def _number(value: Any) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def print_train_summary(summary: dict[str, Any], console: Console | None = None) -> None:
     """Accuracy before/after RL, then one row per evaluation with the mean reward since the previous one."""
     console = console or Console()
     rewards = summary.get("reward_per_iteration", [])
-    table = Table(title=f"DockFlow run '{summary['run_name']}': held-out accuracy (greedy) and reward")
+    evals = summary.get("evals", [])
+    tools = any(TOOL_CALLS in e for e in evals)  # a run with tools: its evaluations ran the tool loop
+    title = "held-out accuracy (greedy, with tools), tool calls and errors per trajectory" if tools else (
+        "held-out accuracy (greedy)")
+    table = Table(title=f"DockFlow run '{summary['run_name']}': {title} and reward")
     table.add_column("iteration", justify="right")
     table.add_column("held-out accuracy", justify="right")
+    if tools:
+        table.add_column("tool calls / trajectory", justify="right")
+        table.add_column("tool errors / trajectory", justify="right")
     table.add_column("mean reward (iterations since last row)", justify="right")
     prev = 0
-    for e in summary.get("evals", []):
+    for e in evals:
         it = e["iteration"]
         label = "0 (SFT plateau)" if it == 0 else str(it)
-        table.add_row(label, f"{e['accuracy']:.3f}", _reward_window(rewards, prev, it) if it else "-")
+        calls = [_number(e.get(TOOL_CALLS)), _number(e.get(TOOL_ERRORS))] if tools else []
+        table.add_row(label, f"{e['accuracy']:.3f}", *calls, _reward_window(rewards, prev, it) if it else "-")
         prev = it
     console.print(table)
     before, after = summary.get("accuracy_before"), summary.get("accuracy_after")

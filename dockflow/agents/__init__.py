@@ -10,15 +10,15 @@ from dockflow.agents.environments import (
     with_observation,
 )
 from dockflow.agents.parse import Malformed, ParsedTurn, ToolCall, parse_tool_calls
+from dockflow.agents.rollouts import Rollout, run_rollout, run_rollouts, run_trajectories
 from dockflow.agents.tools import ToolError, ToolHost, ToolOutcome, import_tool, tool_schema
 from dockflow.agents.trajectory import (
-    Rollout,
     Trajectory,
     TrajectoryMetrics,
     loop_template,
-    run_rollout,
     run_trajectory,
     tool_suffix_ids,
+    trajectory_steps,
 )
 
 __all__ = [
@@ -38,8 +38,11 @@ __all__ = [
     "parse_tool_calls",
     "pick_factory",
     "run_rollout",
+    "run_rollouts",
+    "run_trajectories",
     "run_trajectory",
     "tool_schema",
     "tool_suffix_ids",
+    "trajectory_steps",
     "with_observation",
 ]

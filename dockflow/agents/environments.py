@@ -11,7 +11,9 @@
             return float(self.n == 3)
 
 One instance per rollout. A factory is one callable, or a dict of named factories with each row's
-``environment`` column picking one (that column is not passed to ``reset``).
+``environment`` column picking one (that column is not passed to ``reset``). Each class that defines
+``get_reward`` is a reward source of weight 1 named after the class (``reward_environments``), and reward
+functions get the rollouts' instances as ``environments=``.
 """
 
 from __future__ import annotations
@@ -65,3 +67,18 @@ def with_observation(messages: list[dict[str, Any]], observation: Any) -> list[d
         return list(messages)
     last = messages[-1]
     return [*messages[:-1], {**last, "content": last["content"] + str(observation)}]
+
+
+def reward_environments(factories: EnvironmentFactory | Mapping[str, EnvironmentFactory] | None) -> list[str]:
+    """The class names of the environments that own a reward (define ``get_reward``), once per class, in the
+    factories' order: each is an extra reward source of weight 1 named after its class, as in TRL's GRPOTrainer
+    (which probes one instance per factory the same way)."""
+    if factories is None:
+        return []
+    out: list[str] = []
+    for factory in factories.values() if isinstance(factories, Mapping) else [factories]:
+        cls = type(factory())
+        members = dict(inspect.getmembers(cls, predicate=inspect.isfunction))
+        if "get_reward" in members and cls.__name__ not in out:
+            out.append(cls.__name__)
+    return out

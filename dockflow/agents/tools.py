@@ -73,7 +73,8 @@ def _awaited(value: Any) -> Any:
 
 
 def _serve(conn: Connection, tools: Sequence[Callable[..., Any]], factory: Callable[[], Any] | None) -> None:
-    """The child's loop: ("reset", kwargs) / ("call", name, kwargs) / ("reward",) in, (ok, value) out."""
+    """The child's loop: ("reset", kwargs) / ("call", name, kwargs) / ("reward",) / ("state",) in, (ok, value)
+    out; "state" answers the environment instance itself (pickled by the pipe: a copy for the parent)."""
     table = {fn.__name__: fn for fn in tools}
     env = None
     while True:
@@ -91,6 +92,8 @@ def _serve(conn: Connection, tools: Sequence[Callable[..., Any]], factory: Calla
             elif op == "reward":
                 reward = getattr(env, "get_reward", None)
                 conn.send((True, None if reward is None else _awaited(reward())))
+            elif op == "state":
+                conn.send((True, env))  # pickled before anything is written: a failure sends the error below
             elif request[1] not in table:
                 conn.send((False, f"Tool {request[1]} not found."))
             else:
@@ -111,7 +114,9 @@ class ToolHost:
         self.tools, self.factory, self.timeout_s = list(tools), factory, timeout_s
         self.names = {fn.__name__ for fn in self.tools}
         # A probe instance, as TRL's trainer makes one: its methods are the tools the model is shown.
-        self._probe = environment_methods(factory()) if factory is not None else {}
+        probe = factory() if factory is not None else None
+        self._probe = environment_methods(probe) if factory is not None else {}
+        self.environment = type(probe).__name__ if factory is not None else None  # its rewards' name, as TRL's
         self.names |= set(self._probe)
         self._proc: multiprocessing.process.BaseProcess | None = None
         self._conn: Connection | None = None
@@ -178,6 +183,23 @@ class ToolHost:
             return None
         ok, value, _ = self._ask(("reward",))
         return value if ok else None
+
+    def state(self) -> Any:
+        """A copy of the environment instance as it is now (pickled out of the child), for reward functions'
+        ``environments=``; None without an environment or when its state was lost; a ToolError naming the class
+        when the instance cannot be pickled."""
+        if self.factory is None or self.lost is not None:
+            return None
+        ok, value, _ = self._ask(("state",))
+        if ok:
+            return value
+        if self.lost is not None:  # the child hung or died while pickling: the state is gone
+            return None
+        raise ToolError(
+            f"environment {getattr(self.factory, '__name__', self.factory)!r} cannot be copied to the reward "
+            f"functions (environments=): {value}; make its instances picklable (e.g. drop open handles in "
+            "__getstate__)"
+        )
 
     def close(self) -> None:
         """Kill the child (a no-op when none runs)."""

@@ -17,12 +17,11 @@ sampled ones. A template that is not prefix-preserving (Qwen3's) is swapped for 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from dockflow.agents.environments import pick_factory, with_observation
 from dockflow.agents.parse import ParsedTurn, parse_tool_calls
 from dockflow.agents.tools import ToolHost, ToolOutcome, error_text
 from dockflow.config.tools import ToolsConfig
@@ -58,9 +57,22 @@ class Trajectory:
     messages: list[dict[str, Any]]
     finish: str  # "stop" (no tool call), "max_turns", "max_tool_calls", "max_total_tokens"
     metrics: TrajectoryMetrics = field(default_factory=TrajectoryMetrics)
+    prompt_messages: int = 0  # how many of ``messages`` are the prompt
+
+    @property
+    def completion(self) -> list[dict[str, Any]]:
+        """The turns after the prompt, as TRL passes a multi-turn completion to reward functions: each assistant
+        turn (its text, and its parsed ``tool_calls``), then its tool messages."""
+        return self.messages[self.prompt_messages :]
+
+    @property
+    def answer(self) -> str:
+        """The text of the last assistant turn (its calls left out): what the task's verifier scores."""
+        last = self.completion[-1] if self.completion else {}
+        return str(last.get("content") or "") if last.get("role") == "assistant" else ""
 
 
-def _ids(rendered: Any) -> list[int]:
+def chat_ids(rendered: Any) -> list[int]:
     """Token ids from ``apply_chat_template(tokenize=True)``, whichever container this transformers returns."""
     if hasattr(rendered, "keys"):
         rendered = rendered["input_ids"]
@@ -78,8 +90,8 @@ def tool_suffix_ids(
     call = {"type": "function", "function": {"name": tool_messages[0]["name"], "arguments": {}}}
     dummy = [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
     render = partial(tokenizer.apply_chat_template, tokenize=True, chat_template=chat_template)
-    prefix = _ids(render(dummy, add_generation_prompt=False))
-    full = _ids(render(dummy + tool_messages, add_generation_prompt=True))
+    prefix = chat_ids(render(dummy, add_generation_prompt=False))
+    full = chat_ids(render(dummy + tool_messages, add_generation_prompt=True))
     # Templates that render "<eos>\n" after a turn: the model stopped at the EOS, the "\n" is the suffix's.
     eos = [i for i, t in enumerate(prefix) if t == tokenizer.eos_token_id]
     if eos:
@@ -130,38 +142,37 @@ def _outcomes(host: ToolHost, turn: ParsedTurn) -> list[ToolOutcome]:
     return out
 
 
-def run_trajectory(
+Step = tuple[list[int], int]  # what a trajectory asks of the sampler: (token ids so far, max new tokens)
+
+
+def trajectory_steps(
     messages: list[dict[str, Any]],
-    generate: Generate,
     tokenizer: Any,
     host: ToolHost,
     limits: ToolsConfig,
     *,
     stop_ids: Sequence[int] | None = None,
     chat_template: str | None = None,
-) -> Trajectory:
-    """Generate, parse, call tools and append their turns until a turn has no tool call or a limit is reached.
-
-    ``messages`` is the prompt (an environment's observation already appended); ``stop_ids`` are the ids a
-    finished turn ends with (default: the tokenizer's EOS); a turn cut off before one is not parsed for calls.
-    ``chat_template``: ``loop_template(tokenizer)``, computed once by the caller (None: the tokenizer's own).
-    """
+) -> Generator[Step, Sequence[int], Trajectory]:
+    """The loop of ``run_trajectory`` as a generator: it yields each turn's ``(ids, max_new_tokens)``, is sent the
+    turn's new ids, and returns the trajectory; so one sampler can drive many trajectories a turn at a time
+    (``dockflow.agents.batch``)."""
     stops = set(stop_ids if stop_ids is not None else [tokenizer.eos_token_id])
     schemas = host.schemas() or None
     messages = list(messages)
-    ids = _ids(
+    ids = chat_ids(
         tokenizer.apply_chat_template(
             messages, tools=schemas, tokenize=True, add_generation_prompt=True, chat_template=chat_template
         )
     )
-    traj = Trajectory(ids, [0] * len(ids), len(ids), messages, "stop")
+    traj = Trajectory(ids, [0] * len(ids), len(ids), messages, "stop", prompt_messages=len(messages))
     m = traj.metrics
     while True:
         budget = limits.max_total_tokens - len(ids)
         if budget <= 0:
             traj.finish = "max_total_tokens"
             break
-        new = list(generate(list(ids), budget))[:budget]
+        new = list((yield list(ids), budget))[:budget]
         m.turns += 1
         ids += new
         traj.mask += [1] * len(new)
@@ -196,35 +207,26 @@ def run_trajectory(
     return traj
 
 
-@dataclass
-class Rollout:
-    """A trajectory with the environment's reward (``get_reward()``; None without one) and its class name."""
-
-    trajectory: Trajectory
-    reward: float | None
-    environment: str | None
-
-
-def run_rollout(
-    row: dict[str, Any],
+def run_trajectory(
+    messages: list[dict[str, Any]],
     generate: Generate,
     tokenizer: Any,
-    tools: Sequence[Callable[..., Any]],
-    factories: Any,
+    host: ToolHost,
     limits: ToolsConfig,
     *,
+    stop_ids: Sequence[int] | None = None,
     chat_template: str | None = None,
-) -> Rollout:
-    """One rollout of a dataset row as TRL runs it: a fresh environment from the row's factory (``factories``:
-    one, a dict picked by the row's ``environment`` column, or None), ``reset(**row)``, its observation appended
-    to the last user message of ``row["prompt"]``, the tool loop, then ``get_reward()``. ``chat_template``:
-    ``loop_template(tokenizer)``, computed once."""
-    factory, reset_kwargs = pick_factory(factories, row) if factories is not None else (None, {})
-    with ToolHost(tools, factory, timeout_s=limits.timeout_s) as host:
-        prompt = list(row["prompt"])
-        if factory is not None:
-            prompt = with_observation(prompt, host.reset(reset_kwargs))
-        traj = run_trajectory(prompt, generate, tokenizer, host, limits, chat_template=chat_template)
-        reward = host.reward()
-    name = getattr(factory, "__name__", type(factory).__name__) if factory is not None else None
-    return Rollout(traj, reward, name)
+) -> Trajectory:
+    """Generate, parse, call tools and append their turns until a turn has no tool call or a limit is reached.
+
+    ``messages`` is the prompt (an environment's observation already appended); ``stop_ids`` are the ids a
+    finished turn ends with (default: the tokenizer's EOS); a turn cut off before one is not parsed for calls.
+    ``chat_template``: ``loop_template(tokenizer)``, computed once by the caller (None: the tokenizer's own).
+    """
+    steps = trajectory_steps(messages, tokenizer, host, limits, stop_ids=stop_ids, chat_template=chat_template)
+    try:
+        request = next(steps)
+        while True:
+            request = steps.send(generate(*request))
+    except StopIteration as done:
+        return done.value

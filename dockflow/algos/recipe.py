@@ -127,7 +127,8 @@ class Algorithm:
             advantage.append("values")
         if self.kl_in_reward(cfg):
             advantage += ["old_log_prob", "ref_log_prob"]
-        out = {"reward": ["responses", "response_mask"], "advantage": advantage}
+        reward = ["responses", "response_mask", *(["tool_record"] if cfg.tools.enabled else [])]  # + conversations
+        out = {"reward": reward, "advantage": advantage}
         if cfg.train.old_log_prob == "recompute":  # else generation writes old_log_prob itself
             out["actor_infer"] = [*infer, "response_mask", "rollout_log_prob"]  # + the rollout-vs-trainer drift
         if self.uses_reference(cfg):
@@ -163,6 +164,8 @@ class Algorithm:
         generated = [*ROLLOUT, "response_mask", "rollout_log_prob"]
         if cfg.train.old_log_prob == "rollout":
             generated.append("old_log_prob")
+        if cfg.tools.enabled:  # each trajectory's conversation and environment, for the reward functions
+            generated.append("tool_record")
 
         def owned(*names: str) -> dict[str, tuple[str, ...]]:
             return {n: tuple(states[n]) for n in names if n in states}

@@ -133,8 +133,12 @@ class Config(Section):
                              "placement.mode: disaggregated")
 
     def _check_tools(self) -> None:
-        """Multi-turn tool rollouts run on the HF generation engine, one trajectory at a time (docs/agents.md)."""
+        """Multi-turn tool rollouts run on the HF generation engine, a turn of every trajectory at a time
+        (docs/agents.md)."""
         if not self.tools.enabled:
+            if self.sft.demonstrations:
+                raise ValueError("sft.demonstrations teach tool use, but no tools are configured: set "
+                                 "tools.functions (or tools.environment), or sft.demonstrations: null")
             return
         refused = {
             "data.chat_template is false (tools are rendered by the chat template; set data.chat_template: true)":

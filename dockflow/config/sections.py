@@ -138,6 +138,12 @@ class SFTConfig(Section):
     eval_every_epochs: int = Field(2, ge=1, description="Validate every this many epochs.")
     patience: int = Field(6, ge=1, description="Stop after this many validations without a new best accuracy.")
     cache_dir: str = Field("runs/cache", description="SFT results are cached here, keyed by everything they depend on.")
+    demonstrations: str | None = Field(
+        None,
+        description="With tools: module:function giving a labeled row's tool-use demonstration, fn(prompt=messages, "
+        "answer=..., **columns) -> completion messages in TRL's format (assistant turns with tool_calls, tool "
+        "messages, a final assistant turn); null: the rows' own 'completion' column.",
+    )
 
 
 class PartialRolloutConfig(Section):

@@ -7,6 +7,7 @@
       max_tool_calls: 8
       max_total_tokens: 1024
       timeout_s: 5.0
+      record_bytes: 16384
 
 ``Config.tools``; with functions or an environment set, the HF generation engine runs the tool loop
 (``dockflow.engines.tool_rollouts``) instead of one response per prompt (docs/agents.md).
@@ -58,11 +59,24 @@ class ToolsConfig(Section):
         description="Seconds one tool call (or reset/get_reward) may take; a call "
         "still running then is killed with its child process and answered with an error turn.",
     )
+    record_bytes: int = Field(
+        16384,
+        ge=64,
+        description="Bytes per trajectory of its record in the dock (tool_record): the conversation and a copy "
+        "of the environment, which reward functions get as completions and environments=; a record that does "
+        "not fit stops the run with both sizes.",
+    )
 
     @property
     def enabled(self) -> bool:
         """Whether a run gives the policy tools (functions or an environment)."""
         return bool(self.functions or self.environment or self.environments)
+
+    @property
+    def has_environment(self) -> bool:
+        """Whether rollouts run in environments (TRL's environment_factory): reward functions then get
+        ``environments=``."""
+        return bool(self.environment or self.environments)
 
     @property
     def paths(self) -> list[str]:

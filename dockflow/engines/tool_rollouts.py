@@ -1,19 +1,23 @@
 """Multi-turn tool rollouts in the rollout layout of ``dockflow.engines.base``, over any engine's ``sample``.
 
-    out, rollouts = tool_rollouts(engine, tokenizer, rows, spec, params, seed=s, prompt_width=w)   # one trajectory per row x params.n
+    spec = tool_spec(cfg.tools, tokenizer)                  # the tools imported, the loop's chat template
+    out, rollouts = tool_rollouts(engine, tokenizer, rows, spec, params, seed=s, prompt_width=w)   # row x params.n
 
-Each trajectory (``dockflow.agents.run_rollout``) is split at its prompt: the prompt ids are left-padded to
-``prompt_width``, everything after it (model turns and tool turns) is the response, right-padded to
-``params.max_new_tokens``. ``attention_mask`` is 1 on every real token (the model attends to the tool turns),
-``response_mask`` is the trajectory's mask: 1 on model tokens, 0 on tool tokens, so every algorithm's loss,
-KL and log-prob means (which all reduce over ``response_mask``) train on model tokens only.
+All trajectories of a call advance a turn at a time (``dockflow.agents.run_rollouts``): one ``sample`` call per
+turn for the whole batch (``BatchSampler``). Each trajectory is split at its prompt: the prompt ids are
+left-padded to ``prompt_width``, everything after it (model turns and tool turns) is the response,
+right-padded to ``params.max_new_tokens``. ``attention_mask`` is 1 on every real token (the model attends to
+the tool turns), ``response_mask`` is the trajectory's mask: 1 on model tokens, 0 on tool tokens, so every
+algorithm's loss, KL and log-prob means (which all reduce over ``response_mask``) train on model tokens only.
 ``rollout_log_prob`` is the sampler's log-prob of each model token, 0 elsewhere. A trajectory's tokens are
 bounded by ``tools.max_total_tokens``, and its model tokens end within ``rollout.max_new_tokens`` of the prompt
-(tool tokens past that width are cut: they are context for nothing).
+(tool tokens past that width are cut: they are context for nothing). ``tool_record`` holds each trajectory's
+conversation and environment for the reward functions (``dockflow.agents.records``).
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +25,9 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from dockflow.agents import Rollout, run_rollout
+from dockflow.agents import Rollout, import_tool, loop_template, run_rollouts
+from dockflow.agents.records import TrajectoryRecord, pack_record
+from dockflow.agents.rollouts import Request
 from dockflow.config.tools import ToolsConfig
 from dockflow.engines.base import GenerationEngine, SamplingParams
 
@@ -37,30 +43,63 @@ class ToolSpec:
     chat_template: str | None = None
 
 
-class _Sampler:
-    """``generate(ids, max_new)`` for the loop: one sampled turn up to EOS, its log-probs kept for the dock."""
+def tool_spec(tc: ToolsConfig, tokenizer: Any) -> ToolSpec:
+    """The ``tools:`` section's tools and environment factories imported (a ToolError naming a path that does not
+    import), and the chat template the loop renders with for ``tokenizer`` (None: the tools only)."""
+    factories: Any = None
+    if tc.environment:
+        factories = import_tool(tc.environment)
+    elif tc.environments:
+        factories = {name: import_tool(path) for name, path in tc.environments.items()}
+    template = loop_template(tokenizer) if tokenizer is not None else None
+    return ToolSpec([import_tool(p) for p in tc.functions], factories, tc, template)
 
-    def __init__(self, engine: GenerationEngine, eos_id: int, params: SamplingParams, seed: int) -> None:
-        self.engine, self.eos, self.params, self.seed, self.calls = engine, eos_id, params, seed, 0
-        self.logps: list[float] = []
-        self.end: int | None = None  # prompt + rollout.max_new_tokens: no model token past it
 
-    def __call__(self, ids: list[int], max_new: int) -> list[int]:
-        if self.end is None:
-            self.end = len(ids) + self.params.max_new_tokens
-        max_new = min(max_new, self.end - len(ids))
-        if max_new <= 0:  # the response width is spent (only tool tokens past it, which are cut)
-            return []
-        row = torch.tensor([ids], dtype=torch.long)
-        tokens, logp = self.engine.sample(
-            row, torch.ones_like(row), max_new, self.params, self.seed + self.calls
-        )
+class BatchSampler:
+    """``generate_batch`` for ``run_rollouts`` over an engine's ``sample``: the turns asked for are left-padded
+    into one batch and sampled together (up to the largest budget, each row then cut at its own budget and
+    after its EOS); each trajectory's model tokens end within ``params.max_new_tokens`` of its prompt. The
+    log-probs of each trajectory's model tokens are kept in order (``logps[k]``)."""
+
+    def __init__(self, engine: GenerationEngine, tokenizer: Any, params: SamplingParams, seed: int) -> None:
+        self.engine, self.params, self.seed, self.calls = engine, params, seed, 0
+        self.eos, self.pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+        self.logps: dict[int, list[float]] = defaultdict(list)
+        self.ends: dict[int, int] = {}  # trajectory -> prompt length + max_new_tokens: no model token past it
+
+    def __call__(self, requests: list[Request]) -> list[list[int]]:
+        out: list[list[int]] = [[] for _ in requests]
+        live = []
+        for j, (k, ids, budget) in enumerate(requests):
+            end = self.ends.setdefault(k, len(ids) + self.params.max_new_tokens)
+            cap = min(budget, end - len(ids))
+            if cap > 0:  # else the response width is spent (only tool tokens past it, which are cut)
+                live.append((j, k, ids, cap))
+        if not live:
+            return out
+        width = max(len(ids) for _, _, ids, _ in live)
+        input_ids = torch.full((len(live), width), self.pad, dtype=torch.long)
+        attention = torch.zeros_like(input_ids)
+        for row, (_, _, ids, _) in enumerate(live):
+            input_ids[row, width - len(ids) :] = torch.tensor(ids)
+            attention[row, width - len(ids) :] = 1
+        longest = max(cap for *_, cap in live)
+        tokens, logp = self.engine.sample(input_ids, attention, longest, self.params, self.seed + self.calls)
         self.calls += 1
-        new = tokens[0].tolist()
-        if self.eos in new:
-            new = new[: new.index(self.eos) + 1]
-        self.logps += logp[0, : len(new)].tolist()
-        return new
+        for row, (j, k, _, cap) in enumerate(live):
+            new = tokens[row, :cap].tolist()
+            if self.eos in new:
+                new = new[: new.index(self.eos) + 1]
+            out[j] = new
+            self.logps[k] += logp[row, : len(new)].tolist()
+        return out
+
+
+def record_of(rollout: Rollout) -> TrajectoryRecord:
+    """The rollout as reward functions see it: its prompt and completion messages, its environment."""
+    traj = rollout.trajectory
+    cut = len(traj.messages) - len(traj.completion)
+    return TrajectoryRecord(traj.messages[:cut], traj.completion, rollout.state, rollout.reward, rollout.environment)
 
 
 def tool_rollouts(
@@ -74,23 +113,22 @@ def tool_rollouts(
     prompt_width: int,
 ) -> tuple[TensorDict, list[Rollout]]:
     """``params.n`` trajectories per row (``row["prompt"]``: messages) in the rollout layout, and the rollouts
-    (metrics, ``get_reward()``); trajectory k of the batch samples with seeds from ``seed + 1000 * k`` on."""
-    tok = tokenizer
-    width_r = params.max_new_tokens
-    n = len(rows) * params.n
-    pad = tok.pad_token_id
-    input_ids = torch.full((n, prompt_width + width_r), pad, dtype=torch.long)
+    (metrics, ``get_reward()``, the environment's state); turn ``t`` of the batch samples with seed
+    ``seed + t``."""
+    tok, width_r = tokenizer, params.max_new_tokens
+    sampler = BatchSampler(engine, tok, params, seed)
+    expanded = [row for row in rows for _ in range(params.n)]
+    rollouts = run_rollouts(
+        expanded, sampler, tok, spec.tools, spec.factories, spec.limits, chat_template=spec.chat_template
+    )
+    n = len(expanded)
+    input_ids = torch.full((n, prompt_width + width_r), tok.pad_token_id, dtype=torch.long)
     attention = torch.zeros_like(input_ids)
     response_mask = torch.zeros((n, width_r), dtype=torch.long)
     rollout_logp = torch.zeros((n, width_r), dtype=torch.float32)
     prompt_length = torch.zeros(n, dtype=torch.long)
-    rollouts: list[Rollout] = []
-    for k in range(n):
-        row = rows[k // params.n]
-        sampler = _Sampler(engine, tok.eos_token_id, params, seed + 1000 * k)
-        out = run_rollout(
-            row, sampler, tok, spec.tools, spec.factories, spec.limits, chat_template=spec.chat_template
-        )
+    records = torch.zeros((n, spec.limits.record_bytes), dtype=torch.uint8)
+    for k, out in enumerate(rollouts):
         traj = out.trajectory
         p = traj.prompt_length
         if p > prompt_width:
@@ -105,9 +143,9 @@ def tool_rollouts(
         attention[k, prompt_width - p : prompt_width + len(response)] = 1
         response_mask[k, : len(response)] = torch.tensor(traj.mask[p:][:width_r])
         model_positions = response_mask[k].nonzero().squeeze(-1)
-        rollout_logp[k, model_positions] = torch.tensor(sampler.logps, dtype=torch.float32)
+        rollout_logp[k, model_positions] = torch.tensor(sampler.logps[k], dtype=torch.float32)
         prompt_length[k] = p
-        rollouts.append(out)
+        records[k] = torch.from_numpy(pack_record(record_of(out), spec.limits.record_bytes))
     batch = TensorDict(
         {
             "input_ids": input_ids,
@@ -117,6 +155,7 @@ def tool_rollouts(
             "prompt_length": prompt_length,
             "response_length": attention[:, prompt_width:].sum(-1),  # model and tool tokens
             "rollout_log_prob": rollout_logp,
+            "tool_record": records,
         },
         batch_size=[n],
     )
@@ -124,20 +163,13 @@ def tool_rollouts(
 
 
 def trajectory_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
-    """Per-trajectory means for MLflow: turns, tool calls, tool errors, timeouts, tool-token share, and each
-    environment's ``get_reward()`` under its class name."""
+    """Per-trajectory means for MLflow: turns, tool calls, tool errors, timeouts, tool-token share."""
     count = max(len(rollouts), 1)
     ms = [r.trajectory.metrics for r in rollouts]
-    out = {
+    return {
         "tools/turns": sum(m.turns for m in ms) / count,
         "tools/tool_calls": sum(m.tool_calls for m in ms) / count,
         "tools/tool_errors": sum(m.tool_errors for m in ms) / count,
         "tools/timeouts": sum(m.timeouts for m in ms) / count,
         "tools/tool_token_share": sum(m.tool_token_share for m in ms) / count,
     }
-    rewards: dict[str, list[float]] = {}
-    for r in rollouts:
-        if r.reward is not None and r.environment is not None:
-            rewards.setdefault(r.environment, []).append(float(r.reward))
-    out.update({f"tools/reward_{name}": sum(v) / len(v) for name, v in rewards.items()})
-    return out

@@ -1,7 +1,7 @@
 """Benchmark evaluation: greedy accuracy, pass@k and avg@k of a policy on held-out or user math sets.
 
     from dockflow.eval import EvalInputs, evaluate_policy, pass_at_k, sampled_scores
-    inputs = EvalInputs(cfg.eval, cfg.data, cfg.rollout.max_new_tokens, cfg.run.seed)
+    inputs = EvalInputs(cfg.eval, cfg.data, cfg.rollout.max_new_tokens, cfg.run.seed, cfg.tools)
     evaluate_policy(model, tok, task.test[:500], inputs)   # {"eval/test_accuracy": .., "eval/test_pass_at_8": ..}
 
 ``dockflow.eval.run`` (the ``dockflow eval`` command) is not imported here: it pulls in the checkpoint store

@@ -22,7 +22,7 @@ from dockflow.engines import HFGenerationEngine, SamplingParams
 from dockflow.rewards.verifier import Verifier, verify_answer
 
 
-def _rng_guard(device: torch.device) -> AbstractContextManager[None]:
+def rng_guard(device: torch.device) -> AbstractContextManager[None]:
     """Keep the caller's RNG as it was: the engine seeds the global generator of ``device`` per chunk."""
     if device.type == "cpu":
         return torch.random.fork_rng(devices=[])
@@ -48,7 +48,7 @@ def generate_responses(
     device = next(model.parameters()).device
     engine = HFGenerationEngine(model, tokenizer, device=device, batch_size=batch_size)
     out: list[str] = []
-    with _rng_guard(device):
+    with rng_guard(device):
         for start in range(0, len(prompts), batch_size):
             roll = engine.generate(list(prompts[start : start + batch_size]), params, seed=seed + start)
             out.extend(engine.decode(roll["responses"], roll["response_mask"]))

@@ -8,7 +8,8 @@
 Fields: the content hash of the examples actually scored (prompt and reference answer of each, in order), their
 number, the task's verifier, the settings of generation that change a score (``max_new_tokens``; greedy always;
 pass@k's k, temperature, top_p and seed only when ``eval.pass_k > 1``), the prompt template, and with
-``data.chat_template`` the system prompt and a hash of the tokenizer's chat template. ``eval.batch_size`` and
+``data.chat_template`` the system prompt and a hash of the tokenizer's chat template; with ``tools:``, the tools and
+the tool loop's limits. ``eval.batch_size`` and
 the model's dtype are not in it: they decide how fast, not what is measured.
 """
 
@@ -39,6 +40,7 @@ class EvalIdentity:
     chat_template: str  # "off", or the hash of the tokenizer's chat template
     system_prompt: str  # "" without a chat template
     fingerprint: str
+    tools: str = "off"  # or the tools' paths and the loop's limits; in the fingerprint only when not "off"
 
     def fields(self) -> dict[str, str]:
         """Every field but the fingerprint, as text (MLflow tag values)."""
@@ -77,5 +79,13 @@ def eval_identity(
         "chat_template": chat,
         "system_prompt": (inputs.data.system_prompt or "") if chat != "off" else "",
     }
+    if inputs.tools.enabled:  # scored through the tool loop (an evaluation without tools keeps its fingerprint)
+        fields["tools"] = _tools(inputs)
     fingerprint = short_hash(f"{k}={v}" for k, v in sorted(fields.items()))
     return EvalIdentity(**fields, fingerprint=fingerprint)
+
+
+def _tools(inputs: EvalInputs) -> str:
+    """What of the ``tools:`` section changes a score: the tools and environments, and the loop's limits."""
+    tc = inputs.tools
+    return json.dumps(tc.model_dump(exclude={"record_bytes"}), sort_keys=True)

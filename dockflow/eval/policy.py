@@ -6,17 +6,21 @@ MLflow allows no '@' in a metric name, so ``pass@8`` is logged as ``pass_at_8``:
     inputs = EvalInputs(cfg.eval, cfg.data, cfg.rollout.max_new_tokens, cfg.run.seed)
     evaluate_policy(model, tok, task.test[:500], inputs)
     # {"eval/test_accuracy": 0.41, "eval/test_pass_at_8": 0.77, "eval/test_avg_at_8": 0.38}
+
+With ``tools:`` (``EvalInputs(..., tools=cfg.tools)``) the policy is scored with its tools, through the same loop
+as its rollouts, and the scores add ``eval/<split>_tool_calls`` and ``eval/<split>_tool_errors`` per trajectory.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from dockflow.config.sections import DataConfig, EvalConfig
+from dockflow.config.tools import ToolsConfig
 from dockflow.data import Example, PromptFormat
 from dockflow.eval.greedy import greedy_accuracy
 from dockflow.eval.sampling import sampled_scores
@@ -26,18 +30,21 @@ from dockflow.rewards.verifier import task_verifier
 @dataclass(frozen=True)
 class EvalInputs:
     """What scoring a policy reads of a run's config: the ``eval`` and ``data`` sections, the response length
-    (``rollout.max_new_tokens``) and the seed of the pass@k samples (``run.seed``)."""
+    (``rollout.max_new_tokens``), the seed of the pass@k samples (``run.seed``) and the ``tools`` section (with
+    tools, the policy is scored through the tool loop: ``dockflow.eval.tools``)."""
 
     eval: EvalConfig
     data: DataConfig
     max_new_tokens: int
     seed: int
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
 
 
 def score_examples(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, examples: Sequence[Example], inputs: EvalInputs
 ) -> dict[str, float]:
-    """``{"accuracy"}`` (greedy), plus ``{"pass@<k>", "avg@<k>"}`` when ``eval.pass_k > 1``.
+    """``{"accuracy"}`` (greedy), plus ``{"pass@<k>", "avg@<k>"}`` when ``eval.pass_k > 1``; with tools also
+    ``{"tool_calls", "tool_errors"}`` per greedy trajectory (``dockflow.eval.tools``).
 
     Uses ``eval.batch_size``, ``max_new_tokens``, the prompt format of ``data``, ``eval.temperature``,
     ``eval.top_p`` and ``seed`` (the samples are the same at every evaluation of the same weights); the
@@ -45,6 +52,15 @@ def score_examples(
     """
     ev = inputs.eval
     max_new, fmt, verifier = inputs.max_new_tokens, PromptFormat.of(inputs.data), task_verifier(inputs.data)
+    if inputs.tools.enabled:
+        from dockflow.engines.tool_rollouts import tool_spec
+        from dockflow.eval.tools import tool_scores
+
+        sampled = (ev.pass_k, ev.temperature, ev.top_p, inputs.seed) if ev.pass_k > 1 else None
+        return tool_scores(
+            model, tokenizer, examples, tool_spec(inputs.tools, tokenizer), fmt=fmt, verifier=verifier,
+            max_new_tokens=max_new, batch_size=ev.batch_size, sampled=sampled,
+        )
     scores = {"accuracy": greedy_accuracy(model, tokenizer, examples, ev.batch_size, max_new, fmt, verifier)}
     if ev.pass_k > 1:
         k, seed = ev.pass_k, inputs.seed

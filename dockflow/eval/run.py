@@ -6,7 +6,7 @@ scores are also logged to that run (``tracking.uri`` of the config) as ``eval/<n
 the run's ``train.iterations`` step (the final model's iteration), with the evaluation's fingerprint
 (``dockflow.eval.identity``) as the run's tag ``dockflow.eval.<name>_fingerprint``; the printed result has it too.
 
-    scoring = EvalInputs(cfg.eval, cfg.data, cfg.rollout.max_new_tokens, cfg.run.seed)
+    scoring = EvalInputs(cfg.eval, cfg.data, cfg.rollout.max_new_tokens, cfg.run.seed, cfg.tools)
     setup = EvalRun(scoring, cfg.checkpoint, cfg.run, cfg.tracking, cfg.model.dtype)
     result = run_eval(setup, "configs/grpo_arith.yaml", data="data/examples/math_mini.jsonl")
 """

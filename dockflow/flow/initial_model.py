@@ -37,7 +37,7 @@ def prepare_initial_model(cfg: Config, store: Any, work_dir: Path, tracking_uri:
         from dockflow.models.sft import SFTInputs, sft_warm_start
 
         inputs = SFTInputs(cfg.model, cfg.data, cfg.sft, cfg.checkpoint, cfg.run.seed, cfg.rollout.max_new_tokens,
-                           cfg.eval.batch_size)
+                           cfg.eval.batch_size, cfg.tools)
         res = sft_warm_start(inputs, work_dir)
         stage_model(res.model_dir, dest, cfg.checkpoint)
         return dest, {"sft/val_accuracy": res.val_accuracy, "sft/cached": float(res.cached)}
@@ -46,7 +46,8 @@ def prepare_initial_model(cfg: Config, store: Any, work_dir: Path, tracking_uri:
     from dockflow.models.factory import build_tiny_model, save_pretrained_dir
     from dockflow.models.tokenizer import build_task_tokenizer
 
-    tok = build_task_tokenizer(cfg.data, cfg.run.seed, cfg.model.tiny.tokenizer_merges, cfg.checkpoint)
+    tok = build_task_tokenizer(cfg.data, cfg.run.seed, cfg.model.tiny.tokenizer_merges, cfg.checkpoint,
+                               tools=cfg.tools.enabled)
     model = build_tiny_model(cfg.model.tiny, tok, seed=cfg.run.seed)
     with tempfile.TemporaryDirectory(prefix="dockflow-tiny-") as tmp:
         stage_model(save_pretrained_dir(model, tok, Path(tmp) / "model"), dest, cfg.checkpoint)

@@ -2,14 +2,16 @@
 
 Teacher forcing on ``task.labeled`` (loss on the answer tokens and EOS only), greedy accuracy on
 ``task.val`` every ``sft.eval_every_epochs`` epochs, early stop after ``sft.patience`` validations
-without a new best (or at 100%), keep the best weights. The result is an HF model directory in
-``sft.cache_dir/<key>``, where the key hashes everything the result depends on (model, data, template,
-SFT settings, seed, response length, file contents); a later call with the same inputs returns it at
+without a new best (or at 100%), keep the best weights. With ``tools:`` the labeled rows' tool-use
+demonstrations are trained on their model tokens and validated through the tool loop (``dockflow.models.tool_sft``).
+The result is an HF model directory in ``sft.cache_dir/<key>``, where the key hashes everything the result depends
+on (model, data, template, SFT settings, seed, response length, file contents; the tools, their limits and the
+code of the tools and demonstrations); a later call with the same inputs returns it at
 once (``cached=True``). The directory is written to a temp dir and renamed, so a crash never leaves a
 half-written cache entry.
 
     inputs = SFTInputs(cfg.model, cfg.data, cfg.sft, cfg.checkpoint, cfg.run.seed, cfg.rollout.max_new_tokens,
-                       cfg.eval.batch_size)
+                       cfg.eval.batch_size, cfg.tools)
     result = sft_warm_start(inputs, run_dir)
     model, tok = load_model_and_tokenizer(result.model_dir)
 """
@@ -20,6 +22,7 @@ import copy
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,10 +32,15 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from dockflow.config.sections import CheckpointConfig, DataConfig, ModelConfig, SFTConfig
+from dockflow.config.tools import ToolsConfig
 from dockflow.data import Example, PromptFormat, load_task
+from dockflow.engines.tool_rollouts import tool_spec
 from dockflow.eval.greedy import greedy_accuracy
+from dockflow.eval.tools import tool_scores
+from dockflow.models.chat_template import TINY_CHAT_VERSION
 from dockflow.models.factory import build_tiny_model, load_model_and_tokenizer, save_pretrained_dir
-from dockflow.models.tokenizer import build_task_tokenizer
+from dockflow.models.tokenizer import build_char_tokenizer, build_task_tokenizer, with_chat_template
+from dockflow.models.tool_sft import ToolDemonstrations, encode_trajectories
 from dockflow.rewards.verifier import task_verifier
 from dockflow.storage.objects import fetch_model, file_fingerprint, is_s3_uri, model_fingerprint
 
@@ -44,8 +52,9 @@ RESULT_FILE = "sft_result.json"
 @dataclass(frozen=True)
 class SFTInputs:
     """What the warm start reads of a run's config: the model, data and SFT sections, the S3 settings of their
-    files (``checkpoint``), the seed (``run.seed``), the response length (``rollout.max_new_tokens``) and the
-    validation's batch size (``eval.batch_size``)."""
+    files (``checkpoint``), the seed (``run.seed``), the response length (``rollout.max_new_tokens``), the
+    validation's batch size (``eval.batch_size``) and the ``tools`` section (with tools: SFT on tool-use
+    demonstrations, validated through the tool loop: ``dockflow.models.tool_sft``)."""
 
     model: ModelConfig
     data: DataConfig
@@ -54,6 +63,7 @@ class SFTInputs:
     seed: int
     max_new_tokens: int
     eval_batch_size: int
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
 
 
 @dataclass
@@ -90,19 +100,41 @@ def sft_cache_key(inputs: SFTInputs) -> str:
         "data_files": [file_fingerprint(p, storage) for p in (data.train_path, data.test_path)]
         if data.source == "file"
         else None,
-        "sft": inputs.sft.model_dump(exclude={"cache_dir"}),
+        "sft": inputs.sft.model_dump(exclude={"cache_dir", *(() if inputs.sft.demonstrations else ("demonstrations",))}),
         "max_new_tokens": inputs.max_new_tokens,
     }
+    if inputs.tools.enabled:  # the tools, the loop's limits, and the code of the tools and demonstrations
+        key["tiny_chat"] = TINY_CHAT_VERSION  # the tiny tool template's version
+        key["tools"] = inputs.tools.model_dump(exclude={"record_bytes"})
+        key["code"] = code_fingerprints([*inputs.tools.paths, *filter(None, [inputs.sft.demonstrations])])
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _initial_model(inputs: SFTInputs) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """``model.path`` (an ``s3://`` one fetched, checked, into the node's cache), else a fresh tiny model."""
+def code_fingerprints(paths: list[str]) -> dict[str, str]:
+    """The sha256 of the source file of each ``module:attribute`` (its module imported), so a cached warm start
+    is not reused after the tools or the demonstrations changed."""
+    import importlib
+
+    out = {}
+    for p in paths:
+        module = importlib.import_module(p.partition(":")[0])
+        source = getattr(module, "__file__", None)
+        out[p] = hashlib.sha256(Path(source).read_bytes()).hexdigest()[:16] if source else "builtin"
+    return out
+
+
+def _initial_model(
+    inputs: SFTInputs, demos: ToolDemonstrations | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """``model.path`` (an ``s3://`` one fetched, checked, into the node's cache), else a fresh tiny model (whose
+    tokenizer also learns its merges from the tool-use ``demos``, rendered)."""
     m = inputs.model
     if m.path:
         path = fetch_model(m.path, inputs.storage) if is_s3_uri(m.path) else m.path
         return load_model_and_tokenizer(path, dtype=m.dtype)
-    tokenizer = build_task_tokenizer(inputs.data, inputs.seed, m.tiny.tokenizer_merges, inputs.storage)
+    extra = demos.corpus(with_chat_template(build_char_tokenizer())) if demos is not None else []
+    tokenizer = build_task_tokenizer(inputs.data, inputs.seed, m.tiny.tokenizer_merges, inputs.storage, extra,
+                                     tools=inputs.tools.enabled)
     return build_tiny_model(m.tiny, tokenizer, seed=inputs.seed, dtype=m.dtype), tokenizer
 
 
@@ -150,14 +182,38 @@ def _make_batches(
     return [encode_sft_batch(tokenizer, [examples[j] for j in c], fmt) for c in chunks]
 
 
+def _tool_steps(
+    inputs: SFTInputs, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, demos: ToolDemonstrations,
+    val: list[Example],
+) -> tuple[Callable[[torch.Generator], list[dict[str, torch.Tensor]]], Callable[[], float]]:
+    """(batches of an epoch, validation accuracy) of a tool run: the demonstrations' trajectories trained on their
+    model tokens; accuracy through the tool loop with the real tools."""
+    spec = tool_spec(inputs.tools, tokenizer)
+    trajectories = demos.trajectories(tokenizer, spec)
+    fmt, verifier, bs = PromptFormat.of(inputs.data), task_verifier(inputs.data), inputs.sft.batch_size
+
+    def batches(gen: torch.Generator) -> list[dict[str, torch.Tensor]]:
+        perm = torch.randperm(len(trajectories), generator=gen).tolist()
+        chunks = [perm[i : i + bs] for i in range(0, len(perm), bs)]
+        return [encode_trajectories([trajectories[j] for j in c], tokenizer.pad_token_id) for c in chunks]
+
+    def evaluate() -> float:
+        return tool_scores(model, tokenizer, val, spec, fmt=fmt, verifier=verifier,
+                           max_new_tokens=inputs.max_new_tokens, batch_size=inputs.eval_batch_size)["accuracy"]
+
+    return batches, evaluate
+
+
 def train_sft(
     inputs: SFTInputs,
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     labeled: list[Example],
     val: list[Example],
+    demos: ToolDemonstrations | None = None,
 ) -> tuple[float, list[dict[str, Any]]]:
-    """Train ``model`` in place with early stopping; leaves it holding the best weights.
+    """Train ``model`` in place with early stopping; leaves it holding the best weights. With tool-use ``demos``
+    it trains on them (``dockflow.models.tool_sft``) and validates through the tool loop.
 
     Returns (best validation accuracy, history of ``{epoch, loss, val_accuracy, seconds}`` per validation).
     """
@@ -167,10 +223,16 @@ def train_sft(
     # Warm-up matters here: without it the tiny model stalls at a few percent for dozens of epochs.
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / max(s.warmup_steps, 1)))
 
+    def make_batches(g: torch.Generator) -> list[dict[str, torch.Tensor]]:
+        return _make_batches(tokenizer, labeled, fmt, s.batch_size, g)
+
     def evaluate() -> float:
         return greedy_accuracy(
             model, tokenizer, val, inputs.eval_batch_size, inputs.max_new_tokens, fmt, verifier
         )
+
+    if demos is not None:
+        make_batches, evaluate = _tool_steps(inputs, model, tokenizer, demos, val)
 
     start = time.perf_counter()
     best_acc, best_state, bad = evaluate(), copy.deepcopy(model.state_dict()), 0
@@ -178,8 +240,7 @@ def train_sft(
     epochs = s.max_epochs if (s.enabled and labeled) else 0
     bar = tqdm(range(1, epochs + 1), desc="sft", unit="epoch", leave=False)
     for epoch in bar:
-        batches = _make_batches(tokenizer, labeled, fmt, s.batch_size, gen)
-        loss = _train_epoch(model, opt, sched, batches)
+        loss = _train_epoch(model, opt, sched, make_batches(gen))
         bar.set_postfix(loss=f"{loss:.3f}", best=f"{best_acc:.3f}")
         if epoch % s.eval_every_epochs and epoch != epochs:
             continue
@@ -212,8 +273,11 @@ def sft_warm_start(inputs: SFTInputs, run_dir: str | Path) -> SFTResult:
         result = SFTResult(final, saved["val_accuracy"], saved["history"], cached=True)
     else:
         task = load_task(inputs.data, inputs.seed, storage=inputs.storage)
-        model, tokenizer = _initial_model(inputs)
-        val_acc, history = train_sft(inputs, model, tokenizer, task.labeled, task.val)
+        demos = None
+        if inputs.tools.enabled:
+            demos = ToolDemonstrations(inputs.data, inputs.tools, inputs.sft.demonstrations, task.labeled)
+        model, tokenizer = _initial_model(inputs, demos)
+        val_acc, history = train_sft(inputs, model, tokenizer, task.labeled, task.val, demos)
         summary = {"val_accuracy": val_acc, "history": history, "key": final.name}
         save_pretrained_dir(model, tokenizer, final, extra_files={RESULT_FILE: json.dumps(summary, indent=1)})
         result = SFTResult(final, val_acc, history, cached=False)
@@ -231,16 +295,22 @@ def sft_report(inputs: SFTInputs, run_dir: str | Path, test_prompts: int) -> lis
     seconds = time.perf_counter() - start
     model, tokenizer = load_model_and_tokenizer(result.model_dir, dtype=inputs.model.dtype)
     test = load_task(inputs.data, inputs.seed, storage=inputs.storage).test[:test_prompts]
-    test_acc = greedy_accuracy(
-        model, tokenizer, test, inputs.eval_batch_size, inputs.max_new_tokens, PromptFormat.of(inputs.data),
-        task_verifier(inputs.data),
-    )
+    fmt, verifier, tools = PromptFormat.of(inputs.data), task_verifier(inputs.data), ""
+    if inputs.tools.enabled:
+        scores = tool_scores(model, tokenizer, test, tool_spec(inputs.tools, tokenizer), fmt=fmt, verifier=verifier,
+                             max_new_tokens=inputs.max_new_tokens, batch_size=inputs.eval_batch_size)
+        test_acc = scores["accuracy"]
+        tools = f" tool_calls={scores['tool_calls']:.2f} tool_errors={scores['tool_errors']:.2f} (per trajectory)"
+    else:
+        test_acc = greedy_accuracy(
+            model, tokenizer, test, inputs.eval_batch_size, inputs.max_new_tokens, fmt, verifier
+        )
     lines = []
     for h in result.history:
         loss = "   -  " if h["loss"] is None else f"{h['loss']:.4f}"
         lines.append(f"epoch {h['epoch']:4d}  loss {loss}  val {h['val_accuracy']:.3f}  t {h['seconds']}s")
     lines.append(
         f"model_dir={result.model_dir} cached={result.cached} sft_seconds={seconds:.1f} "
-        f"val_accuracy={result.val_accuracy:.3f} test_accuracy={test_acc:.3f} (n={len(test)})"
+        f"val_accuracy={result.val_accuracy:.3f} test_accuracy={test_acc:.3f} (n={len(test)}){tools}"
     )
     return lines

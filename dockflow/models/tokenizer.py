@@ -12,21 +12,17 @@ generation. It saves and loads like any HF tokenizer::
 
 from __future__ import annotations
 
+import re
 import string
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
 from dockflow.config.sections import CheckpointConfig, DataConfig
+from dockflow.models.chat_template import CHAT_TOKENS, END_OF_TURN, TINY_CHAT_TEMPLATE, TOOL_TOKENS
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
-CHAT_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
-# The tiny tokenizer's own chat template (data.chat_template): each turn is a role token, its text and <|end|>.
-TINY_CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
 EXTRA_CHARS = "\u2212\u00d7\u00f7"  # unicode minus, times, divide
 
 
@@ -85,21 +81,48 @@ def build_char_tokenizer(corpus: Iterable[str] | None = None, num_merges: int = 
     )
 
 
+def with_chat_template(tokenizer: PreTrainedTokenizerFast, tools: bool = True) -> PreTrainedTokenizerFast:
+    """``tokenizer`` with the chat tokens (special) and ``TINY_CHAT_TEMPLATE`` (``dockflow.models.chat_template``);
+    for a run with ``tools`` also the tool tokens (not special, as in Qwen2.5) and ``<|end|>`` as its EOS, so a
+    model turn ends where the template ends it. Without tools the vocabulary and EOS stay as they were before
+    tools existed (the model's init and its SFT do not move). Returns it."""
+    tokenizer.add_special_tokens({"additional_special_tokens": list(CHAT_TOKENS)})
+    tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    if tools:
+        tokenizer.add_tokens(list(TOOL_TOKENS))
+        tokenizer.eos_token = END_OF_TURN
+    return tokenizer
+
+
+_ADDED = re.compile("|".join(re.escape(t) for t in (*CHAT_TOKENS, *TOOL_TOKENS)))
+
+
+def corpus_pieces(texts: Iterable[str]) -> list[str]:
+    """The text between the chat and tool tokens of each of ``texts`` (those are single tokens, never merged)."""
+    return [piece for text in texts for piece in _ADDED.split(text) if piece]
+
+
 def build_task_tokenizer(
-    data: DataConfig, seed: int, merges: int, storage: CheckpointConfig | None = None
+    data: DataConfig,
+    seed: int,
+    merges: int,
+    storage: CheckpointConfig | None = None,
+    extra_corpus: Sequence[str] = (),
+    *,
+    tools: bool = False,
 ) -> PreTrainedTokenizerFast:
     """The tiny model's tokenizer: characters plus ``merges`` merges (``model.tiny.tokenizer_merges``) learned
-    from the templated train prompts and answers of ``data`` (its files fetched with ``storage``'s S3 settings);
-    deterministic: the same inputs give the same tokenizer. With ``data.chat_template`` also the chat tokens
-    and ``TINY_CHAT_TEMPLATE``."""
+    from the templated train prompts and answers of ``data`` (its files fetched with ``storage``'s S3 settings)
+    and ``extra_corpus`` (a tool run's rendered demonstrations: ``corpus_pieces``); deterministic: the same
+    inputs give the same tokenizer. With ``data.chat_template`` also the chat tokens and ``TINY_CHAT_TEMPLATE``, and
+    for a run with ``tools`` the tool tokens and ``<|end|>`` as EOS (``with_chat_template``)."""
     from dockflow.data import apply_template, load_task
     from dockflow.data.messages import prompt_text
 
     task = load_task(data, seed, storage=storage)
     corpus = [(apply_template(data.prompt_template, ex.prompt) if isinstance(ex.prompt, str) else prompt_text(ex.prompt))
               + ex.answer for ex in task.train]
-    tokenizer = build_char_tokenizer(corpus, merges)
+    tokenizer = build_char_tokenizer([*corpus, *corpus_pieces(extra_corpus)], merges)
     if data.chat_template:  # only then: new tokens change the tiny model's vocabulary, hence its init
-        tokenizer.add_special_tokens({"additional_special_tokens": list(CHAT_TOKENS)})
-        tokenizer.chat_template = TINY_CHAT_TEMPLATE
+        with_chat_template(tokenizer, tools)
     return tokenizer

@@ -42,9 +42,11 @@ def trl_completions(prompts: Sequence[Any], texts: list[str]) -> list[Any]:
 
 
 def completion_text(completion: Any) -> str:
-    """A completion's text in either format: a string as it is; a list of messages, its last message's content."""
+    """A completion's text in either format: a string as it is; a list of messages, the content of its last message
+    that is not a tool result (a multi-turn completion's final answer; "" when it has none)."""
     if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
-        return str(completion[-1].get("content", ""))
+        said = [m for m in completion if m.get("role") != "tool"]
+        return str(said[-1].get("content") or "") if said else ""
     return str(completion)
 
 

@@ -52,6 +52,7 @@ class RewardBatch:
     columns: dict[str, list[Any]]
     state: RunState
     sample_ids: list[int] = field(default_factory=list)  # how messages name the samples (default: 0..n-1)
+    environments: list[Any] | None = None  # with an environment_factory: each sample's instance (TRL's environments=)
 
 
 @dataclass
@@ -64,6 +65,8 @@ class FunctionResult:
 def _call(fn: Any, batch: RewardBatch, rows: list[int], metrics: dict[str, list[float]]) -> Any:
     kwargs = {k: [v[i] for i in rows] for k, v in batch.columns.items()}
     kwargs.update(trainer_state=batch.state, log_metric=lambda name, value: metrics[name].append(float(value)))
+    if batch.environments is not None:  # as TRL passes them: only when the run has an environment_factory
+        kwargs["environments"] = [batch.environments[i] for i in rows]
     out = fn(prompts=[batch.prompts[i] for i in rows], completions=[batch.completions[i] for i in rows],
              completion_ids=[batch.completion_ids[i] for i in rows], **kwargs)
     return asyncio.run(out) if asyncio.iscoroutine(out) else out  # an async function's result is awaited

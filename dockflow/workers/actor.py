@@ -212,7 +212,7 @@ class ActorWorker(ModelWorker):
 
     def _scoring(self) -> EvalInputs:
         cfg = self.cfg
-        return EvalInputs(cfg.eval, cfg.data, cfg.rollout.max_new_tokens, cfg.run.seed)
+        return EvalInputs(cfg.eval, cfg.data, cfg.rollout.max_new_tokens, cfg.run.seed, cfg.tools)
 
     def evaluate(self, split: str = "test", limit: int | None = None, pairs: TensorDict | None = None) -> dict[str, float]:
         """Held-out scores by the verifier (greedy accuracy; pass@k with eval.pass_k > 1); with held-out

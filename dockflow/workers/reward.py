@@ -3,7 +3,10 @@
 
 It holds no model, only the tokenizer (to decode) and the task's train rows (looked up by the prompt id that the
 dock carries as metadata): their prompts, answers and other columns are what the reward functions get, in TRL's
-convention (``dockflow.rewards.functions``; conversational rows: prompts and completions as message lists). The built-ins run here, the user's functions in a child process,
+convention (``dockflow.rewards.functions``; conversational rows: prompts and completions as message lists; tool runs:
+each trajectory's prompt and multi-turn completion from its ``tool_record``, the environments as ``environments=`` and
+each environment class's ``get_reward()`` as a reward source of weight 1, as TRL's GRPOTrainer passes them). The
+built-ins run here, the user's functions in a child process,
 under ``reward.timeout_s`` (``dockflow.rewards.runner``; ``reward.functions[].isolate``); reward models' scores
 come from the dock (``rm_scores``, written by the reward-model worker). Light: it asks Ray for no CPU. The algorithm's recipe shapes the combined reward (DAPO:
 overlong responses); ``AdvantageState`` gives advantages to the groups the run plan's sampling selects.
@@ -13,17 +16,22 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from tensordict import TensorDict
 
+from dockflow.agents.environments import reward_environments
+from dockflow.agents.records import TrajectoryRecord, unpack_record
 from dockflow.background import run_in_background
 from dockflow.config import Config
 from dockflow.data import Example, load_task
 from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import decode_responses, response_ids
+from dockflow.engines.tool_rollouts import tool_spec
 from dockflow.models import load_tokenizer
-from dockflow.rewards.functions import combine, function_path, trl_completions
+from dockflow.rewards.functions import combine, completion_text, function_path, trl_completions
 from dockflow.rewards.runner import RewardBatch, RewardRunner, RunState
 from dockflow.rewards.verifier import task_verifier
 from dockflow.storage.objects import fetch_model
@@ -38,6 +46,33 @@ def row_columns(examples: list[Example], answer_key: str = "answer") -> dict[str
     cols = {answer_key: [ex.answer for ex in examples]}
     cols.update({k: [ex.fields.get(k) for ex in examples] for k in names if k != answer_key})
     return cols
+
+
+@dataclass
+class Scoring:
+    """One dock batch as the reward functions get it (``prompts``, ``completions``, ``completion_ids``, TRL's
+    ``environments``), the texts the task's verifier scores, and each reward environment's ``get_reward()``."""
+
+    prompts: list[Any]
+    completions: list[Any]
+    completion_ids: list[list[int]]
+    texts: list[str]
+    environments: list[Any] | None = None
+    environment_rewards: list[list[float]] = field(default_factory=list)
+
+
+def tool_view(records: list[TrajectoryRecord], responses: torch.Tensor, lengths: list[int],
+              env_rewards: list[str], environments: bool) -> Scoring:
+    """A tool run's batch as TRL passes it: each prompt as the model saw it, the multi-turn completion (assistant
+    turns with their tool calls, tool messages), the completion's ids (every token after the prompt, tool
+    results included), with ``environments`` the environment instances; the verifier scores the final answer;
+    each class of ``env_rewards`` is a reward source: its rollouts' ``get_reward()``, NaN for the others."""
+    whole = [row[:n] for row, n in zip(responses.tolist(), lengths, strict=True)]
+    completions = [r.completion for r in records]
+    envs = [[r.reward if r.environment == name and r.reward is not None else math.nan for r in records]
+            for name in env_rewards]
+    return Scoring([r.prompt for r in records], completions, whole, [completion_text(c) for c in completions],
+                   [r.state for r in records] if environments else None, envs)
 
 
 def _stats(values: list[float]) -> tuple[float, float]:
@@ -62,8 +97,11 @@ class RewardWorker:
         self.runner = RewardRunner([(f.label, function_path(f)) for f in rc.functions], rc.timeout_s,
                                    in_process={f.label for f in rc.functions if f.in_worker})
         self.runner.start()  # from the actor's own thread, whose end the child process (if any) follows
-        self.labels = [f.label for f in rc.functions] + [m.label for m in rc.models]
-        self.weights = [f.weight for f in rc.functions] + [m.weight for m in rc.models]
+        # TRL's extra reward sources: each environment class with get_reward(), weight 1, named after the class
+        self.tools = cfg.tools.enabled
+        self.env_rewards = reward_environments(tool_spec(cfg.tools, self.tokenizer).factories) if self.tools else []
+        self.labels = [f.label for f in rc.functions] + [m.label for m in rc.models] + self.env_rewards
+        self.weights = [f.weight for f in rc.functions] + [m.weight for m in rc.models] + [1.0] * len(self.env_rewards)
         self.columns = cfg.plan.role("reward").reads  # its states' dock columns: reward, advantage
         self.recipe = cfg.algorithm.recipe  # the algorithm's reward shaping
         self.advantage = AdvantageState(cfg, dock)
@@ -71,19 +109,28 @@ class RewardWorker:
     def ready(self) -> bool:
         return True
 
+    def _view(self, batch, rows: list[Example]) -> Scoring:
+        """What the reward functions and the verifier see of one dock batch (TRL's arguments)."""
+        data = batch.data
+        if not self.tools:
+            ids = response_ids(data["responses"], data["response_mask"])
+            texts = decode_responses(self.tokenizer, data["responses"], data["response_mask"], ids)
+            prompts = [ex.prompt for ex in rows]  # a conversational row's messages, as TRL passes them
+            return Scoring(prompts, trl_completions(prompts, texts), ids, texts)
+        return tool_view([unpack_record(row) for row in data["tool_record"]], data["responses"],
+                         batch.meta["response_length"].tolist(), self.env_rewards, self.cfg.tools.has_environment)
+
     def _score(
-        self, batch, iteration: int, texts: list[str], ids: list[list[int]]
+        self, batch, iteration: int, view: Scoring, rows: list[Example]
     ) -> tuple[list[list[float]], dict[str, list[float]], float, float]:
-        """Per-source values (functions, then models) of one dock batch, what the functions logged, the scoring
-        call's seconds (with any process hop) and the functions' own (where they ran)."""
-        rows = [self.examples[p] for p in batch.meta["prompt_id"].tolist()]
+        """Per-source values (functions, models, then environments) of one dock batch, what the functions logged,
+        the scoring call's seconds (with any process hop) and the functions' own (where they ran)."""
         lo = self.cfg.dock_window(iteration)[0]
-        prompts = [ex.prompt for ex in rows]  # a conversational row's messages, as TRL passes them
         request = RewardBatch(
-            prompts=prompts, completions=trl_completions(prompts, texts), completion_ids=ids,
+            prompts=view.prompts, completions=view.completions, completion_ids=view.completion_ids,
             columns=row_columns(rows, self.cfg.data.answer_key),
             state=RunState(global_step=iteration, max_steps=self.cfg.train.iterations),
-            sample_ids=[i - lo for i in batch.indices],
+            sample_ids=[i - lo for i in batch.indices], environments=view.environments,
         )
         start = time.perf_counter()
         scored = self.runner.score(request)
@@ -91,6 +138,7 @@ class RewardWorker:
         columns = [r.values for r in scored.values()]
         if self.cfg.reward.models:
             columns += batch.data["rm_scores"].T.tolist()
+        columns += view.environment_rewards
         logged: dict[str, list[float]] = {}
         for result in scored.values():
             for name, value in result.metrics.items():
@@ -110,17 +158,17 @@ class RewardWorker:
         request = DockRequest("reward", bs, columns, window=self.cfg.dock_window(iteration))
         waited, functions_s, own_s = WaitClock(), 0.0, 0.0
         for batch in consume(self.dock, request, self.cfg.global_batch, clock=waited):
-            ids = response_ids(batch.data["responses"], batch.data["response_mask"])
-            texts = decode_responses(self.tokenizer, batch.data["responses"], batch.data["response_mask"], ids)
-            values, batch_logged, call_s, own = self._score(batch, iteration, texts, ids)
+            rows = [self.examples[p] for p in batch.meta["prompt_id"].tolist()]
+            view = self._view(batch, rows)
+            texts = view.texts
+            values, batch_logged, call_s, own = self._score(batch, iteration, view, rows)
             functions_s, own_s = functions_s + call_s, own_s + own
             for acc, col in zip(per_source, values, strict=True):
                 acc.extend(col)
             for name, v in batch_logged.items():
                 logged.setdefault(name, []).extend(v)
             unscorable += sum(all(math.isnan(col[i]) for col in values) for i in range(len(texts)))
-            correct += sum(self.verifier(t, self.examples[p]) > 0
-                           for t, p in zip(texts, batch.meta["prompt_id"].tolist(), strict=True))
+            correct += sum(self.verifier(t, ex) > 0 for t, ex in zip(texts, rows, strict=True))
             score = torch.tensor(combine(values, self.weights), dtype=torch.float32)
             score = self.recipe.shape_rewards(self.cfg, score, batch.meta["response_length"])  # DAPO: overlong shaping
             self.dock.put(batch.indices, TensorDict({"rewards": score}, batch_size=[len(batch)]))

@@ -6,7 +6,7 @@ recipe, ``dockflow.algos.recipe.Algorithm.consumers``, plus the reward-model and
 
     state          writes                         algorithms
     reward_model   rm_scores                      all that sample, with reward.models
-    reward         rewards                        all that sample (not DPO)
+    reward         rewards                        all that sample (not DPO); with tools: reads tool_record
     advantage      advantages (+ returns)         all that sample
     actor_infer    old_log_prob                   all that sample (unless train.old_log_prob: rollout)
     ref_infer      ref_log_prob                   DPO, or any with algorithm.kl_coef > 0
@@ -40,6 +40,7 @@ COLUMNS: dict[str, torch.dtype] = {
     "old_log_prob": torch.float32,
     "ref_log_prob": torch.float32,
     "rollout_log_prob": torch.float32,  # [B, R]: the generating engine's log-probs (behaviour policy: TIS, drift)
+    "tool_record": torch.uint8,  # [B, tools.record_bytes]: a tool trajectory's conversation and environment
 }
 
 ROLLOUT_COLUMNS = ("input_ids", "attention_mask", "responses", "response_mask")

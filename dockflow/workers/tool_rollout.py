@@ -3,7 +3,8 @@
 
 The dock's prompt column is ``tools.max_total_tokens - rollout.max_new_tokens`` wide (a trajectory's prompt
 holds the tool schemas and an environment's observation, unknown until ``reset``), the response column
-``rollout.max_new_tokens``; ``response_mask`` is the trajectory's mask (docs/agents.md).
+``rollout.max_new_tokens``; ``response_mask`` is the trajectory's mask; ``tool_record`` each trajectory's
+conversation and environment for the reward functions (docs/agents.md).
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from typing import Any
 
 import torch
 
-from dockflow.agents import import_tool, loop_template
 from dockflow.config import Config
 from dockflow.data import PromptFormat
 from dockflow.dock import TransferDock
 from dockflow.engines import GenerationEngine, SamplingParams
-from dockflow.engines.tool_rollouts import ToolSpec, tool_rollouts, trajectory_metrics
+from dockflow.engines.tool_rollouts import tool_rollouts, tool_spec, trajectory_metrics
+from dockflow.eval.tools import tool_rows
 from dockflow.workers.rollout import QueueClient, dock_columns, generation_seed, rollout_metrics
 from dockflow.workers.rollout_queue import QueueSettings, RolloutQueue
 
@@ -29,18 +30,10 @@ class ToolTable:
     columns, for an environment's ``reset``), the tools and the loop's chat template. One per worker."""
 
     def __init__(self, cfg: Config, examples: list[Any], tokenizer: Any) -> None:
-        fmt = PromptFormat.of(cfg.data)
-        self.rows = [{**ex.fields, "answer": ex.answer, "prompt": fmt.messages(ex.prompt)} for ex in examples]
-        tc = cfg.tools
-        factories: Any = None
-        if tc.environment:
-            factories = import_tool(tc.environment)
-        elif tc.environments:
-            factories = {name: import_tool(path) for name, path in tc.environments.items()}
-        tools = [import_tool(p) for p in tc.functions]
-        self.spec = ToolSpec(tools, factories, tc, loop_template(tokenizer))
+        self.rows = tool_rows(examples, PromptFormat.of(cfg.data))
+        self.spec = tool_spec(cfg.tools, tokenizer)
         self.tokenizer = tokenizer
-        self.width = tc.max_total_tokens - cfg.rollout.max_new_tokens
+        self.width = cfg.tools.max_total_tokens - cfg.rollout.max_new_tokens
 
 
 def generate_tools_into_dock(
@@ -86,7 +79,9 @@ def generate_tools_into_dock(
             "response_length": out["response_length"],
             "policy_version": torch.full((len(indices),), policy_version),
         }
-        dock.put(indices, dock_columns(cfg, out), meta)
+        cols = dock_columns(cfg, out)
+        cols["tool_record"] = out["tool_record"]  # the conversations and environments, for the reward functions
+        dock.put(indices, cols, meta)
         totals["prompt"] += int(out["prompt_length"].sum())
         totals["response"] += int(out["response_length"].sum())
         totals["samples"] += len(indices)

@@ -114,7 +114,8 @@ def test_a_conversational_dataset_with_a_calculator_tool_trains_with_trls_think_
     evaluation, scored by the built-in verifier and by TRL's own ``think_format_reward`` (which needs conversational
     completions), unchanged; the actor runs the multi-turn tool loop with a calculator tool whose module exists
     only in the test's temporary directory (shipped to the Ray workers as reward modules are), and the
-    per-trajectory tool metrics reach MLflow every iteration. Two iterations teach the tiny model nothing: this
+    per-trajectory tool metrics reach MLflow every iteration; held-out evaluation runs the same tool loop. Two
+    iterations teach the tiny model nothing: this
     checks the wiring; ``tests/unit/agents/test_tool_rollouts.py`` checks the mask."""
     import json
 
@@ -140,4 +141,5 @@ def test_a_conversational_dataset_with_a_calculator_tool_trains_with_trls_think_
         assert [step for step, _ in read_metric_history(uri, run_id, key)] == [1, 2], key
     assert all(v == 0.0 for _, v in read_metric_history(uri, run_id, "rewards/think_format_reward/mean"))
     assert all(1.0 <= v <= 2.0 for _, v in read_metric_history(uri, run_id, "tools/turns"))
-    assert [s for s, _ in read_metric_history(uri, run_id, "eval/test_accuracy")] == [0, 2]
+    for key in ("eval/test_accuracy", "eval/test_tool_calls", "eval/test_tool_errors"):  # evaluated with the tool
+        assert [s for s, _ in read_metric_history(uri, run_id, key)] == [0, 2], key

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from dockflow.agents.records import unpack_record
 from dockflow.algos.grpo import clipped_policy_loss
 from dockflow.algos.ppo import gae_advantages
 from dockflow.config.tools import ToolsConfig
@@ -19,16 +20,20 @@ TURNS = [call("add", '{"a": 3, "b": 4}'), "It is 7."]
 
 
 class Scripted(GenerationEngine):
-    """Answers each ``sample`` with the next scripted turn (then EOS) and log-prob -(position + 1)."""
+    """Answers each ``sample`` (one turn of every trajectory in the batch) with the next scripted turn for every
+    row (then EOS, then padding) and log-prob -(position + 1)."""
 
     def __init__(self, tokenizer, turns: list[str] = TURNS) -> None:
-        self.tokenizer, self.turns, self.turn = tokenizer, turns, 0
+        self.tokenizer, self.turns, self.turn, self.batches = tokenizer, turns, 0, []
 
     def sample(self, input_ids, attention_mask, max_new_tokens, params, seed, generated=None, row_caps=None):
         ids = self.tokenizer.encode(self.turns[self.turn % len(self.turns)], add_special_tokens=False)
         ids = (ids + [self.tokenizer.eos_token_id])[:max_new_tokens]
+        ids += [self.tokenizer.pad_token_id] * (max_new_tokens - len(ids))
         self.turn += 1
-        return torch.tensor([ids]), -torch.arange(1, len(ids) + 1, dtype=torch.float32).unsqueeze(0)
+        self.batches.append(input_ids.shape[0])
+        rows = input_ids.shape[0]
+        return torch.tensor([ids] * rows), -torch.arange(1, max_new_tokens + 1, dtype=torch.float32).repeat(rows, 1)
 
     def generate(self, prompts, params, seed, prompt_width=None):
         raise NotImplementedError
@@ -117,14 +122,25 @@ def test_model_tokens_stay_within_the_response_width(tokenizer) -> None:
     assert rollouts[0].trajectory.finish == "max_total_tokens"
 
 
-def test_an_environments_reward_is_reported_under_its_class_name(tokenizer) -> None:
+def test_the_record_carries_the_conversation_the_environment_and_its_reward(tokenizer) -> None:
     """``reset(**row)`` gets the row (its observation lands in the prompt), the scripted turns call
-    ``increment`` and stop, and each trajectory's ``get_reward()`` is averaged as ``tools/reward_Counter``."""
+    ``increment`` and stop; each trajectory's record holds the prompt as the model saw it, the completion in TRL's
+    multi-turn form, a copy of its environment instance as the rollout left it and its ``get_reward()``."""
     engine = Scripted(tokenizer, [call("increment", '{"by": 2}'), "Done."])
     spec = ToolSpec([], Counter, ToolsConfig(max_total_tokens=4096, timeout_s=5.0))
     rows = [{**ROW, "target": 2}, {**ROW, "target": 3}]
     params = SamplingParams(200, 1.0, 1.0, greedy=False, n=1)
     batch, rollouts = tool_rollouts(engine, tokenizer, rows, spec, params, seed=0, prompt_width=W)
+    assert engine.batches == [2, 2]  # both trajectories sampled together, a turn at a time
     assert [r.reward for r in rollouts] == [1.0, 0.0] and {r.environment for r in rollouts} == {"Counter"}
     assert "target 2" in tokenizer.decode(batch["input_ids"][0, :W][batch["attention_mask"][0, :W].bool()])
-    assert trajectory_metrics(rollouts)["tools/reward_Counter"] == 0.5
+    records = [unpack_record(row) for row in batch["tool_record"]]
+    assert [(r.reward, r.environment) for r in records] == [(1.0, "Counter"), (0.0, "Counter")]
+    assert [(r.state.count, r.state.target) for r in records] == [(2, 2), (2, 3)]
+    assert records[1].prompt == [{"role": "user", "content": "What is 3 + 4? (counter at 0, target 3)"}]
+    assert records[0].completion == [
+        {"role": "assistant", "content": "",
+         "tool_calls": [{"type": "function", "function": {"name": "increment", "arguments": {"by": 2}}}]},
+        {"role": "tool", "name": "increment", "content": "2"},
+        {"role": "assistant", "content": "Done."},
+    ]

@@ -34,3 +34,12 @@ def test_no_tools_by_default_and_a_tool_run_validates() -> None:
 def test_what_the_tool_loop_cannot_run_is_refused(extra: list[str], named: str) -> None:
     with pytest.raises(ConfigError, match=f"tools are configured but {named}"):
         load_config(None, [TOOL, *extra])
+
+
+def test_demonstrations_without_tools_are_refused_and_the_demo_config_has_both() -> None:
+    with pytest.raises(ConfigError, match="sft.demonstrations teach tool use, but no tools are configured"):
+        load_config(None, ["sft.demonstrations=dockflow.agents.calculator:demonstration"])
+    demo = load_config("configs/grpo_calculator.yaml")
+    assert demo.tools.functions == ["dockflow.agents.calculator:calculator"] and demo.sft.demonstrations
+    assert demo.plan.role("reward").reads["reward"][-1] == "tool_record"  # the reward worker reads the records
+    assert "tool_record" in demo.plan.role("actor").writes

@@ -94,3 +94,18 @@ def test_task_and_base_model_identity() -> None:
     tiny = base_model_identity(cfg.model)
     assert tiny.startswith("tiny qwen2 hidden=128 layers=4")
     assert base_model_identity(ModelConfig(tiny={"hidden_size": 64})) != tiny
+
+
+def test_tools_enter_the_fingerprint_only_when_the_run_has_them() -> None:
+    from dockflow.config.tools import ToolsConfig
+
+    ex = [Example("What is 1 + 2?", "3")]
+    plain = EvalInputs(EvalConfig(), DataConfig(), 8, 0)
+    assert eval_identity(ex, EvalInputs(EvalConfig(), DataConfig(), 8, 0, ToolsConfig())) == eval_identity(ex, plain)
+    calc = ToolsConfig(functions=["dockflow.agents.calculator:calculator"])
+    with_tools = eval_identity(ex, EvalInputs(EvalConfig(), DataConfig(), 8, 0, calc))
+    assert with_tools.fingerprint != eval_identity(ex, plain).fingerprint and "calculator" in with_tools.tools
+    other = EvalInputs(EvalConfig(), DataConfig(), 8, 0, calc.model_copy(update={"max_turns": 2}))
+    assert eval_identity(ex, other).fingerprint != with_tools.fingerprint  # the loop's limits change a score
+    same = EvalInputs(EvalConfig(), DataConfig(), 8, 0, calc.model_copy(update={"record_bytes": 1024}))
+    assert eval_identity(ex, same).fingerprint == with_tools.fingerprint  # the record's size does not

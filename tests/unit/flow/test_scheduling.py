@@ -31,11 +31,11 @@ def test_tool_metrics_of_several_generators_are_sample_weighted_means():
     base = {"rollout/prompt_length": 1.0, "rollout/response_length": 1.0, "rollout/tokens": 1.0,
             "timing/generate_s": 1.0}
     results = {
-        "generate/0": {**base, "rollout/samples": 6.0, "tools/turns": 2.0, "tools/reward_Calc": 1.0},
+        "generate/0": {**base, "rollout/samples": 6.0, "tools/turns": 2.0, "tools/tool_errors": 1.0},
         "generate/1": {**base, "rollout/samples": 2.0, "tools/turns": 4.0},
     }
     merged = pop_generated(results)
-    assert merged["tools/turns"] == 2.5 and merged["tools/reward_Calc"] == 1.0
+    assert merged["tools/turns"] == 2.5 and merged["tools/tool_errors"] == 1.0
     assert rollout_summary([merged, {**merged, "tools/turns": 1.5}], 8)["tools/turns"] == 2.0
 
 
