@@ -3,7 +3,7 @@ and ``train`` disaggregated (a generator worker takes the published weights and 
 cluster, and ``dockflow train`` (in the test process), whose strict sync check stops the run with one line. The
 runs log the rollout-vs-trainer log-prob drift every iteration and the sync check's difference; both stay at
 numerical noise. The Kubeflow pipeline starts its workers through the same ``RunSession`` as ``train`` (nothing
-in ``pipelines/``, ``components/`` or ``dockflow/flow/`` depends on the engine): ``test_pipeline_local.py`` runs
+in ``pipelines/``, ``components/`` or ``dockflow/flow/`` reads ``engine.backend``): ``test_pipeline_local.py`` runs
 it on the HF engine."""
 
 import pytest
