@@ -89,7 +89,7 @@ def test_two_iterations_train_the_policy(algorithm, ray_cluster, tiny_config, tm
     after = load_file(str(Path(summary["final_model"]) / "model.safetensors"))
     unchanged = [k for k in before if torch.equal(before[k], after[k])]
     assert not unchanged, f"{algorithm} left parameters unchanged: {unchanged}"
-    uri = resolve_tracking_uri(None, cfg.run.output_dir)
+    uri = resolve_tracking_uri(cfg.tracking.uri, cfg.run.output_dir)
     for key in ALGORITHMS[algorithm] + ("perf/throughput_tps", "timing/update_s"):
         history = read_metric_history(uri, summary["mlflow_run_id"], key)
         assert [s for s, _ in history] == [1, 2], key

@@ -50,7 +50,8 @@ def test_train_learns_logs_and_resumes_bit_identically_through_s3(ray_cluster, t
     def cfg(name: str, iterations: int, **extra):
         # No KL term: the reference worker (frozen, not checkpointed) would only add start-up time here; the
         # KL algorithms (REINFORCE++, PPO, DPO) run it in test_algorithms.
-        return tiny_config(name, iterations, checkpoint__dir=s3_checkpoint_dir, **extra)  # a root: <dir>/<run.name>
+        # checkpoints under a root (<dir>/<run.name>); MLflow in the default store, in the run directory
+        return tiny_config(name, iterations, checkpoint__dir=s3_checkpoint_dir, tracking__uri="null", **extra)
 
     full_cfg = cfg("full", 4)
     full = train(full_cfg)
