@@ -86,6 +86,11 @@ class GenerationEngine(ABC):
         resume."""
         raise NotImplementedError(f"{type(self).__name__} cannot continue partial rollouts")
 
+    def samples_with(self, module: torch.nn.Module) -> bool:
+        """Whether this engine samples with ``module``'s own tensors (HF generation colocated with its trainer):
+        then a sync copies nothing, and the sync check has nothing to compare."""
+        return False
+
     def probe_log_probs(self, tokens: torch.Tensor) -> torch.Tensor:
         """[K, L-1]: the engine's log-prob of each token of ``tokens`` [K, L] given the ones before it
         (temperature 1), for the weight-sync check (``dockflow.engines.sync_check``)."""

@@ -102,5 +102,8 @@ class HFGenerationEngine(GenerationEngine):
             if target.data_ptr() != tensor.data_ptr():
                 target.copy_(tensor)
 
+    def samples_with(self, module: nn.Module) -> bool:
+        return self.model is module
+
     def probe_log_probs(self, tokens: torch.Tensor) -> torch.Tensor:
         return reference_log_probs(self.model, tokens)

@@ -22,7 +22,7 @@ from dockflow.flow import record, worker_calls
 from dockflow.flow.idle import IdleTracker
 from dockflow.flow.metrics import iteration_throughput, merge_results, pop_generated, rollout_summary
 from dockflow.flow.run_record import RunRecord
-from dockflow.flow.streaming import AWAIT_ONLY, StageTask
+from dockflow.flow.streaming import AWAIT_ONLY, EVAL_SECONDS, StageTask
 from dockflow.tracking import Tracker
 from dockflow.workers import Workers
 
@@ -137,9 +137,10 @@ class RunTasks:
         results = yield worker_calls.evaluate(self.workers, self.cfg.eval.num_prompts)
         scores = {k: v for k, v in results["evaluate"].items() if k.startswith("eval/")}
         self.state.record_eval(step, scores)
+        timed = {**scores, EVAL_SECONDS: results["evaluate"][EVAL_SECONDS]}
         if step == self.start:
-            self.tracker.log_metrics_or_defer(scores, step=step)  # later ones are logged with their iteration
-        return scores
+            self.tracker.log_metrics_or_defer(timed, step=step)  # later ones are logged with their iteration
+        return timed
 
     # ---- the run's record ----
 

@@ -16,7 +16,8 @@ iterations, and stage ``S`` of iteration ``i`` starts as soon as its gate opens 
 were sent, and every call comes from this one thread, so each worker sees the same order in every run (a run
 is reproducible bit for bit). Across workers the dock orders the data: a get blocks until its columns are
 ready, so scoring and inference stream behind generation. When reshard(i) is done and the stages of ``i`` are
-done, the iteration closes (``record``: metrics, MLflow, progress) and a due checkpoint is written; it holds
+done, the iteration closes (``record``: metrics, MLflow, progress; its seconds leave out the held-out evaluations
+done meanwhile, ``EVAL_SECONDS``, as verl and TRL time evaluation apart) and a due checkpoint is written; it holds
 the generations already done ahead (checkpoint part ``inflight``: ``GeneratorWorker.save_inflight`` in
 ``dockflow.workers.generator``), so a resumed run repeats and loses no sample.
 
@@ -40,6 +41,7 @@ STAGES = ("generate", "infer", "update", "reshard", "evaluate")
 AWAIT_ONLY = "@"  # a ref named "@..." is waited for but not fetched (e.g. published weights): its result is the ref
 Refs = dict[str, Any]
 StageTask = Generator[Refs, dict[str, Any], dict[str, float]]
+EVAL_SECONDS = "timing/eval_s"  # an evaluate task's own seconds, as the evaluating worker measured them
 POLL_S = 0.5  # longest wait between checks of the stop flag and the deadlines
 
 
@@ -135,6 +137,7 @@ class StageLoops:
         self.done["checkpoint"].add(start)  # what the run starts from (a checkpoint, or nothing to save)
         self.closed = start  # the next iteration to close
         self.last_close = time.monotonic()
+        self.evaluating_s = 0.0  # seconds the evaluations done since the last close took (not the iteration's)
         self.running: list[_Running] = []
         self.ready: set[Any] = set()  # refs known done, of tasks still waiting for others
         self.completed: set[str] = set()
@@ -224,8 +227,8 @@ class StageLoops:
         parts = {s: self.results.get((s, i), {}) for s in ("generate", "infer", "update", "reshard")}
         if self._due(i + 1):
             parts["evaluate"] = self.results[("evaluate", i + 1)]
-        self.tasks.close(i, parts, now - self.last_close)
-        self.last_close = now
+        self.tasks.close(i, parts, max(now - self.last_close - self.evaluating_s, 0.0))
+        self.last_close, self.evaluating_s = now, 0.0
         self.closed = i + 1
         if i + 1 in self.schedule.checkpoint_steps:
             self._launch("checkpoint", i + 1)
@@ -259,6 +262,8 @@ class StageLoops:
     def _mark(self, kind: str, index: int, metrics: dict[str, float], seconds: float = 0.0) -> None:
         self.done[kind].add(index)
         self.results[(kind, index)] = metrics
+        if kind == "evaluate":
+            self.evaluating_s += metrics.get(EVAL_SECONDS, 0.0)
         if self.on_stage is not None and kind in STAGES:
             self.on_stage(kind, index, metrics, seconds)
 

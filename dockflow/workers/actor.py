@@ -205,6 +205,8 @@ class ActorWorker(ModelWorker):
         start = time.perf_counter()
         self.gen_engine.load_weights(self.train_engine.generation_weights())
         out = {"timing/reshard_s": time.perf_counter() - start}
+        if self.gen_engine.samples_with(self.policy):  # HF generation on the policy's own tensors: nothing to check
+            return self._report(out)
         probe = self.sync_checker.next_probe(self.policy, len(self.tokenizer))
         if probe is not None:  # WeightSyncError stops the run when the generation engine's weights are not ours
             out[SYNC_CHECK] = self.gen_engine.check_sync(probe)

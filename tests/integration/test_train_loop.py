@@ -72,12 +72,16 @@ def test_train_learns_logs_and_resumes_bit_identically_through_s3(ray_cluster, t
     # the HF engine samples with the trainer's own tensors: its log-probs equal the trainer's up to kernel noise
     drift = read_metric_history(uri, full["mlflow_run_id"], "rollout/logprob_abs_diff_max")
     assert [s for s, _ in drift] == [1, 2, 3, 4] and all(v < 1e-4 for _, v in drift), drift
-    checks = read_metric_history(uri, full["mlflow_run_id"], "reshard/sync_check_max_diff")
-    assert checks and all(v == 0.0 for _, v in checks), checks
+    # colocated, the HF engine samples with the policy's own module: no sync to check (the split run's generator
+    # loads published weights into its own model and checks them, below)
+    assert not read_metric_history(uri, full["mlflow_run_id"], "reshard/sync_check_max_diff")
 
     split = cfg("split", 2, placement__mode="disaggregated", placement__generator_cpus=0)
     first_half = train(split)
     assert first_half["reward_per_iteration"] == full["reward_per_iteration"][:2]
+    checks = read_metric_history(resolve_tracking_uri(None, split.run.output_dir), first_half["mlflow_run_id"],
+                                 "reshard/sync_check_max_diff")
+    assert checks and all(v < 1e-4 for _, v in checks), checks
     on_policy = run_store(split.checkpoint, split.run).read_part(2, "actor", weights_only=False)["engine"]
     reference = run_store(full_cfg.checkpoint, full_cfg.run).read_part(2, "actor", weights_only=False)["engine"]
     for k, v in reference["model"].items():

@@ -55,6 +55,15 @@ def test_the_hf_engine_passes_and_a_changed_copy_fails_naming_the_sync(model_and
         engine.check_sync(probe)
 
 
+def test_only_the_engine_on_the_policys_own_module_skips_the_check(model_and_tok):
+    """Colocated HF generation samples the trainer's module: the actor skips the check (it would compare the module
+    with itself); an engine on another module (a generator's copy) is checked."""
+    model, tok = model_and_tok
+    copy = build_tiny_model(Config().model.tiny, tok, seed=1)
+    assert HFGenerationEngine(model, tok).samples_with(model)
+    assert not HFGenerationEngine(copy, tok).samples_with(model)
+
+
 def test_a_nan_or_a_wrong_shape_fails(model_and_tok):
     model, tok = model_and_tok
     probe = SyncChecker(1, 2, 4, 1e-3, 0).next_probe(model, len(tok))

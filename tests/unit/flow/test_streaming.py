@@ -9,7 +9,7 @@ import time
 import pytest
 from fake_ray import FakeActor, World
 
-from dockflow.flow.streaming import RunStopped, Schedule, StageLoops
+from dockflow.flow.streaming import EVAL_SECONDS, RunStopped, Schedule, StageLoops
 from dockflow.flow.waiting import StageError
 
 
@@ -96,3 +96,31 @@ def test_the_loops_stop_when_asked():
     stop.set()
     with pytest.raises(RunStopped):
         StageLoops(Schedule(0, 2, 0, [], set()), tasks, 60.0, waiter=NeverReady(), stop=stop).run()
+
+
+class SlowEvaluations(ActorTasks):
+    """Evaluations take ``EVAL_S`` of wall time and report it as the actor does (``EVAL_SECONDS``)."""
+
+    EVAL_S = 0.6
+
+    def stage(self, stage: str, index: int):
+        results = yield {stage: self.actor.run.remote(stage, index)}
+        if stage != "evaluate":
+            return results[stage]
+        time.sleep(self.EVAL_S)
+        return {**results[stage], EVAL_SECONDS: self.EVAL_S}
+
+    def close(self, i: int, parts: dict, seconds: float) -> None:
+        self.closed.append((i, seconds))
+
+
+def test_an_iteration_s_seconds_leave_out_the_evaluations_done_meanwhile():
+    tasks = SlowEvaluations(World(random.Random(4)))
+    schedule = Schedule(start=0, end=3, max_staleness=0, eval_steps=[0, 2], checkpoint_steps=set())
+    start = time.monotonic()
+    StageLoops(schedule, tasks, 60.0, waiter=tasks.actor._world).run()
+    wall = time.monotonic() - start
+    assert wall >= 2 * SlowEvaluations.EVAL_S  # both evaluations ran in the loops' wall time
+    assert [i for i, _ in tasks.closed] == [0, 1, 2]
+    # iteration 0 closes after evaluation 0, iteration 1 with evaluation 2: neither counts their seconds
+    assert all(seconds < SlowEvaluations.EVAL_S / 2 for _, seconds in tasks.closed), tasks.closed
