@@ -1,4 +1,5 @@
-"""Shared set-up of the end-to-end runs: a tiny config on 1-digit sums and one SFT cache per session."""
+"""Shared set-up of the end-to-end runs: a tiny config on 1-digit sums, one SFT cache and one MLflow store per
+session."""
 
 from collections.abc import Callable
 from pathlib import Path
@@ -46,10 +47,18 @@ def sft_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("sft_cache")
 
 
+@pytest.fixture(scope="session")
+def tracking_store(tmp_path_factory) -> str:
+    """One local MLflow store (SQLite) for every run that names no other: creating a store's tables costs about a
+    second per test. (``test_train_loop.py`` keeps the default, a store in the run directory.)"""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
 @pytest.fixture
-def tiny_overrides(tmp_path: Path, sft_cache: Path) -> Callable[..., list[str]]:
+def tiny_overrides(tmp_path: Path, sft_cache: Path, tracking_store: str) -> Callable[..., list[str]]:
     """Factory: ``tiny_overrides(name, iterations, section__key=value)`` is the list of dotted overrides that
-    shrink a config to the tiny task (dots written as '__' in the keywords); runs go under the test's tmp_path."""
+    shrink a config to the tiny task (dots written as '__' in the keywords); runs go under the test's tmp_path,
+    their MLflow runs to the session's ``tracking_store``."""
 
     def make(name: str, iterations: int, **extra) -> list[str]:
         overrides = {
@@ -57,6 +66,7 @@ def tiny_overrides(tmp_path: Path, sft_cache: Path) -> Callable[..., list[str]]:
             "run.name": name,
             "run.output_dir": str(tmp_path / "runs"),
             "sft.cache_dir": str(sft_cache),
+            "tracking.uri": tracking_store,
             "train.iterations": iterations,
             **{k.replace("__", "."): v for k, v in extra.items()},
         }

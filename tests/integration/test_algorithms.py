@@ -1,15 +1,18 @@
 """Every algorithm's example config, shrunk to the tiny task, runs 2 iterations end to end and trains.
-Four runs also carry other features, to pay Ray's start-up once: REINFORCE++ runs disaggregated, one
+Five runs also carry other features, to pay Ray's start-up once: REINFORCE++ runs disaggregated, one
 version stale, with truncated importance sampling; PF-PPO trains its actor on 2 data-parallel
 ranks (FSDP2, allgather-swap resharding, memory ledger) and resumes from its checkpoint; PPO trains its actor
 and its critic with the megatron engine, iteration 1 on 2 tensor-parallel ranks each, iteration 2 resumed from that
 checkpoint at TP=1 on 2 data-parallel megatron replicas; DPO trains the tiny Qwen3-MoE (from a fresh model: DPO's
-offline pairs give a gradient without an SFT warm start).
+offline pairs give a gradient without an SFT warm start); GSPO (which does not shape rewards) scores with a reward
+model (a tiny one-label classifier built locally) beside the verifier: the reward-model worker scores every
+rollout through the dock, and the combined reward holds its weighted score.
 
 One local Ray cluster serves the whole module (``train`` joins it instead of starting its own).
 """
 
 import io
+import math
 import tempfile
 from pathlib import Path
 
@@ -21,6 +24,7 @@ from safetensors.torch import load_file
 
 from dockflow.flow.record import read_record
 from dockflow.flow.trainer import train
+from dockflow.models.tiny_reward_model import build_tiny_reward_model
 from dockflow.storage import run_store
 from dockflow.tracking import read_metric_history, resolve_tracking_uri
 
@@ -48,7 +52,7 @@ def ray_cluster():
     ray.shutdown()
 
 
-def run_overrides(algorithm: str) -> dict:
+def run_overrides(algorithm: str, tmp_path: Path) -> dict:
     """The config overrides of ``algorithm``'s run: the features it carries besides its own."""
     # The centralized dock is one actor instead of a controller per worker state: these tests are about the
     # algorithms (the distributed dock has its own tests and carries the GRPO run of test_train_loop).
@@ -64,12 +68,16 @@ def run_overrides(algorithm: str) -> dict:
     if algorithm == "reinforce_pp":  # also the asynchronous scheduler: a generator worker runs one version ahead
         extra |= {"placement__mode": "disaggregated", "train__max_staleness": 1, "placement__generator_cpus": 0}
         extra["train__tis_cap"] = 2.0  # truncated IS against the generator's log-probs (one version behind)
+    if algorithm == "gspo":  # also a reward model beside the verifier, on its own worker (1 CPU, as the actor)
+        rm_dir = build_tiny_reward_model(tmp_path / "tiny-rm")
+        extra |= {"reward__models": f"[{{path: {rm_dir}, weight: 0.5}}]", "reward__model_cpus": 1,
+                  "reward__model_batch_size": 4}
     return extra
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
-def test_two_iterations_train_the_policy(algorithm, ray_cluster, tiny_config):
-    extra = run_overrides(algorithm)
+def test_two_iterations_train_the_policy(algorithm, ray_cluster, tiny_config, tmp_path):
+    extra = run_overrides(algorithm, tmp_path)
     # PPO's megatron run: iteration 1 at TP=2, then iteration 2 resumed from its checkpoint at TP=1 x DP=2
     cfg = tiny_config(algorithm, 1 if algorithm == "ppo" else 2, config=f"configs/{algorithm}_arith.yaml", **extra)
     rank_weights: list[list[dict]] = []
@@ -91,7 +99,7 @@ def test_two_iterations_train_the_policy(algorithm, ray_cluster, tiny_config):
     after = load_file(str(Path(summary["final_model"]) / "model.safetensors"))
     unchanged = [k for k in before if torch.equal(before[k], after[k])]
     assert not unchanged, f"{algorithm} left parameters unchanged: {unchanged}"
-    uri = resolve_tracking_uri(None, cfg.run.output_dir)
+    uri = resolve_tracking_uri(cfg.tracking.uri, cfg.run.output_dir)
     for key in ALGORITHMS[algorithm] + ("perf/throughput_tps", "timing/update_s"):
         history = read_metric_history(uri, summary["mlflow_run_id"], key)
         assert [s for s, _ in history] == [1, 2], key
@@ -108,6 +116,8 @@ def test_two_iterations_train_the_policy(algorithm, ray_cluster, tiny_config):
         assert any(".mlp.experts." in k for k in after), "not the MoE model"
     if algorithm == "pf_ppo":
         check_data_parallel_run(cfg, summary, rank_weights, uri)
+    if algorithm == "gspo":
+        check_reward_model(summary, uri)
     if algorithm == "ppo":
         check_megatron_run(cfg, summary, rank_weights, critics, before)
 
@@ -187,9 +197,26 @@ def check_megatron_run(cfg, summary, rank_weights, critics, initial: dict[str, t
     assert critic["output_layer.head.weight"].abs().sum() > 0, "the critic's value head did not train"
     assert not torch.equal(critic["decoder.final_layernorm.weight"], initial["model.norm.weight"]), \
         "the critic's trunk did not train"
-    uri = resolve_tracking_uri(None, cfg.run.output_dir)
+    uri = resolve_tracking_uri(cfg.tracking.uri, cfg.run.output_dir)
     for key in ("train/dp_load_imbalance", "memory/rank1/update/grads_bytes"):  # the DP ranks' update, iteration 2
         assert [s for s, _ in read_metric_history(uri, summary["mlflow_run_id"], key)] == [1, 2], key
+
+
+def check_reward_model(summary, uri) -> None:
+    """The reward-model worker scored each iteration's rollouts, and the combined reward is the verifier's plus
+    half the model's score (GSPO does not shape rewards: the combined mean is the weighted sum of the means)."""
+
+    def history(key: str) -> list[float]:
+        steps = read_metric_history(uri, summary["mlflow_run_id"], key)
+        assert [s for s, _ in steps] == [1, 2], key
+        return [v for _, v in steps]
+
+    assert all(t > 0 for t in history("timing/reward_model_s"))
+    rm, verifier, combined = history("rewards/tiny-rm/mean"), history("rewards/math_verify/mean"), history("reward/mean")
+    assert all(math.isfinite(v) and v != 0.0 for v in rm)
+    assert rm[0] != rm[1]  # new rollouts, new scores
+    for step in range(2):
+        assert combined[step] == pytest.approx(verifier[step] + 0.5 * rm[step], abs=1e-5)
 
 
 def critic_workers(cfg) -> list[str]:

@@ -29,17 +29,29 @@ def weights(model_uri: str, cfg) -> dict:
     return load_file(str(fetch_model(model_uri, cfg.checkpoint) / "model.safetensors"))
 
 
-def test_train_learns_logs_and_resumes_bit_identically_through_s3(tiny_config, s3_checkpoint_dir):
+@pytest.fixture
+def ray_cluster(s3_env):
+    """One local Ray cluster for the test's three runs (``train`` joins it instead of starting its own), started
+    with the S3 keys in its environment (the workers read them)."""
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="test-train-loop")
+    yield
+    ray.shutdown()
+
+
+def test_train_learns_logs_and_resumes_bit_identically_through_s3(ray_cluster, tiny_config, s3_checkpoint_dir):
     """A 4-iteration run changes every policy tensor and logs each iteration to MLflow. A run of its first 2
     iterations with a generator worker (disaggregated, max_staleness 0) checkpoints the same policy and
     optimizer state bit for bit, and resumed from that checkpoint (colocated) ends bit-identical to the
     4-iteration run. Checkpoints go to a real S3-protocol server (moto on 127.0.0.1), as they would to MinIO.
-    (One test: each run costs Ray start-up.)"""
+    (One test, one Ray cluster: each cluster costs start-up.)"""
 
     def cfg(name: str, iterations: int, **extra):
         # No KL term: the reference worker (frozen, not checkpointed) would only add start-up time here; the
         # KL algorithms (REINFORCE++, PPO, DPO) run it in test_algorithms.
-        return tiny_config(name, iterations, checkpoint__dir=s3_checkpoint_dir, **extra)  # a root: <dir>/<run.name>
+        # checkpoints under a root (<dir>/<run.name>); MLflow in the default store, in the run directory
+        return tiny_config(name, iterations, checkpoint__dir=s3_checkpoint_dir, tracking__uri="null", **extra)
 
     full_cfg = cfg("full", 4)
     full = train(full_cfg)

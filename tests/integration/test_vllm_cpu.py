@@ -29,6 +29,7 @@ pytestmark = pytest.mark.vllm_in_process  # run last: see tests/conftest.py
 
 HEAD = "Solve this arithmetic problem and answer with the number only. "  # 64 tokens: two full 32-token blocks
 GREEDY = SamplingParams(max_new_tokens=8, greedy=True)
+MAX_MODEL_LEN = 120  # the longest prompt (89 tokens) and 8 new ones fit; the partial continuation fills it exactly
 
 
 def _prompts(seed: int, n: int = 128) -> list[str]:
@@ -55,7 +56,7 @@ def _model(tok, tied: bool) -> Qwen2ForCausalLM:
 def _engine(model, tok, **vllm):
     from dockflow.engines.vllm_generation import VLLMGenerationEngine
 
-    settings = {"enforce_eager": True, "kv_cache_memory_gb": 0.25, "max_model_len": 128, "block_size": 32, **vllm}
+    settings = {"enforce_eager": True, "kv_cache_memory_gb": 0.25, "max_model_len": MAX_MODEL_LEN, "block_size": 32, **vllm}
     cfg = Config(engine={"backend": "vllm", "device": "cpu", "vllm": settings})
     inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed)
     return VLLMGenerationEngine(model, tok, inputs, colocated=False)
@@ -93,6 +94,8 @@ def tok():
 
 @pytest.fixture(scope="module")
 def tied(tok):
+    """The tied model and its engine, for the tests up to the tied sync test: they run before any other engine is
+    built (vLLM keeps one set of parallel groups per process; a later engine's teardown destroys them)."""
     model = _model(tok, tied=True)
     return model, _engine(model, tok)
 
@@ -116,50 +119,12 @@ def test_sampled_log_probs_equal_the_hf_models_processed_ones(tok, tied):
     assert torch.equal(again["responses"], out["responses"])  # seeded: the same call samples the same tokens
 
 
-@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
-def test_three_syncs_hold_with_the_prefix_cache_hit(tok, tied, tie):
-    model, engine = tied if tie else (lambda m: (m, _engine(m, tok)))(_model(tok, tied=False))
-    hf = HFGenerationEngine(model, tok, device="cpu", batch_size=128)
-    checker = SyncChecker(every=1, sequences=4, length=16, tolerance=1e-3, seed=0)
-    _parity(hf, engine, SEEN)  # SEEN's prefixes are in the cache now
-    assert _cached_tokens(engine, SEEN[:8]) >= 8 * 64
-    for sync in range(1, 4):
-        _perturb(model, seed=sync)
-        engine.load_weights(iter(list(model.named_parameters())))
-        assert engine.check_sync(checker.next_probe(model, len(tok))) < 1e-4
-        for prompts in (SEEN, UNSEEN):
-            share, differ = _parity(hf, engine, prompts)
-            assert share >= 0.99, f"sync {sync}: prompts {differ} differ"
-
-
-def test_a_tensor_left_out_fails_the_sync(tok):
-    model = _model(tok, tied=True)
-    engine = _engine(model, tok)
-    _perturb(model, seed=7)
-    left_out = "model.layers.2.mlp.down_proj.weight"
-    with pytest.raises(WeightSyncError, match=r"weight sync 1 did not take: .*model.layers.2.mlp.down_proj.weight"):
-        engine.load_weights((n, p) for n, p in model.named_parameters() if n != left_out)
-
-
-def test_a_kernel_left_stale_is_caught_by_the_probe(tok, monkeypatch):
-    """Without re-processing the tied lm_head (the defect this engine fixes), every name loads but the head's
-    packed CPU kernel keeps the first load's weights: the probe's log-probs disagree and the sync fails by number."""
-    model = _model(tok, tied=True)
-    engine = _engine(model, tok)
-    checker = SyncChecker(every=1, sequences=4, length=16, tolerance=1e-3, seed=0)
-    monkeypatch.setattr("dockflow.engines.vllm_worker.shared_parameter_modules", lambda model: [])
-    _perturb(model, seed=8)
-    engine.load_weights(model.named_parameters())
-    with pytest.raises(WeightSyncError, match=r"weight sync 1 did not take: VLLMGenerationEngine's log-probs"):
-        engine.check_sync(checker.next_probe(model, len(tok)))
-
-
 def test_partial_continuation_across_the_model_length_limit(tok, tied):
     """Rows of one continuation hold different amounts already; each asks vLLM only for its own room, so none
     passes max_model_len (asking every row for the largest cap made the longest ones end with "length")."""
-    model, _ = tied
-    width_p, width_r = 88, 32  # prompt width + response width = 120 <= max_model_len 128
-    engine = _engine(model, tok, max_model_len=width_p + width_r)
+    _, engine = tied
+    width_p, width_r = 88, 32  # prompt width + response width = max_model_len (MAX_MODEL_LEN, the tied engine's)
+    assert width_p + width_r == engine.max_model_len
     prompts = [p for p in SEEN if len(tok(p)["input_ids"]) <= width_p][:16]
     params = SamplingParams(max_new_tokens=width_r, temperature=1.0, n=1)
     start = engine.generate(prompts, SamplingParams(max_new_tokens=width_r, greedy=True), seed=0, prompt_width=width_p)
@@ -177,3 +142,39 @@ def test_partial_continuation_across_the_model_length_limit(tok, tied):
     lengths = out["response_length"]
     assert bool((lengths > data["response_length"]).all()) and int(lengths.max()) <= width_r
     assert all(int(lengths[k]) == width_r or int(out["responses"][k, int(lengths[k]) - 1]) == eos for k in range(16))
+
+
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
+def test_three_syncs_hold_with_the_prefix_cache_hit(tok, tied, tie):
+    model, engine = tied if tie else (lambda m: (m, _engine(m, tok)))(_model(tok, tied=False))
+    hf = HFGenerationEngine(model, tok, device="cpu", batch_size=128)
+    checker = SyncChecker(every=1, sequences=4, length=16, tolerance=1e-3, seed=0)
+    _parity(hf, engine, SEEN)  # SEEN's prefixes are in the cache now
+    assert _cached_tokens(engine, SEEN[:8]) >= 8 * 64
+    for sync in range(1, 4):
+        _perturb(model, seed=sync)
+        engine.load_weights(iter(list(model.named_parameters())))
+        assert engine.check_sync(checker.next_probe(model, len(tok))) < 1e-4
+        for prompts in (SEEN, UNSEEN):
+            share, differ = _parity(hf, engine, prompts)
+            assert share >= 0.99, f"sync {sync}: prompts {differ} differ"
+
+
+def test_a_tensor_left_out_and_a_kernel_left_stale_fail_the_sync(tok, monkeypatch):
+    """One fresh engine, two defective syncs. A sync that leaves a tensor out fails naming the sync and the
+    parameter. Then, without re-processing the tied lm_head (the defect this engine fixes), every name loads but
+    the head's packed CPU kernel keeps an earlier load's weights: the probe's log-probs disagree and the sync fails
+    by number."""
+    model = _model(tok, tied=True)
+    engine = _engine(model, tok)
+    _perturb(model, seed=7)
+    left_out = "model.layers.2.mlp.down_proj.weight"
+    with pytest.raises(WeightSyncError, match=r"weight sync 1 did not take: .*model.layers.2.mlp.down_proj.weight"):
+        engine.load_weights((n, p) for n, p in model.named_parameters() if n != left_out)
+
+    checker = SyncChecker(every=1, sequences=4, length=16, tolerance=1e-3, seed=0)
+    monkeypatch.setattr("dockflow.engines.vllm_worker.shared_parameter_modules", lambda model: [])
+    _perturb(model, seed=8)
+    engine.load_weights(model.named_parameters())
+    with pytest.raises(WeightSyncError, match=r"weight sync 1 did not take: VLLMGenerationEngine's log-probs"):
+        engine.check_sync(checker.next_probe(model, len(tok)))

@@ -1,23 +1,36 @@
-"""Whole runs with ``engine.backend=vllm engine.device=cpu`` (vLLM's CPU build) through both drivers: the Kubeflow
-pipeline under kfp.local (colocated actor), ``train`` disaggregated (a generator worker takes the published weights
-and checks them), and the CLI, whose strict sync check stops the run with one line. The runs log the
-rollout-vs-trainer log-prob drift every iteration and the sync check's difference; both stay at numerical noise."""
-
-import subprocess
-import sys
+"""Whole runs with ``engine.backend=vllm engine.device=cpu`` (vLLM's CPU build): ``train`` with a colocated actor
+and ``train`` disaggregated (a generator worker takes the published weights and checks them), on one local Ray
+cluster, and ``dockflow train`` (in the test process), whose strict sync check stops the run with one line. The
+runs log the rollout-vs-trainer log-prob drift every iteration and the sync check's difference; both stay at
+numerical noise. The Kubeflow pipeline starts its workers through the same ``RunSession`` as ``train`` (nothing
+in ``pipelines/``, ``components/`` or ``dockflow/flow/`` reads ``engine.backend``): ``test_pipeline_local.py`` runs
+it on the HF engine."""
 
 import pytest
 
-from dockflow.config import load_config
+from dockflow.cli import main
 from dockflow.flow.trainer import train
 from dockflow.tracking import read_metric_history, resolve_tracking_uri
-from pipelines.launch import run_local
 
 pytestmark = pytest.mark.slow
 CONFIG = "configs/grpo_arith.yaml"
 VLLM = {"engine__backend": "vllm", "engine__device": "cpu", "engine__vllm__kv_cache_memory_gb": 0.25,
         "engine__vllm__enforce_eager": "true"}
+# The colocated runs take the centralized dock (one actor, not a controller per worker state): they are about the
+# engine, and the distributed dock carries the colocated GRPO run of test_train_loop.py. The disaggregated run
+# keeps it: with max_staleness 1 it is the one run of the suite with the snapshot consumer on the distributed dock.
+CENTRALIZED = {"dock__backend": "centralized"}
 DRIFT = ("rollout/logprob_abs_diff_mean", "rollout/logprob_abs_diff_max", "rollout/token_mult_prob_error")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """One local Ray cluster for the two ``train`` runs (``train`` joins it instead of starting its own)."""
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="test-vllm-runs")
+    yield
+    ray.shutdown()
 
 
 def _history(cfg, run_id: str, key: str) -> dict[int, float]:
@@ -34,27 +47,31 @@ def _assert_engines_agree(cfg, run_id: str, iterations: int) -> None:
     assert checks and all(v < 1e-3 for v in checks.values()), checks
 
 
-def test_a_sync_that_fails_its_check_stops_the_cli_with_one_line(tiny_overrides):
+def test_a_sync_that_fails_its_check_stops_the_cli_with_one_line(tiny_overrides, capsys, caplog):
     """The stop path of the sync check end to end: a tolerance below the engines' numerical noise (vLLM's fp32
-    kernels differ from torch's by ~1e-5) fails the first sync in the actor, and the CLI exits 2 with one line."""
-    overrides = tiny_overrides("vllm-strict", 2, engine__sync_check__tolerance=1e-12, **VLLM)
-    done = subprocess.run([sys.executable, "-m", "dockflow.cli", "train", CONFIG, *overrides], capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 2, done.stderr[-2000:]
-    last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("dockflow train: error: ") and "Traceback" not in done.stderr
+    kernels differ from torch's by ~1e-5) fails the first sync in the actor, and ``dockflow train`` returns 2 with
+    one line (``dockflow.cli.main`` in this process, on a local Ray cluster of its own, as the command runs)."""
+    import ray
+
+    assert not ray.is_initialized()
+    overrides = tiny_overrides("vllm-strict", 2, engine__sync_check__tolerance=1e-12, **VLLM, **CENTRALIZED)
+    assert main(["train", CONFIG, *overrides]) == 2
+    assert not ray.is_initialized()  # the run stopped the cluster it started
+    err = capsys.readouterr().err  # the CLI's own stderr and the workers' logs, as a terminal would show them
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("dockflow train: error: ") and "Traceback" not in err, err[-3000:]
+    assert "Traceback" not in caplog.text  # what the CLI's logging would print to stderr (pytest captures it)
     assert "weight sync 1 did not take: VLLMGenerationEngine's log-probs of 4 probe sequences" in last, last
 
 
-def test_pipeline_run_under_kfp_local(tiny_overrides):
-    overrides = tiny_overrides("vllm-kfp", 2, **VLLM)
-    cfg = load_config(CONFIG, overrides)
-    out = run_local(CONFIG, overrides, cfg)
+def test_colocated_actor_syncs_vllm_every_iteration(ray_cluster, tiny_config):
+    cfg = tiny_config("vllm-colocated", 2, **VLLM, **CENTRALIZED)
+    out = train(cfg)
     assert out["iterations"] == 2
     _assert_engines_agree(cfg, out["mlflow_run_id"], 2)
 
 
-def test_disaggregated_generator_checks_the_published_weights(tiny_config):
+def test_disaggregated_generator_checks_the_published_weights(ray_cluster, tiny_config):
     cfg = tiny_config("vllm-gen", 3, placement__mode="disaggregated", placement__generator_cpus=0,
                       train__max_staleness=1, **VLLM)
     out = train(cfg)
