@@ -124,5 +124,9 @@ class Unpicklable(Counter):
 
 
 def test_an_environment_that_cannot_be_pickled_cannot_be_parked_and_says_so(tokenizer) -> None:
-    with pytest.raises(ToolError, match="environment 'Unpicklable' cannot be parked .*__getstate__"):
+    with pytest.raises(ToolError, match="environment 'Unpicklable' cannot be parked .*__getstate__") as error:
         run_rollouts(rows("Row 0"), prefix_model(tokenizer), tokenizer, [], Unpicklable, LIMITS, budget=3)
+    assert "\n" not in str(error.value) and "TextIOWrapper" in str(error.value)  # one line, with pickle's reason
+    # without a budget nothing is parked: the same instance only fails where it is copied for environments=
+    with pytest.raises(ToolError, match="'Unpicklable' cannot be copied to the reward functions"):
+        run_rollouts(rows("Row 0"), prefix_model(tokenizer), tokenizer, [], Unpicklable, LIMITS)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import re
 
+import pytest
 import torch
 
 from dockflow.agents.records import unpack_record
@@ -26,18 +27,22 @@ RUN = ["placement.mode=disaggregated", "rollout.prompts_per_iter=3", "rollout.gr
        "data.arithmetic.num_train=30", "data.arithmetic.num_test=4", "data.arithmetic.num_val=4",
        "data.arithmetic.num_labeled=4", "train.max_staleness=1", "rollout.partial.max_age=2",
        "train.mini_batch_size=6", "train.micro_batch_size=6", "train.infer_batch_size=6"]
-TOOLS = ["data.chat_template=true", "tools.functions=[dockflow.agents.calculator:calculator]", "tools.max_turns=3",
-         "tools.max_tool_calls=2", "tools.max_total_tokens=1500", "rollout.max_new_tokens=400",
-         "rollout.partial.token_budget=100"]
+TOOLS = ["data.chat_template=true", "tools.max_turns=3", "tools.max_tool_calls=2", "tools.max_total_tokens=1500",
+         "rollout.max_new_tokens=400", "rollout.partial.token_budget=100"]
+FUNCTION = "tools.functions=[dockflow.agents.calculator:calculator]"
+ENVIRONMENT = "tools.environment=tests.unit.agents.tools_for_tests:Tape"  # the calculator, keeping a tape of calls
 
 
 class Dock:
-    """The dock's ``put``, kept: index -> (columns, meta) of that sample."""
+    """The dock's ``put``, kept: index -> (columns, meta) of that sample; ``versions``: the policy versions of the
+    samples put since the caller last emptied it."""
 
     def __init__(self) -> None:
         self.rows: dict[int, tuple[dict, dict]] = {}
+        self.versions: list[int] = []
 
     def put(self, indices, cols, meta) -> None:
+        self.versions += meta["policy_version"].tolist()
         for k, index in enumerate(indices):
             self.rows[index] = ({key: cols[key][k].clone() for key in cols.keys()},
                                 {key: value[k].clone() for key, value in meta.items()})
@@ -62,6 +67,8 @@ def run(cfg, engine, tokenizer, table, tools, checkpoint_after: int | None, iter
         queue.open(it, sampler.indices(it))
         history.append(generate_partial_into_dock(cfg, engine, tokenizer, dock, table, QueueClient(queue),
                                                   iteration=it, policy_version=it, tools=tools))
+        history[-1]["lags"] = [it - v for v in dock.versions]  # versions behind the iteration it is written for
+        dock.versions = []
         if it == checkpoint_after:
             buffer = io.BytesIO()
             torch.save(queue.state_dict(), buffer)
@@ -69,6 +76,12 @@ def run(cfg, engine, tokenizer, table, tools, checkpoint_after: int | None, iter
             queue = RolloutQueue(queue_settings(cfg))
             queue.load_state_dict(state)
     return dock, history, queue
+
+
+def fields(record) -> tuple:
+    """A record's fields, its environment instance as its attributes (an environment need not define ``==``)."""
+    state = None if record.state is None else vars(record.state)
+    return record.prompt, record.completion, state, record.reward, record.environment
 
 
 def same(a: Dock, b: Dock) -> None:
@@ -80,12 +93,13 @@ def same(a: Dock, b: Dock) -> None:
         assert cols.keys() == other_cols.keys()
         assert all(torch.equal(cols[k], other_cols[k]) for k in cols if k != "tool_record"), index
         if "tool_record" in cols:
-            assert unpack_record(cols["tool_record"]) == unpack_record(other_cols["tool_record"]), index
+            assert fields(unpack_record(cols["tool_record"])) == fields(unpack_record(other_cols["tool_record"])), index
         assert all(torch.equal(meta[k], other_meta[k]) for k in meta), index
 
 
-def test_multi_turn_partial_rollout_resumes_across_a_checkpoint_in_the_right_turn() -> None:
-    cfg = load_config(None, [*RUN, *TOOLS])
+@pytest.mark.parametrize("tool", [FUNCTION, ENVIRONMENT], ids=["function", "environment"])
+def test_multi_turn_partial_rollout_resumes_across_a_checkpoint_in_the_right_turn(tool: str) -> None:
+    cfg = load_config(None, [*RUN, *TOOLS, tool])
     tokenizer = qwen_style(build_char_tokenizer())
     table = ToolTable(cfg, load_task(cfg.data, cfg.run.seed).train, tokenizer)
     engine = PrefixEngine(tokenizer, calculator_turns)
@@ -100,12 +114,21 @@ def test_multi_turn_partial_rollout_resumes_across_a_checkpoint_in_the_right_tur
     _, _, at_checkpoint = run(cfg, PrefixEngine(tokenizer, calculator_turns), tokenizer, None, table,
                               checkpoint_after=None, iterations=2)
     parked = [s.outcome for p in at_checkpoint.parked for s in p.data if getattr(s, "parked", False)]
-    assert any(p.turn for p in parked) and any(p.resumes_in > 1 for p in parked), [(p.resumes_in, len(p.turn))
-                                                                                   for p in parked]
-    # every written trajectory: the calculator's answer last, and the mask 0 on the tool tokens
+    where = {(p.resumes_in, bool(p.turn)) for p in parked}
+    assert any(t > 1 and mid for t, mid in where), where  # between turns: tests/unit/agents/test_parking.py
+    # the staleness bound: a sample's oldest token is at most max_staleness + max_age versions behind its window
+    lags = [lag for h in history for lag in h["lags"]]
+    assert 0 < max(lags) <= cfg.train.max_staleness + cfg.rollout.partial.max_age and min(lags) >= 0, lags
     for cols, _ in full.rows.values():
         text = tokenizer.decode(cols["responses"][cols["response_mask"].bool()])
-        assert "<tool_response>" not in text and "<tool_call>" in text
+        assert "<tool_response>" not in text and "<tool_call>" in text  # the mask is 0 on the tool tokens
+        record = unpack_record(cols["tool_record"])
+        a, op, b = re.search(r"What is (\d+) ([+-]) (\d+)", record.prompt[-1]["content"]).groups()
+        assert record.completion[-1]["content"] == str(int(a) + int(b) if op == "+" else int(a) - int(b))
+        if tool == ENVIRONMENT:  # its state went through every park: the refused call of turn 1, the call of turn 2
+            assert record.state.tape == [f"{a} x {b}"] * (int(a) % 2) + [f"{a} {op} {b}"] and record.reward == 1.0
+        else:
+            assert record.state is None and record.reward is None
 
 
 def test_single_turn_partial_rollout_resumes_across_a_checkpoint() -> None:
