@@ -13,30 +13,56 @@ Tools without an environment are stateless functions: the batch shares one ``Too
 replaced only when a call is killed at the timeout). An environment gets one host per rollout, as TRL gives
 each rollout its own instance; after ``get_reward()`` its instance is copied out of the child (``state``), so
 reward functions can be passed it as ``environments=`` after the child is gone.
+
+Partial rollout: with ``budget=T`` each rollout gets at most T model tokens in this call, over as many turns as
+they reach (tool tokens do not count); one that has not finished then is returned as a ``ParkedTrajectory``
+(``dockflow.agents.parking``), mid-turn or between turns, and passing it back in a later call (among new rows or
+alone) goes on in that turn. A turn split over calls is the turn the loop sees once it ends: its ids are only
+parsed for calls when complete, so a trajectory is the same however the budget cut it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Collection, Generator, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
 from dockflow.agents.environments import pick_factory, with_observation
+from dockflow.agents.parking import ParkedTrajectory, resumed_host
 from dockflow.agents.tools import ToolHost
-from dockflow.agents.trajectory import Generate, Step, Trajectory, trajectory_steps
+from dockflow.agents.trajectory import Generate, Step, Trajectory, open_trajectory, trajectory_steps
 from dockflow.config.tools import ToolsConfig
 
 Request = tuple[int, list[int], int]  # (trajectory index, token ids so far, max new tokens)
 GenerateBatch = Callable[[list[Request]], Sequence[Sequence[int]]]
+Steps = Generator[Step, Sequence[int], Trajectory]
 
 
-def run_trajectories(
-    steps: Sequence[Generator[Step, Sequence[int], Trajectory]], generate: GenerateBatch
-) -> list[Trajectory]:
+def run_trajectories(steps: Sequence[Steps], generate: GenerateBatch) -> list[Trajectory]:
     """Drive every trajectory turn by turn: each round asks ``generate`` once for the turns of all that go on."""
+    done, _ = drive_trajectories(steps, generate, ())
+    return [t for t in done if t is not None]
+
+
+def drive_trajectories(
+    steps: Sequence[Steps],
+    generate: GenerateBatch,
+    stops: Collection[int],
+    *,
+    budget: int | None = None,
+    turns: dict[int, list[int]] | None = None,
+) -> tuple[list[Trajectory | None], dict[int, list[int]]]:
+    """``run_trajectories`` under a token budget: each trajectory gets at most ``budget`` model tokens (None: no
+    limit); ``turns[k]``: ids trajectory ``k`` already has of the turn it asks for (a parked turn going on).
+    Returns the finished trajectories (None where one stopped) and, for each one the budget stopped, the ids of
+    its turn in progress ([] between turns). A turn is complete when it ends with a stop id (``stops``), reaches
+    the loop's limit, or the sampler gives fewer tokens than asked (it stopped at EOS or the response width)."""
     done: list[Trajectory | None] = [None] * len(steps)
     pending: dict[int, Step] = {}
+    partial = {k: list(ids) for k, ids in (turns or {}).items()}
+    left = [budget] * len(steps)
+    parked: dict[int, list[int]] = {}
 
     def advance(k: int, value: Sequence[int] | None) -> None:
         try:
@@ -48,13 +74,30 @@ def run_trajectories(
     for k in range(len(steps)):
         advance(k, None)
     while pending:
-        keys = sorted(pending)
-        new = generate([(k, *pending[k]) for k in keys])
-        if len(new) != len(keys):
-            raise ValueError(f"generate_batch answered {len(new)} turns for {len(keys)} requests")
-        for k, ids in zip(keys, new, strict=True):
-            advance(k, ids)
-    return [t for t in done if t is not None]
+        for k in [k for k in pending if left[k] is not None and left[k] <= 0]:
+            parked[k] = partial.pop(k, [])  # its generator is left waiting at its yield; the caller keeps the rest
+            del pending[k]
+        requests = []
+        for k in sorted(pending):
+            ids, cap = pending[k]
+            turn = partial.get(k, [])
+            room = cap - len(turn)
+            requests.append((k, ids + turn, room if left[k] is None else min(room, left[k])))
+        if not requests:
+            break
+        new = generate(requests)
+        if len(new) != len(requests):
+            raise ValueError(f"generate_batch answered {len(new)} turns for {len(requests)} requests")
+        for (k, _, want), got in zip(requests, new, strict=True):
+            got = list(got)[:want]
+            turn = partial.pop(k, []) + got
+            if left[k] is not None:
+                left[k] -= len(got)
+            if len(got) < want or (got and got[-1] in stops) or len(turn) >= pending[k][1] or left[k] is None:
+                advance(k, turn)
+            else:  # the budget ran out mid-turn
+                partial[k] = turn
+    return done, parked
 
 
 @dataclass
@@ -70,7 +113,7 @@ class Rollout:
 
 
 def run_rollouts(
-    rows: Sequence[dict[str, Any]],
+    rows: Sequence[dict[str, Any] | ParkedTrajectory],
     generate: GenerateBatch,
     tokenizer: Any,
     tools: Sequence[Callable[..., Any]],
@@ -78,26 +121,42 @@ def run_rollouts(
     limits: ToolsConfig,
     *,
     chat_template: str | None = None,
-) -> list[Rollout]:
+    budget: int | None = None,
+) -> list[Any]:
     """One rollout per row as TRL runs it: a fresh environment from the row's factory (``factories``: one, a dict
     picked by the row's ``environment`` column, or None), ``reset(**row)``, its observation appended to the last
     user message of ``row["prompt"]``, the tool loop (all rows a turn at a time), then ``get_reward()`` and a
-    copy of the instance. ``chat_template``: ``loop_template(tokenizer)``, computed once."""
+    copy of the instance: a ``Rollout``. ``chat_template``: ``loop_template(tokenizer)``, computed once.
+
+    ``budget``: model tokens per rollout in this call (partial rollout; None: to the end); a rollout it stops is
+    a ``ParkedTrajectory`` instead, its environment pickled out of its child. A ``ParkedTrajectory`` among
+    ``rows`` goes on where it stopped (no ``reset``: its environment comes back from the pickle)."""
+    stops = [tokenizer.eos_token_id]
     with ExitStack() as stack:
         shared = stack.enter_context(ToolHost(tools, timeout_s=limits.timeout_s)) if factories is None else None
-        hosts, steps = [], []
-        for row in rows:
-            factory, reset_kwargs = pick_factory(factories, row) if factories is not None else (None, {})
-            host = shared or stack.enter_context(ToolHost(tools, factory, timeout_s=limits.timeout_s))
-            prompt = list(row["prompt"])
-            if factory is not None:
-                prompt = with_observation(prompt, host.reset(reset_kwargs))
+        hosts, trajs, steps, turns, keys = [], [], [], {}, []
+        for k, row in enumerate(rows):
+            if isinstance(row, ParkedTrajectory):
+                host = shared or stack.enter_context(resumed_host(row, tools, factories, limits.timeout_s))
+                traj, turns[k], key = row.trajectory, list(row.turn), row.factory
+            else:
+                factory, reset_kwargs = pick_factory(factories, row) if factories is not None else (None, {})
+                host = shared or stack.enter_context(ToolHost(tools, factory, timeout_s=limits.timeout_s))
+                prompt = list(row["prompt"])
+                if factory is not None:
+                    prompt = with_observation(prompt, host.reset(reset_kwargs))
+                traj = open_trajectory(prompt, tokenizer, host, chat_template)
+                key = row.get("environment") if isinstance(factories, Mapping) else None
             hosts.append(host)
-            steps.append(trajectory_steps(prompt, tokenizer, host, limits, chat_template=chat_template))
-        trajectories = run_trajectories(steps, generate)
+            trajs.append(traj)
+            keys.append(key)
+            steps.append(trajectory_steps([], tokenizer, host, limits, chat_template=chat_template, start=traj))
+        done, parked = drive_trajectories(steps, generate, stops, budget=budget, turns=turns)
         return [
             Rollout(traj, host.reward(), host.environment, host.state())
-            for traj, host in zip(trajectories, hosts, strict=True)
+            if k not in parked
+            else ParkedTrajectory(traj, parked[k], host.environment, keys[k], host.snapshot(), host.lost)
+            for k, (traj, host) in enumerate(zip(trajs, hosts, strict=True))
         ]
 
 

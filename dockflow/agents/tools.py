@@ -21,8 +21,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 import multiprocessing
+import pickle
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -73,8 +75,9 @@ def _awaited(value: Any) -> Any:
 
 
 def _serve(conn: Connection, tools: Sequence[Callable[..., Any]], factory: Callable[[], Any] | None) -> None:
-    """The child's loop: ("reset", kwargs) / ("call", name, kwargs) / ("reward",) / ("state",) in, (ok, value)
-    out; "state" answers the environment instance itself (pickled by the pipe: a copy for the parent)."""
+    """The child's loop: ("reset", kwargs) / ("call", name, kwargs) / ("reward",) / ("state",) / ("pickle",) in,
+    (ok, value) out; "state" answers the environment instance itself (pickled by the pipe: a copy for the parent),
+    "pickle" its pickle's bytes (what a parked rollout keeps: the parent need not unpickle it)."""
     table = {fn.__name__: fn for fn in tools}
     env = None
     while True:
@@ -94,6 +97,8 @@ def _serve(conn: Connection, tools: Sequence[Callable[..., Any]], factory: Calla
                 conn.send((True, None if reward is None else _awaited(reward())))
             elif op == "state":
                 conn.send((True, env))  # pickled before anything is written: a failure sends the error below
+            elif op == "pickle":
+                conn.send((True, None if env is None else pickle.dumps(env, protocol=pickle.HIGHEST_PROTOCOL)))
             elif request[1] not in table:
                 conn.send((False, f"Tool {request[1]} not found."))
             else:
@@ -103,15 +108,23 @@ def _serve(conn: Connection, tools: Sequence[Callable[..., Any]], factory: Calla
 
 
 class ToolHost:
-    """A child process holding the tools (and, with ``factory``, one environment instance: one host per rollout)."""
+    """A child process holding the tools (and, with ``factory``, one environment instance: one host per rollout).
+
+    ``saved``: the bytes of ``snapshot()`` from an earlier host of the same rollout (a parked rollout resumed):
+    the child's environment is that instance, unpickled in the child, instead of a new ``factory()``; ``lost``:
+    the earlier host's ``lost`` (a rollout whose environment was already stopped stays so)."""
 
     def __init__(
         self,
         tools: Sequence[Callable[..., Any]] = (),
         factory: Callable[[], Any] | None = None,
         timeout_s: float = 10.0,
+        *,
+        saved: bytes | None = None,
+        lost: str | None = None,
     ) -> None:
         self.tools, self.factory, self.timeout_s = list(tools), factory, timeout_s
+        self._make = partial(pickle.loads, saved) if factory is not None and saved is not None else factory
         self.names = {fn.__name__ for fn in self.tools}
         # A probe instance, as TRL's trainer makes one: its methods are the tools the model is shown.
         probe = factory() if factory is not None else None
@@ -120,7 +133,7 @@ class ToolHost:
         self.names |= set(self._probe)
         self._proc: multiprocessing.process.BaseProcess | None = None
         self._conn: Connection | None = None
-        self.lost: str | None = None  # why the environment's state is gone (its child was killed or crashed)
+        self.lost = lost  # why the environment's state is gone (its child was killed or crashed)
 
     def schemas(self) -> list[dict[str, Any]]:
         """The JSON schema of every tool the model is shown, standalone tools first."""
@@ -135,7 +148,7 @@ class ToolHost:
         if self._conn is None:
             ctx = multiprocessing.get_context("fork")
             parent, child = ctx.Pipe()
-            self._proc = ctx.Process(target=_serve, args=(child, self.tools, self.factory), daemon=True)
+            self._proc = ctx.Process(target=_serve, args=(child, self.tools, self._make), daemon=True)
             self._proc.start()
             child.close()
             self._conn = parent
@@ -188,17 +201,25 @@ class ToolHost:
         """A copy of the environment instance as it is now (pickled out of the child), for reward functions'
         ``environments=``; None without an environment or when its state was lost; a ToolError naming the class
         when the instance cannot be pickled."""
+        return self._copy("state", "copied to the reward functions (environments=)")
+
+    def snapshot(self) -> bytes | None:
+        """The environment instance as it is now, pickled in the child (bytes: ``ToolHost(..., saved=)`` resumes
+        it in another child, process or run); None without an environment or when its state was lost; a ToolError
+        naming the class when the instance cannot be pickled."""
+        return self._copy("pickle", "parked (partial rollout keeps it until the rollout resumes)")
+
+    def _copy(self, op: str, purpose: str) -> Any:
         if self.factory is None or self.lost is not None:
             return None
-        ok, value, _ = self._ask(("state",))
+        ok, value, _ = self._ask((op,))
         if ok:
             return value
         if self.lost is not None:  # the child hung or died while pickling: the state is gone
             return None
         raise ToolError(
-            f"environment {getattr(self.factory, '__name__', self.factory)!r} cannot be copied to the reward "
-            f"functions (environments=): {value}; make its instances picklable (e.g. drop open handles in "
-            "__getstate__)"
+            f"environment {getattr(self.factory, '__name__', self.factory)!r} cannot be {purpose}: {value}; make "
+            "its instances picklable (e.g. drop open handles in __getstate__)"
         )
 
     def close(self) -> None:

@@ -145,6 +145,21 @@ def _outcomes(host: ToolHost, turn: ParsedTurn) -> list[ToolOutcome]:
 Step = tuple[list[int], int]  # what a trajectory asks of the sampler: (token ids so far, max new tokens)
 
 
+def open_trajectory(
+    messages: list[dict[str, Any]], tokenizer: Any, host: ToolHost, chat_template: str | None = None
+) -> Trajectory:
+    """A trajectory with nothing generated yet: the prompt rendered once with the host's tool schemas
+    (``apply_chat_template(messages, tools=schemas, add_generation_prompt=True)``), all of it mask 0."""
+    messages = list(messages)
+    ids = chat_ids(
+        tokenizer.apply_chat_template(
+            messages, tools=host.schemas() or None, tokenize=True, add_generation_prompt=True,
+            chat_template=chat_template,
+        )
+    )
+    return Trajectory(ids, [0] * len(ids), len(ids), messages, "stop", prompt_messages=len(messages))
+
+
 def trajectory_steps(
     messages: list[dict[str, Any]],
     tokenizer: Any,
@@ -153,19 +168,17 @@ def trajectory_steps(
     *,
     stop_ids: Sequence[int] | None = None,
     chat_template: str | None = None,
+    start: Trajectory | None = None,
 ) -> Generator[Step, Sequence[int], Trajectory]:
     """The loop of ``run_trajectory`` as a generator: it yields each turn's ``(ids, max_new_tokens)``, is sent the
     turn's new ids, and returns the trajectory; so one sampler can drive many trajectories a turn at a time
-    (``dockflow.agents.batch``)."""
+    (``dockflow.agents.rollouts``). ``start``: go on with this trajectory (``open_trajectory``, or one parked
+    before its next turn: ``dockflow.agents.parking``) instead of rendering ``messages``; it is updated in place,
+    so whoever holds it sees every finished turn (the generator waits at a ``yield`` with the trajectory exactly as
+    it was before the turn it asks for)."""
     stops = set(stop_ids if stop_ids is not None else [tokenizer.eos_token_id])
-    schemas = host.schemas() or None
-    messages = list(messages)
-    ids = chat_ids(
-        tokenizer.apply_chat_template(
-            messages, tools=schemas, tokenize=True, add_generation_prompt=True, chat_template=chat_template
-        )
-    )
-    traj = Trajectory(ids, [0] * len(ids), len(ids), messages, "stop", prompt_messages=len(messages))
+    traj = start if start is not None else open_trajectory(messages, tokenizer, host, chat_template)
+    ids, messages = traj.token_ids, traj.messages
     m = traj.metrics
     while True:
         budget = limits.max_total_tokens - len(ids)

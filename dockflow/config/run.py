@@ -145,8 +145,6 @@ class Config(Section):
                 not self.data.chat_template,
             f"engine.backend={self.engine.backend} (only the hf engine runs the tool loop; set engine.backend: hf)":
                 self.engine.backend != "hf",
-            "rollout.partial.token_budget is set (a parked trajectory cannot resume mid-turn yet; set it to null)":
-                self.rollout.partial.token_budget is not None,
             f"algorithm.name={self.algorithm.name} trains on offline pairs (nothing is generated)":
                 self.algorithm.recipe.offline,
         }

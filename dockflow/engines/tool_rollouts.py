@@ -20,14 +20,16 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from tensordict import TensorDict
 
 from dockflow.agents import Rollout, import_tool, loop_template, run_rollouts
+from dockflow.agents.parking import ParkedTrajectory
 from dockflow.agents.records import TrajectoryRecord, pack_record
 from dockflow.agents.rollouts import Request
+from dockflow.agents.trajectory import TrajectoryMetrics
 from dockflow.config.tools import ToolsConfig
 from dockflow.engines.base import GenerationEngine, SamplingParams
 
@@ -102,33 +104,55 @@ def record_of(rollout: Rollout) -> TrajectoryRecord:
     return TrajectoryRecord(traj.messages[:cut], traj.completion, rollout.state, rollout.reward, rollout.environment)
 
 
-def tool_rollouts(
+class Sampled(NamedTuple):
+    """A rollout (``Rollout``: finished; ``ParkedTrajectory``: stopped by partial rollout's budget) and the sampler's
+    log-probs of its model tokens so far, in order. A parked one passed back to ``sample_tool_rollouts`` goes on."""
+
+    outcome: Any
+    logps: list[float]
+
+    @property
+    def parked(self) -> bool:
+        return isinstance(self.outcome, ParkedTrajectory)
+
+
+def sample_tool_rollouts(
     engine: GenerationEngine,
     tokenizer: Any,
-    rows: list[dict[str, Any]],
+    items: Sequence[dict[str, Any] | Sampled],
     spec: ToolSpec,
     params: SamplingParams,
     *,
     seed: int,
-    prompt_width: int,
-) -> tuple[TensorDict, list[Rollout]]:
-    """``params.n`` trajectories per row (``row["prompt"]``: messages) in the rollout layout, and the rollouts
-    (metrics, ``get_reward()``, the environment's state); turn ``t`` of the batch samples with seed
-    ``seed + t``."""
-    tok, width_r = tokenizer, params.max_new_tokens
-    sampler = BatchSampler(engine, tok, params, seed)
-    expanded = [row for row in rows for _ in range(params.n)]
-    rollouts = run_rollouts(
-        expanded, sampler, tok, spec.tools, spec.factories, spec.limits, chat_template=spec.chat_template
-    )
-    n = len(expanded)
-    input_ids = torch.full((n, prompt_width + width_r), tok.pad_token_id, dtype=torch.long)
+    budget: int | None = None,
+) -> list[Sampled]:
+    """One trajectory per item (a row: ``row["prompt"]`` messages; or a parked ``Sampled`` going on in its turn),
+    all a turn at a time; turn ``t`` of the call samples with seed ``seed + t``. ``budget``: model tokens per
+    trajectory in this call (partial rollout), past which it comes back parked."""
+    sampler = BatchSampler(engine, tokenizer, params, seed)
+    rows: list[Any] = []
+    for k, item in enumerate(items):
+        if isinstance(item, Sampled):
+            sampler.ends[k] = item.outcome.trajectory.prompt_length + params.max_new_tokens
+            sampler.logps[k] = list(item.logps)
+            rows.append(item.outcome)
+        else:
+            rows.append(item)
+    outs = run_rollouts(rows, sampler, tokenizer, spec.tools, spec.factories, spec.limits,
+                        chat_template=spec.chat_template, budget=budget)
+    return [Sampled(out, sampler.logps[k]) for k, out in enumerate(outs)]
+
+
+def lay_out(samples: Sequence[Sampled], tokenizer: Any, spec: ToolSpec, prompt_width: int, width_r: int) -> TensorDict:
+    """Finished rollouts in the rollout layout (see the module doc), with their ``tool_record``."""
+    n = len(samples)
+    input_ids = torch.full((n, prompt_width + width_r), tokenizer.pad_token_id, dtype=torch.long)
     attention = torch.zeros_like(input_ids)
     response_mask = torch.zeros((n, width_r), dtype=torch.long)
     rollout_logp = torch.zeros((n, width_r), dtype=torch.float32)
     prompt_length = torch.zeros(n, dtype=torch.long)
     records = torch.zeros((n, spec.limits.record_bytes), dtype=torch.uint8)
-    for k, out in enumerate(rollouts):
+    for k, (out, logps) in enumerate(samples):
         traj = out.trajectory
         p = traj.prompt_length
         if p > prompt_width:
@@ -143,10 +167,10 @@ def tool_rollouts(
         attention[k, prompt_width - p : prompt_width + len(response)] = 1
         response_mask[k, : len(response)] = torch.tensor(traj.mask[p:][:width_r])
         model_positions = response_mask[k].nonzero().squeeze(-1)
-        rollout_logp[k, model_positions] = torch.tensor(sampler.logps[k], dtype=torch.float32)
+        rollout_logp[k, model_positions] = torch.tensor(logps, dtype=torch.float32)
         prompt_length[k] = p
         records[k] = torch.from_numpy(pack_record(record_of(out), spec.limits.record_bytes))
-    batch = TensorDict(
+    return TensorDict(
         {
             "input_ids": input_ids,
             "attention_mask": attention,
@@ -159,13 +183,35 @@ def tool_rollouts(
         },
         batch_size=[n],
     )
-    return batch, rollouts
+
+
+def tool_rollouts(
+    engine: GenerationEngine,
+    tokenizer: Any,
+    rows: list[dict[str, Any]],
+    spec: ToolSpec,
+    params: SamplingParams,
+    *,
+    seed: int,
+    prompt_width: int,
+) -> tuple[TensorDict, list[Rollout]]:
+    """``params.n`` trajectories per row (``row["prompt"]``: messages) in the rollout layout, and the rollouts
+    (metrics, ``get_reward()``, the environment's state); turn ``t`` of the batch samples with seed
+    ``seed + t``."""
+    expanded = [row for row in rows for _ in range(params.n)]
+    samples = sample_tool_rollouts(engine, tokenizer, expanded, spec, params, seed=seed)
+    batch = lay_out(samples, tokenizer, spec, prompt_width, params.max_new_tokens)
+    return batch, [s.outcome for s in samples]
 
 
 def trajectory_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
     """Per-trajectory means for MLflow: turns, tool calls, tool errors, timeouts, tool-token share."""
-    count = max(len(rollouts), 1)
-    ms = [r.trajectory.metrics for r in rollouts]
+    return trajectory_means([r.trajectory.metrics for r in rollouts])
+
+
+def trajectory_means(ms: Sequence[TrajectoryMetrics]) -> dict[str, float]:
+    """``trajectory_metrics`` of the trajectories' metrics."""
+    count = max(len(ms), 1)
     return {
         "tools/turns": sum(m.turns for m in ms) / count,
         "tools/tool_calls": sum(m.tool_calls for m in ms) / count,

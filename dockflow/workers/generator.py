@@ -56,8 +56,10 @@ class GeneratorWorker:
         """Sample N responses for each prompt into ``iteration``'s dock window from ``first_index`` on, taking
         chunks from ``queue`` (the generators' shared queue actor) or, alone, from its own queue. ``opened`` is the
         ref of the queue's ``open`` for this iteration: Ray resolves it before this call runs, so the queue is
-        open when the first chunk is taken (its value is not needed); with ``rollout.partial.token_budget`` unfinished groups are parked there. ``weights``: a
-        policy the actor published (``ActorWorker.publish_weights``), taken first when newer than the one held."""
+        open when the first chunk is taken (its value is not needed); with ``rollout.partial.token_budget``
+        unfinished groups are parked there (with tools: their trajectories, mid-turn or between turns, and their
+        environments). ``weights``: a policy the actor published (``ActorWorker.publish_weights``), taken first
+        when newer than the one held."""
         loaded = self._take(weights)
         if queue is None:
             queue = self.queue
@@ -66,7 +68,7 @@ class GeneratorWorker:
         if self.cfg.rollout.partial.token_budget is not None:
             out = generate_partial_into_dock(
                 self.cfg, self.engine, self.tokenizer, self.dock, self.prompts, client, iteration=iteration,
-                policy_version=self.policy_version, rank=rank,
+                policy_version=self.policy_version, rank=rank, tools=self.tool_table,
             )
         elif self.tool_table is not None:
             out = generate_tools_into_dock(

@@ -1,19 +1,23 @@
 """Partial rollout on a generator worker: budgeted generation, parking and resuming through a RolloutQueue.
 
-Each work item is either new prompts (empty rollouts) or parked groups; every unfinished row gets up to
-``rollout.partial.token_budget`` new tokens under the weights the generator holds now (a work item marked
-without budget runs to the end); finished rows are not decoded again. Groups whose N responses all finished
+Each work item is either new prompts or parked groups; every unfinished rollout gets up to
+``rollout.partial.token_budget`` new model tokens under the weights the generator holds now (a work item marked
+without budget runs to the end); finished rollouts are not decoded again. Groups whose N rollouts all finished
 claim the next slots of the window and are written (those the full window has no slot for wait, ready, in the
 queue); the others go back to the queue, parked, with their oldest policy version and one more park. Which
 work comes when (over-provisioning included) is the queue's policy: ``dockflow.workers.rollout_queue``.
-The parked groups live in memory (the generator's own queue, or the queue actor with several generators): a
-restarted run loses them and starts those prompts over.
+The parked groups live in memory (the generator's own queue, or the queue actor with several generators), and a
+checkpoint holds them (``GeneratorWorker.save_inflight``).
+
+What a group's rollouts are is the sampler's (``GroupSampler``): single-turn, N rows of the rollout layout
+continued by ``continue_rollouts`` (``TokenGroups``); with tools, N multi-turn trajectories, each parked mid-turn
+or between turns with its environment and resumed in that turn (``workers/tool_rollout.py: ToolGroups``).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from tensordict import TensorDict
@@ -24,49 +28,88 @@ from dockflow.engines import SamplingParams
 from dockflow.engines.partial import continue_rollouts, empty_rollouts, unfinished
 from dockflow.engines.rollout_layout import left_pad_prompts
 from dockflow.workers.rollout import PromptTable, QueueClient, dock_columns, generation_seed, rollout_metrics
-from dockflow.workers.rollout_queue import FinishedWork, ParkedGroup, Work
+from dockflow.workers.rollout_queue import FinishedWork, ParkedGroup
+from dockflow.workers.tool_rollout import ToolGroups
 
 COLUMNS = ("input_ids", "attention_mask", "responses", "response_mask", "prompt_length", "response_length",
            "rollout_log_prob")
 
 
-def _start(work: Work, cfg: Config, tokenizer: Any, table: PromptTable) -> tuple[TensorDict, list[int], list[int]]:
-    """(rollouts, per-group oldest versions (-1: none yet), per-group ages) of a work item."""
-    n = cfg.rollout.group_size
-    if work.parked:
-        data = torch.cat([p.data for p in work.parked])
-        return data, [p.version for p in work.parked], [p.age for p in work.parked]
-    ids, mask = left_pad_prompts(tokenizer, [table.templated[i] for i in work.prompt_ids], table.width)
-    data = empty_rollouts(ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0), cfg.rollout.max_new_tokens,
-                          tokenizer.pad_token_id)
-    return data, [-1] * len(work.prompt_ids), [0] * len(work.prompt_ids)
+class GroupSampler(Protocol):
+    """What partial rollout needs of one kind of rollout. A group's ``data`` is whatever the sampler keeps of
+    its N rollouts (it travels in a ``ParkedGroup``: picklable, for the queue actor and the checkpoint)."""
+
+    def start(self, prompt_ids: list[int]) -> list[Any]:
+        """The data of new groups, nothing generated yet."""
+
+    def advance(self, groups: list[Any], budget: int | None, chunk: int) -> list[tuple[Any, int]]:
+        """Each group's data after up to ``budget`` more model tokens per unfinished rollout (None: to the end),
+        with how many of its rollouts are still unfinished; ``chunk``: the work item's number (its seed)."""
+
+    def layout(self, groups: list[Any]) -> TensorDict:
+        """Finished groups in the rollout layout, with ``rollout_log_prob`` (and what else the dock gets)."""
+
+    def metrics(self) -> dict[str, float]:
+        """Metrics of what ``layout`` gave out so far."""
+
+
+class TokenGroups:
+    """Single-turn rollouts: a group's data is its N rows of the rollout layout (a TensorDict)."""
+
+    def __init__(self, cfg: Config, engine: Any, tokenizer: Any, table: PromptTable, seed: int) -> None:
+        ro = cfg.rollout
+        self.cfg, self.engine, self.tokenizer, self.table, self.seed = cfg, engine, tokenizer, table, seed
+        self.params = SamplingParams(ro.max_new_tokens, ro.temperature, ro.top_p, greedy=False, n=1)
+
+    def start(self, prompt_ids: list[int]) -> list[Any]:
+        n, tok = self.cfg.rollout.group_size, self.tokenizer
+        ids, mask = left_pad_prompts(tok, [self.table.templated[i] for i in prompt_ids], self.table.width)
+        data = empty_rollouts(ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0),
+                              self.cfg.rollout.max_new_tokens, tok.pad_token_id)
+        return [data[g * n : (g + 1) * n] for g in range(len(prompt_ids))]
+
+    def advance(self, groups: list[Any], budget: int | None, chunk: int) -> list[tuple[Any, int]]:
+        n, pad, eos = self.cfg.rollout.group_size, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        data = continue_rollouts(self.engine, torch.cat(groups), self.params, self.seed + chunk, budget, pad, eos)
+        open_rows = unfinished(data, eos).view(-1, n).sum(-1)
+        return [(data[g * n : (g + 1) * n].select(*COLUMNS), int(open_rows[g])) for g in range(len(groups))]
+
+    def layout(self, groups: list[Any]) -> TensorDict:
+        return torch.cat(groups)
+
+    def metrics(self) -> dict[str, float]:
+        return {}
 
 
 def generate_partial_into_dock(
     cfg: Config, engine: Any, tokenizer: Any, dock: TransferDock, table: PromptTable, queue: QueueClient, *,
-    iteration: int, policy_version: int, rank: int = 0,
+    iteration: int, policy_version: int, rank: int = 0, tools: Any = None,
 ) -> dict[str, float]:
-    """Take work for ``iteration`` from ``queue`` until none is left; write finished groups, park the rest."""
+    """Take work for ``iteration`` from ``queue`` until none is left; write finished groups, park the rest.
+    ``tools``: the worker's ``ToolTable`` (multi-turn trajectories with tools; None: single-turn)."""
     start = time.perf_counter()
-    ro, n = cfg.rollout, cfg.rollout.group_size
-    params = SamplingParams(ro.max_new_tokens, ro.temperature, ro.top_p, greedy=False, n=1)
-    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    n = cfg.rollout.group_size
     seed = generation_seed(cfg.run.seed, iteration) * 7 + rank * 1_000_003
+    sampler: GroupSampler = (ToolGroups(cfg, engine, tools, seed) if tools is not None
+                             else TokenGroups(cfg, engine, tokenizer, table, seed))
     counts = dict.fromkeys(
         ("chunks", "new", "parked", "resumed", "overflow", "samples", "prompt_tokens", "response_tokens"), 0
     )
     while (work := queue.take(iteration, rank)) is not None:
-        data, versions, ages = _start(work, cfg, tokenizer, table)
+        if work.parked:
+            data = [p.data for p in work.parked]
+            versions, ages = [p.version for p in work.parked], [p.age for p in work.parked]
+        else:
+            data, versions, ages = sampler.start(work.prompt_ids), [-1] * len(work.prompt_ids), [0] * len(work.prompt_ids)
         counts["resumed"] += len(work.parked)
         counts["new"] += 0 if work.parked else len(work.prompt_ids)
-        data = continue_rollouts(engine, data, params, seed + counts["chunks"], work.budget, pad, eos)
+        advanced = sampler.advance(data, work.budget, counts["chunks"])
         counts["chunks"] += 1
-        open_rows = unfinished(data, eos).view(-1, n).sum(-1)
         prompt_ids = [p.prompt_id for p in work.parked] or work.prompt_ids
         oldest = [policy_version if v < 0 else min(v, policy_version) for v in versions]
 
-        groups = [ParkedGroup(prompt_ids[g], data[g * n : (g + 1) * n].select(*COLUMNS), oldest[g], ages[g], iteration,
-                              int(open_rows[g])) for g in range(len(prompt_ids))]
+        groups = [ParkedGroup(prompt_ids[g], d, oldest[g], ages[g], iteration, open_rows)
+                  for g, (d, open_rows) in enumerate(advanced)]
         done = [g for g, p in enumerate(groups) if p.open_rows == 0]
         parked = [p for p in groups if p.open_rows]
         for p in parked:
@@ -79,28 +122,35 @@ def generate_partial_into_dock(
             counts["overflow"] += len(done) - granted
             done = done[:granted]
         if done:
-            rows = torch.cat([torch.arange(g * n, (g + 1) * n) for g in done])
-            out = data[rows]
+            out = sampler.layout([groups[g].data for g in done])
             first = cfg.dock_window(iteration)[0] + slot * n
             meta = {
                 "prompt_id": torch.tensor([prompt_ids[g] for g in done]).repeat_interleave(n),
                 "response_length": out["response_length"],
                 "policy_version": torch.tensor([oldest[g] for g in done]).repeat_interleave(n),
             }
-            dock.put(list(range(first, first + len(rows))), dock_columns(cfg, out), meta)
-            counts["samples"] += len(rows)
+            cols = dock_columns(cfg, out)
+            if "tool_record" in out.keys():  # the conversations and environments, for the reward functions
+                cols["tool_record"] = out["tool_record"]
+            dock.put(list(range(first, first + len(out))), cols, meta)
+            counts["samples"] += len(out)
             counts["prompt_tokens"] += int(out["prompt_length"].sum())
             counts["response_tokens"] += int(out["response_length"].sum())
+    return _metrics(counts, queue.stats(iteration), sampler.metrics(), rank, start)
+
+
+def _metrics(counts: dict[str, int], stats: dict[str, Any], extra: dict[str, float], rank: int,
+             start: float) -> dict[str, float]:
     metrics = rollout_metrics(counts["prompt_tokens"], counts["response_tokens"], max(counts["samples"], 1), start)
     metrics["rollout/samples"] = float(counts["samples"])
     metrics[f"flow/chunks_generator_{rank}"] = float(counts["chunks"])
     metrics["flow/parked_groups"] = float(counts["parked"])
     metrics["flow/resumed_groups"] = float(counts["resumed"])
-    stats = queue.stats(iteration)
     metrics["flow/overflow_groups"] = float(counts["overflow"])
     metrics["flow/new_groups"] = float(counts["new"])
     metrics["flow/parked_groups_waiting_total"] = float(stats["parked"])
     metrics["flow/ready_groups_waiting_total"] = float(stats["ready"])
     metrics["flow/dropped_parked_groups_total"] = float(stats["dropped"])
     metrics["flow/regenerated_parked_groups_total"] = float(stats["regenerated"])
+    metrics.update(extra)
     return metrics

@@ -42,13 +42,14 @@ if TYPE_CHECKING:
     from dockflow.config import Config
 
 
-@dataclass(eq=False)  # identity: the data is a TensorDict
+@dataclass(eq=False)  # identity: the data is a TensorDict or a list of trajectories
 class ParkedGroup:
-    """A group waiting in the queue: prompt id, rollout tensors (a TensorDict of N rows), oldest version, age,
-    and how many of its rows are unfinished (0: the group is finished and waits for a window slot)."""
+    """A group waiting in the queue: prompt id, its N rollouts so far (the generator's ``GroupSampler`` data),
+    oldest version, age, and how many of its rows are unfinished (0: the group is finished and waits for a window
+    slot)."""
 
     prompt_id: int
-    data: Any  # TensorDict in the rollout layout + rollout_log_prob, N rows
+    data: Any  # single-turn: a TensorDict of N rows (rollout layout + rollout_log_prob); tools: N trajectories
     version: int  # the oldest policy version that produced any of its tokens
     age: int  # times parked
     parked_in: int  # the iteration whose generation parked it

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import torch
 from transformers import PreTrainedTokenizerFast
 from trl.chat_template_utils import qwen2_5_chat_template
+
+from dockflow.engines.base import GenerationEngine
 
 
 def qwen_style(tokenizer: PreTrainedTokenizerFast) -> PreTrainedTokenizerFast:
@@ -32,3 +35,61 @@ def scripted(tokenizer: PreTrainedTokenizerFast, turns: Sequence[str]) -> tuple[
 def call(name: str, arguments: str) -> str:
     """A tool call as Qwen2.5's template renders one."""
     return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
+
+
+def prefix_turns(
+    tokenizer: PreTrainedTokenizerFast, scripts: dict[str, Sequence[str]] | Callable[[str], Sequence[str]]
+) -> Callable:
+    """``next_ids(ids, max_new) -> (new ids, offset)``: a model whose next tokens are a function of the ids alone (as a
+    real model's are), so a turn cut anywhere (partial rollout) goes on with the same tokens. The turn is the number
+    of assistant headers after the prompt's, its tokens so far (``offset`` of them) those after the last header; the
+    script is the first of ``scripts`` whose key is in the prompt's text (or ``scripts(text)``); each turn ends with
+    EOS."""
+    header = tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
+
+    def next_ids(ids: list[int], max_new: int) -> tuple[list[int], int]:
+        starts = [i for i in range(len(ids) - len(header) + 1) if ids[i : i + len(header)] == header]
+        text = tokenizer.decode(ids[: starts[0]])
+        script = scripts(text) if callable(scripts) else next(v for key, v in scripts.items() if key in text)
+        turn = tokenizer.encode(script[len(starts) - 1], add_special_tokens=False) + [tokenizer.eos_token_id]
+        so_far = len(ids) - starts[-1] - len(header)
+        return turn[so_far : so_far + max_new], so_far
+
+    return next_ids
+
+
+def prefix_batch(tokenizer: PreTrainedTokenizerFast, scripts: dict[str, Sequence[str]]) -> Callable:
+    """``prefix_turns`` as a ``generate_batch`` for ``run_rollouts``."""
+    next_ids = prefix_turns(tokenizer, scripts)
+    return lambda requests: [next_ids(ids, n)[0] for _, ids, n in requests]
+
+
+class PrefixEngine(GenerationEngine):
+    """An engine whose ``sample`` gives each row its next tokens as a function of its ids alone (``prefix_turns``),
+    with log-prob -(the token's position in its turn + 1) / 100: a turn cut anywhere goes on with the same tokens and
+    log-probs. ``batches``: the rows of each ``sample`` call."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerFast, scripts: dict | Callable) -> None:
+        self.tokenizer, self.next_ids, self.batches = tokenizer, prefix_turns(tokenizer, scripts), []
+
+    def sample(self, input_ids, attention_mask, max_new_tokens, params, seed, generated=None, row_caps=None):
+        tokens = torch.full((input_ids.shape[0], max_new_tokens), self.tokenizer.pad_token_id)
+        logp = torch.zeros(tokens.shape)
+        for row in range(input_ids.shape[0]):
+            new, offset = self.next_ids(input_ids[row][attention_mask[row].bool()].tolist(), max_new_tokens)
+            tokens[row, : len(new)] = torch.tensor(new, dtype=torch.long)
+            logp[row, : len(new)] = -torch.arange(offset + 1, offset + len(new) + 1, dtype=torch.float32) / 100
+        self.batches.append(input_ids.shape[0])
+        return tokens, logp
+
+    def generate(self, prompts, params, seed, prompt_width=None):
+        raise NotImplementedError
+
+    def decode(self, responses, response_mask):
+        raise NotImplementedError
+
+    def load_weights(self, weights):
+        raise NotImplementedError
+
+    def prompt_width(self, prompts):
+        raise NotImplementedError

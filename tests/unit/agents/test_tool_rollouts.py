@@ -10,8 +10,14 @@ from dockflow.algos.grpo import clipped_policy_loss
 from dockflow.algos.ppo import gae_advantages
 from dockflow.config.tools import ToolsConfig
 from dockflow.engines.base import GenerationEngine, SamplingParams
-from dockflow.engines.tool_rollouts import ToolSpec, tool_rollouts, trajectory_metrics
-from tests.unit.agents.chat import call
+from dockflow.engines.tool_rollouts import (
+    ToolSpec,
+    lay_out,
+    sample_tool_rollouts,
+    tool_rollouts,
+    trajectory_metrics,
+)
+from tests.unit.agents.chat import PrefixEngine, call
 from tests.unit.agents.tools_for_tests import Counter, add, add_wrong
 
 ROW = {"prompt": [{"role": "user", "content": "What is 3 + 4?"}], "answer": "7"}
@@ -144,3 +150,31 @@ def test_the_record_carries_the_conversation_the_environment_and_its_reward(toke
         {"role": "tool", "name": "increment", "content": "2"},
         {"role": "assistant", "content": "Done."},
     ]
+
+
+def test_partial_tool_rollouts_lay_out_what_uninterrupted_ones_do(tokenizer) -> None:
+    """Under a token budget the trajectories come back parked (a ``Sampled`` with their log-probs so far), are passed
+    back in until all finished: their rows (ids, masks, the rollout log-probs on the model tokens, the records with
+    the environment) equal those of the rollouts run in one go."""
+    scripts = {"3 + 4": [call("increment", '{"by": 2}'), call("increment", '{"by": 1}'), "Done."]}
+    spec = ToolSpec([], Counter, ToolsConfig(max_total_tokens=4096, timeout_s=5.0))
+    rows = [{**ROW, "target": 3}, {**ROW, "target": 4}]
+    params = SamplingParams(200, 1.0, 1.0, greedy=False, n=1)
+    whole = sample_tool_rollouts(PrefixEngine(tokenizer, scripts), tokenizer, rows, spec, params, seed=0)
+    engine = PrefixEngine(tokenizer, scripts)
+    items, calls = list(rows), 0
+    finished: dict[int, object] = {}
+    position = [0, 1]
+    while items and calls < 100:  # a trajectory that never gets further would loop for ever
+        out = sample_tool_rollouts(engine, tokenizer, items, spec, params, seed=calls, budget=40)
+        calls += 1
+        finished.update({k: s for k, s in zip(position, out, strict=True) if not s.parked})
+        position = [k for k, s in zip(position, out, strict=True) if s.parked]
+        items = [s for s in out if s.parked]
+    assert not items and calls > 3  # parked mid-turn and between turns (the turns are ~60 tokens)
+    assert whole[0].outcome.trajectory.finish == "max_total_tokens"  # the width (200) cuts the answer: resumed alike
+    a = lay_out([finished[0], finished[1]], tokenizer, spec, W, 200)
+    b = lay_out(whole, tokenizer, spec, W, 200)
+    for key in ("input_ids", "attention_mask", "response_mask", "rollout_log_prob", "tool_record"):
+        assert torch.equal(a[key], b[key]), key
+    assert [unpack_record(r).state.count for r in a["tool_record"]] == [3, 3]

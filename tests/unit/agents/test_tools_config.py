@@ -25,15 +25,21 @@ def test_no_tools_by_default_and_a_tool_run_validates() -> None:
     [
         ([], "data.chat_template"),
         (["data.chat_template=true", "engine.backend=vllm"], "engine.backend"),
-        (
-            ["data.chat_template=true", "placement.mode=disaggregated", "rollout.partial.token_budget=64"],
-            "rollout.partial.token_budget",
-        ),
     ],
 )
 def test_what_the_tool_loop_cannot_run_is_refused(extra: list[str], named: str) -> None:
     with pytest.raises(ConfigError, match=f"tools are configured but {named}"):
         load_config(None, [TOOL, *extra])
+
+
+def test_partial_rollout_with_tools_validates_where_partial_rollout_does() -> None:
+    """Partial rollout parks multi-turn trajectories too (``dockflow.agents.parking``); it still needs generator
+    workers, with tools as without."""
+    cfg = load_config(None, [TOOL, "data.chat_template=true", "placement.mode=disaggregated",
+                             "rollout.partial.token_budget=64"])
+    assert cfg.tools.enabled and cfg.rollout.partial.token_budget == 64
+    with pytest.raises(ConfigError, match="needs placement.mode: disaggregated"):
+        load_config(None, [TOOL, "data.chat_template=true", "rollout.partial.token_budget=64"])
 
 
 def test_demonstrations_without_tools_are_refused_and_the_demo_config_has_both() -> None:

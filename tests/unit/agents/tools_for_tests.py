@@ -96,3 +96,28 @@ class Doubler:
 @functools.wraps(add)  # the same name and schema as ``add``: only the tool turn's tokens differ
 def add_wrong(a: int, b: int) -> int:
     return a + b + 1
+
+
+class Tape:
+    """The demo's calculator as an environment that keeps a tape of its calls (state a parked rollout must carry
+    from turn to turn); rewarded when the last result is the row's answer."""
+
+    def reset(self, answer: str, **kwargs) -> None:
+        self.answer, self.tape, self.last = str(answer), [], None
+
+    def calculator(self, a: int, op: str, b: int) -> int:
+        """Add or subtract two integers.
+
+        Args:
+            a: The first integer.
+            op: The operator, "+" or "-".
+            b: The second integer.
+        """
+        self.tape.append(f"{a} {op} {b}")  # before the check: a refused call is on the tape too
+        if op not in ("+", "-"):
+            raise ValueError(f"op must be '+' or '-', got {op!r}")
+        self.last = a + b if op == "+" else a - b
+        return self.last
+
+    def get_reward(self) -> float:
+        return float(str(self.last) == self.answer)
