@@ -1,7 +1,7 @@
 """Partial rollout with tools end to end: the calculator demo shrunk to 1-digit sums (SFT on its tool-use
 demonstrations, so trajectories are a call, the calculator's turn and an answer), GRPO on a generator worker one
 version stale, every trajectory given a few model tokens per generation call. A run resumed from its checkpoint,
-which holds trajectories parked mid-turn and between turns, ends bit-identical to the uninterrupted run, as
+which holds trajectories parked mid-turn in a later turn, ends bit-identical to the uninterrupted run, as
 ``test_algorithms.py::test_a_run_resumed_with_generations_in_flight_repeats_and_loses_no_sample`` checks for
 single-turn responses."""
 
