@@ -50,17 +50,18 @@ def _assert_serialized(decisions: list[ChampionDecision], old: int, best: int) -
 
 def test_waiter_queues_behind_a_holder_that_keeps_its_lease(store: Store, model_name: str) -> None:
     client, name = store.client(), f"{model_name}.lock"
-    holder = RegistryLock(client, name, owner="holder", timeout_s=5, stale_after_s=1.0, poll_s=0.05)
+    # a stale age of 2 s: a loaded machine (the suite beside other work) can stall the heartbeat thread for ~1 s
+    holder = RegistryLock(client, name, owner="holder", timeout_s=5, stale_after_s=2.0, poll_s=0.05)
     holder.acquire()
     got: list[float] = []
 
     def wait() -> None:
-        with RegistryLock(client, name, owner="waiter", timeout_s=10, stale_after_s=1.0, poll_s=0.05):
+        with RegistryLock(client, name, owner="waiter", timeout_s=15, stale_after_s=2.0, poll_s=0.05):
             got.append(time.monotonic())
 
     thread = threading.Thread(target=wait)
     thread.start()
-    time.sleep(2.2)  # twice the stale age: the holder's heartbeat keeps it
+    time.sleep(4.2)  # twice the stale age: the holder's heartbeat keeps it
     assert not got
     holder.check_held()
     released = time.monotonic()
