@@ -64,7 +64,23 @@ def prefix_batch(tokenizer: PreTrainedTokenizerFast, scripts: dict[str, Sequence
     return lambda requests: [next_ids(ids, n)[0] for _, ids, n in requests]
 
 
-class PrefixEngine(GenerationEngine):
+class SampleOnlyEngine(GenerationEngine):
+    """A fake engine the tool loop drives through ``sample`` alone; the rest of the interface is not used."""
+
+    def generate(self, prompts, params, seed, prompt_width=None):
+        raise NotImplementedError
+
+    def decode(self, responses, response_mask):
+        raise NotImplementedError
+
+    def load_weights(self, weights):
+        raise NotImplementedError
+
+    def prompt_width(self, prompts):
+        raise NotImplementedError
+
+
+class PrefixEngine(SampleOnlyEngine):
     """An engine whose ``sample`` gives each row its next tokens as a function of its ids alone (``prefix_turns``),
     with log-prob -(the token's position in its turn + 1) / 100: a turn cut anywhere goes on with the same tokens and
     log-probs. ``batches``: the rows of each ``sample`` call."""
@@ -82,14 +98,3 @@ class PrefixEngine(GenerationEngine):
         self.batches.append(input_ids.shape[0])
         return tokens, logp
 
-    def generate(self, prompts, params, seed, prompt_width=None):
-        raise NotImplementedError
-
-    def decode(self, responses, response_mask):
-        raise NotImplementedError
-
-    def load_weights(self, weights):
-        raise NotImplementedError
-
-    def prompt_width(self, prompts):
-        raise NotImplementedError

@@ -9,7 +9,7 @@ from dockflow.agents.records import unpack_record
 from dockflow.algos.grpo import clipped_policy_loss
 from dockflow.algos.ppo import gae_advantages
 from dockflow.config.tools import ToolsConfig
-from dockflow.engines.base import GenerationEngine, SamplingParams
+from dockflow.engines.base import SamplingParams
 from dockflow.engines.tool_rollouts import (
     ToolSpec,
     lay_out,
@@ -17,7 +17,7 @@ from dockflow.engines.tool_rollouts import (
     tool_rollouts,
     trajectory_metrics,
 )
-from tests.unit.agents.chat import PrefixEngine, call
+from tests.unit.agents.chat import PrefixEngine, SampleOnlyEngine, call
 from tests.unit.agents.tools_for_tests import Counter, add, add_wrong
 
 ROW = {"prompt": [{"role": "user", "content": "What is 3 + 4?"}], "answer": "7"}
@@ -25,7 +25,7 @@ W = 1000  # prompt width: the char tokenizer spends ~800 tokens on the tool sche
 TURNS = [call("add", '{"a": 3, "b": 4}'), "It is 7."]
 
 
-class Scripted(GenerationEngine):
+class Scripted(SampleOnlyEngine):
     """Answers each ``sample`` (one turn of every trajectory in the batch) with the next scripted turn for every
     row (then EOS, then padding) and log-prob -(position + 1)."""
 
@@ -41,17 +41,6 @@ class Scripted(GenerationEngine):
         rows = input_ids.shape[0]
         return torch.tensor([ids] * rows), -torch.arange(1, max_new_tokens + 1, dtype=torch.float32).repeat(rows, 1)
 
-    def generate(self, prompts, params, seed, prompt_width=None):
-        raise NotImplementedError
-
-    def decode(self, responses, response_mask):
-        raise NotImplementedError
-
-    def load_weights(self, weights):
-        raise NotImplementedError
-
-    def prompt_width(self, prompts):
-        raise NotImplementedError
 
 
 def _rollouts(tokenizer, tool, max_new: int = 200):
