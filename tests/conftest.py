@@ -16,7 +16,8 @@ from fixtures.s3_server import s3_checkpoint_dir, s3_env, s3_server  # noqa: E40
 
 def pytest_collection_modifyitems(items):
     """Tests marked ``vllm_in_process`` run last. They start vLLM's CPU engine in the test process, which replaces
-    ``torch.set_num_threads`` with a no-op and binds OpenMP threads: a process forked after that (the fork-based
-    gloo tests) inherits a pool it cannot shrink and hangs or crashes. DockFlow's workers never fork after vLLM
+    ``torch.set_num_threads`` with a no-op and binds OpenMP threads: a process forked from it after that inherits
+    a pool it cannot shrink and hangs or crashes (the gloo tests' ranks start from a fork server instead,
+    ``fixtures/ranks.py``; the tool sandbox forks). DockFlow's workers never fork after vLLM
     starts; the test process does, so the order is fixed here."""
     items.sort(key=lambda item: item.get_closest_marker("vllm_in_process") is not None)  # stable: others keep theirs

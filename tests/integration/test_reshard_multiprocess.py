@@ -7,15 +7,13 @@ methods and sends its measurements back through a queue; the tests assert on the
 the reference slices, the update state comes back bit-identical after swap_back, allgather-swap leaves no
 update state on the "device" and keeps at most one bucket alive, naive's redundancy matches Eq. (3).
 
-The workers are forked: they start in milliseconds with torch (and the optimizer's torch._dynamo import)
-already loaded, where spawn / forkserver pay seconds of imports per start on a 2-core CI machine. They set
-one torch thread before any op (no OpenMP pool after fork) and use nothing but torch and gloo.
+The workers start from the suite's fork server (``tests/fixtures/ranks.py``), with torch and the optimizer's
+torch._dynamo import already loaded. They set one torch thread before any op and use nothing but torch and gloo.
 """
 
 from __future__ import annotations
 
 import datetime
-import multiprocessing
 import queue
 import time
 import traceback
@@ -24,7 +22,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from fixtures.ranks import CONTEXT, start_ranks
 
 from dockflow.reshard import (
     UPDATE_STATE,
@@ -189,10 +187,9 @@ def results(cases: dict[str, dict[str, Any]],
     """Per (case, method): the 4 ranks' measurements, from one start of the 4 processes."""
     import torch._dynamo  # noqa: F401 - AdamW imports it on first use; once here rather than in every child
 
-    queue_ = multiprocessing.get_context("fork").Queue()
+    queue_ = CONTEXT.Queue()
     store = tmp_path_factory.mktemp("reshard") / "store"
-    procs = mp.start_processes(_worker, args=(str(store), cases, queue_), nprocs=WORLD, join=False,
-                               start_method="fork")
+    procs = start_ranks(_worker, (str(store), cases, queue_), WORLD, join=False)
     by_rank: dict[int, dict] = {}
     deadline = time.monotonic() + RESULT_TIMEOUT_S
     try:

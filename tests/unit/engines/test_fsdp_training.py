@@ -1,6 +1,6 @@
-"""FSDPTrainingEngine on 2 forked gloo ranks against TorchTrainingEngine on one process, same data.
+"""FSDPTrainingEngine on 2 gloo ranks against TorchTrainingEngine on one process, same data.
 
-One fork for the module: each rank builds the same tiny Qwen2, trains one mini-batch on its half (unequal token
+One start of the ranks for the module: each rank builds the same tiny Qwen2, trains one mini-batch on its half (unequal token
 counts, so the global loss normalisation matters), reshards for generation, saves and reloads its state.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from fixtures.ranks import start_ranks
 from fixtures.tiny_models import tiny_qwen2
 from tensordict import TensorDict
 
@@ -86,7 +86,7 @@ def _rank(rank: int, store_path: str, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     tmp = tmp_path_factory.mktemp("fsdp")
-    mp.start_processes(_rank, args=(str(tmp / "store"), str(tmp)), nprocs=WORLD, start_method="fork")
+    start_ranks(_rank, (str(tmp / "store"), str(tmp)), WORLD)
     return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 

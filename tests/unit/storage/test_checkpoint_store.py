@@ -4,12 +4,12 @@ interrupted commits, corruption, retention (last K, best); local-only: paths, mu
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import random
 from pathlib import Path
 
 import pytest
 import torch
+from fixtures.ranks import CONTEXT
 
 from dockflow.config import CheckpointConfig
 from dockflow.storage import CheckpointError, CheckpointStore, LocalCheckpointStore, open_store
@@ -162,7 +162,7 @@ def _write_from_child(root: str, step: int, name: str, seed: int) -> None:
 
 
 def test_parts_from_two_processes(tmp_path: Path) -> None:
-    ctx = mp.get_context("fork")
+    ctx = CONTEXT
     procs = [ctx.Process(target=_write_from_child, args=(str(tmp_path), 7, f"actor.rank{r}", r)) for r in (0, 1)]
     for p in procs:
         p.start()

@@ -1,6 +1,6 @@
-"""Which batches each actor rank runs. ``shared_stream`` on 2 forked gloo ranks: the reader's items (TensorDicts, as
+"""Which batches each actor rank runs. ``shared_stream`` on 2 gloo ranks: the reader's items (TensorDicts, as
 the actor passes them) reach the other rank in order and both streams end together. ``ModelReplica``: megatron's
-rank order (TP fastest, then DP, then PP). The actor's routing on 4 forked gloo ranks at TP=2 x DP=2: the first rank
+rank order (TP fastest, then DP, then PP). The actor's routing on 4 gloo ranks at TP=2 x DP=2: the first rank
 of each model group alone reads the dock, for its replica's share (``dp_share`` = its replica, half of each
 mini-batch and of the iteration), its TP peer trains on exactly its reader's batches, only the readers write
 old log-probs, and rank 0 alone reports the stage's metrics, summed over both readers' shares (the others only
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from fixtures.ranks import start_ranks
 from tensordict import TensorDict
 
 from dockflow.config import load_config
@@ -39,7 +39,7 @@ def _rank(rank: int, tmp: str) -> None:
 
 
 def test_every_rank_sees_the_readers_batches(tmp_path):
-    mp.start_processes(_rank, args=(str(tmp_path),), nprocs=2, start_method="fork")
+    start_ranks(_rank, (str(tmp_path),), 2)
     expected = [b["x"] for b in _batches()]
     for rank in range(2):
         out = torch.load(tmp_path / f"rank{rank}.pt")
@@ -123,7 +123,7 @@ def _actor_rank(rank: int, tmp: str) -> None:
 
 
 def test_each_replica_reads_its_share_and_rank_0_reports(tmp_path):
-    mp.start_processes(_actor_rank, args=(str(tmp_path),), nprocs=4, start_method="fork")
+    start_ranks(_actor_rank, (str(tmp_path),), 4)
     ranks = [torch.load(tmp_path / f"actor{r}.pt", weights_only=False) for r in range(4)]
     for reader, peer in ((0, 1), (2, 3)):
         share = reader // 2

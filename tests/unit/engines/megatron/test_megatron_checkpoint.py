@@ -1,4 +1,4 @@
-"""Megatron checkpoints (``dockflow.engines.megatron.checkpoint``) on two forked gloo ranks, in one launch.
+"""Megatron checkpoints (``dockflow.engines.megatron.checkpoint``) on two gloo ranks, in one launch.
 
 At TP=2 a tiny tied Qwen2 takes two AdamW steps; the checkpoint of step 1 goes to a local checkpoint store and
 to an S3 one (moto on loopback). Then: a save whose commit is interrupted leaves step 1 the latest (and a later
@@ -7,7 +7,7 @@ bit; at TP=1 (the two ranks as data parallel, from S3) and at PP=2 (local) the l
 gathered, equal the TP=2 ones exactly, and so do they through saves at PP=2 and at TP=1 x DP=2; the weights load
 alone too.
 
-megatron is imported once here before the forks, so the ranks inherit it (as in ``test_megatron_ranks.py``).
+megatron is imported once, in the fork server the ranks start from (``tests/fixtures/ranks.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from fixtures.ranks import start_ranks
 from fixtures.tiny_models import tiny_decoder
 
 from dockflow.config import CheckpointConfig
@@ -159,11 +159,9 @@ def _rank(rank: int, store_path: str, out_dir: str, s3: tuple[str, dict[str, str
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory, s3_server) -> list[dict]:
-    import megatron.core  # noqa: F401  (once, before the forks: the ranks inherit the import)
-
     tmp = tmp_path_factory.mktemp("megatron_ckpt")
     s3 = (f"s3://{s3_server.BUCKET}/megatron-ckpt-{uuid.uuid4().hex[:8]}", s3_server.env())
-    mp.start_processes(_rank, args=(str(tmp / "store"), str(tmp), s3), nprocs=2, start_method="fork")
+    start_ranks(_rank, (str(tmp / "store"), str(tmp), s3), 2)
     return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
 

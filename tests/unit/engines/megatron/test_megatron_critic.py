@@ -1,5 +1,5 @@
-"""``MegatronCriticEngine`` (the value model: the GPTModel trunk, a scalar head for ``output_layer``) on two forked
-gloo ranks at TP=2 and at PP=2, against ``TorchTrainingEngine`` with ``response_values`` (the torch critic) on the same HF
+"""``MegatronCriticEngine`` (the value model: the GPTModel trunk, a scalar head for ``output_layer``) on two gloo
+ranks at TP=2 and at PP=2, against ``TorchTrainingEngine`` with ``response_values`` (the torch critic) on the same HF
 critic: values before and after one update with PPO's clipped value loss (2 micro-batches, clipping of the values
 and of the grad norm that both bite, AdamW with weight decay) agree within 1e-5, and so do the updated weights
 (gathered, HF critic names), the grad norm and the loss; the HF <-> megatron critic conversion round-trips exactly;
@@ -7,7 +7,7 @@ the layout-free ``state_dict`` reloads and resumes bit-exactly and ``save_pretra
 checkpoint (``save_state``: each rank's shards through ``dist_checkpointing``, as the policy's) resumes bit-exactly
 at the same layout, and the TP=2 one loads at PP=2 (TP=1) with the same weights and AdamW moments.
 
-megatron is imported once before the forks (``test_megatron_ranks.py``).
+megatron is imported once, in the fork server the ranks start from (``tests/fixtures/ranks.py``).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from fixtures.engine_batches import critic_batch, value_loss
+from fixtures.ranks import start_ranks
 from fixtures.tiny_models import tiny_decoder
 from torch import nn
 
@@ -91,14 +91,12 @@ def _rank(rank: int, layout: tuple[int, int], tmp: str) -> None:
 
 @pytest.fixture(scope="module", params=[(2, 1), (1, 2)], ids=["tp2", "pp2"])
 def runs(request, tmp_path_factory) -> tuple[list[dict], dict, dict, Path]:
-    import megatron.core  # noqa: F401  (once, before the forks: the ranks inherit the import)
-
     tmp = tmp_path_factory.mktemp("megatron_critic")
     save_pretrained_dir(tiny_decoder(NAME), build_char_tokenizer(), tmp / "policy")
     start = make_critic(tmp / "policy").state_dict()
     reference = _one_update(TorchTrainingEngine(make_critic(tmp / "policy"), response_fn=response_values,
                                                 **ENGINE_ARGS))
-    mp.start_processes(_rank, args=(request.param, str(tmp)), nprocs=2, start_method="fork")
+    start_ranks(_rank, (request.param, str(tmp)), 2)
     return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(2)], reference, start, tmp
 
 

@@ -1,4 +1,4 @@
-"""``MegatronTrainingEngine`` on forked gloo ranks at TP=2 and at PP=2 (two ranks each), built from an HF directory,
+"""``MegatronTrainingEngine`` on gloo ranks at TP=2 and at PP=2 (two ranks each), built from an HF directory,
 against ``TorchTrainingEngine`` (DP=1) on the same weights: log-probs before and after one GRPO update (the
 recipe's loss, 2 micro-batches, clipping that bites, AdamW with weight decay) agree within 1e-5, and so do the
 updated weights (gathered, HF-named), the grad norm, the loss metrics and AdamW's moments in the layout-free
@@ -7,7 +7,7 @@ with the update state on the host (0 redundant bytes in the ledger); a reloaded 
 so does the run checkpoint ``save_state`` writes (each rank's shards through ``dist_checkpointing`` into a local
 checkpoint store) loaded by ``load_state``; ``save_pretrained`` writes the updated HF model.
 
-megatron is imported once before the forks (``test_megatron_ranks.py``).
+megatron is imported once, in the fork server the ranks start from (``tests/fixtures/ranks.py``).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from fixtures.engine_batches import grpo_loss, rollout_batch, with_old_log_probs
+from fixtures.ranks import start_ranks
 from fixtures.tiny_models import tiny_decoder
 
 from dockflow.engines.torch_training import TorchTrainingEngine
@@ -83,13 +83,10 @@ def _rank(rank: int, layout: tuple[int, int], tmp: str) -> None:
 
 @pytest.fixture(scope="module", params=[(2, 1), (1, 2)], ids=["tp2", "pp2"])
 def ranks(request, tmp_path_factory) -> tuple[list[dict], Path]:
-    import megatron.core  # noqa: F401  (once, before the forks: the ranks inherit the import)
-    import megatron.core.dist_checkpointing.strategies.torch  # noqa: F401  (the same for save_state / load_state)
-
     tmp = tmp_path_factory.mktemp("megatron_engine")
     for name in NAMES:
         tiny_decoder(name).save_pretrained(tmp / name)
-    mp.start_processes(_rank, args=(request.param, str(tmp)), nprocs=2, start_method="fork")
+    start_ranks(_rank, (request.param, str(tmp)), 2)
     return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(2)], tmp
 
 
@@ -195,11 +192,9 @@ def _dp_rank(rank: int, tmp: str) -> None:
 
 @pytest.fixture(scope="module")
 def dp_ranks(tmp_path_factory) -> list[dict]:
-    import megatron.core  # noqa: F401  (once, before the forks)
-
     tmp = tmp_path_factory.mktemp("megatron_dp")
     tiny_decoder(DP_MODEL).save_pretrained(tmp / DP_MODEL)
-    mp.start_processes(_dp_rank, args=(str(tmp),), nprocs=4, start_method="fork")
+    start_ranks(_dp_rank, (str(tmp),), 4)
     return [torch.load(tmp / f"dp_rank{r}.pt", weights_only=False) for r in range(4)]
 
 

@@ -1,10 +1,10 @@
-"""Real megatron-core GPTModels on forked gloo ranks, loaded with converted HF weights, at TP=1 (one rank), TP=2,
+"""Real megatron-core GPTModels on gloo ranks, loaded with converted HF weights, at TP=1 (one rank), TP=2,
 PP=2 (two ranks) and TP2xPP2 (four ranks): their response log-probs (through megatron's pipeline schedule, and
 called directly at PP=1) equal the HF model's (fp32, 1e-5), and so do the loss on them and its gradients
 (forward-backward through the schedule in 2 micro-batches, gathered from every rank's shard); the shards
 gathered back convert to the HF weights exactly.
 
-megatron is imported once here before the forks, so the ranks inherit it; each rank answers CUDA on CPU
+megatron is imported once, in the fork server the ranks start from (``tests/fixtures/ranks.py``); each rank answers CUDA on CPU
 (``cpu.prepare_megatron``) in its own process only.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from fixtures.ranks import start_ranks
 from fixtures.tiny_models import DECODERS, tiny_decoder
 
 from dockflow.engines.logprobs import response_log_probs
@@ -84,10 +84,8 @@ def _rank(rank: int, layout: tuple[int, int], store_path: str, out_dir: str) -> 
 
 
 def _launch(tmp: Path, layout: tuple[int, int]) -> list[dict]:
-    import megatron.core  # noqa: F401  (once, before the forks: the ranks inherit the import)
-
     world = layout[0] * layout[1]
-    mp.start_processes(_rank, args=(layout, str(tmp / "store"), str(tmp)), nprocs=world, start_method="fork")
+    start_ranks(_rank, (layout, str(tmp / "store"), str(tmp)), world)
     return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 

@@ -1,5 +1,5 @@
 """Resharding real megatron-core shards to the generation layout (TP1, every rank a full copy), naive and
-allgather-swap, on forked gloo ranks at TP=2, PP=2 and TP2xPP2.
+allgather-swap, on gloo ranks at TP=2, PP=2 and TP2xPP2.
 
 Each rank builds its ``GPTModel`` (Qwen2 tied and untied, Qwen3), loads the HF weights, takes one AdamW step
 through megatron's pipeline schedule and gathers the trainer's full weights the engine's way
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from fixtures.ranks import start_ranks
 from fixtures.tiny_models import tiny_decoder
 from test_megatron_ranks import RESPONSE, loss, rollout
 
@@ -120,12 +120,9 @@ def _rank(rank: int, layout: tuple[int, int], store_path: str, out_dir: str) -> 
 
 @pytest.fixture(scope="module", params=[(2, 1), (1, 2), (2, 2)], ids=["tp2", "pp2", "tp2pp2"])
 def ranks(request, tmp_path_factory) -> list[dict]:
-    import megatron.core  # noqa: F401  (once, before the forks: the ranks inherit the import)
-
     tp, pp = request.param
     tmp = tmp_path_factory.mktemp(f"megatron_reshard_tp{tp}pp{pp}")
-    mp.start_processes(_rank, args=(request.param, str(tmp / "store"), str(tmp)), nprocs=tp * pp,
-                       start_method="fork")
+    start_ranks(_rank, (request.param, str(tmp / "store"), str(tmp)), tp * pp)
     return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(tp * pp)]
 
 
