@@ -129,10 +129,7 @@ def generate_partial_into_dock(
                 "response_length": out["response_length"],
                 "policy_version": torch.tensor([oldest[g] for g in done]).repeat_interleave(n),
             }
-            cols = dock_columns(cfg, out)
-            if "tool_record" in out.keys():  # the conversations and environments, for the reward functions
-                cols["tool_record"] = out["tool_record"]
-            dock.put(list(range(first, first + len(out))), cols, meta)
+            dock.put(list(range(first, first + len(out))), dock_columns(cfg, out), meta)
             counts["samples"] += len(out)
             counts["prompt_tokens"] += int(out["prompt_length"].sum())
             counts["response_tokens"] += int(out["response_length"].sum())

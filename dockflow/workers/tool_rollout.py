@@ -93,9 +93,7 @@ def generate_tools_into_dock(
             "response_length": out["response_length"],
             "policy_version": torch.full((len(indices),), policy_version),
         }
-        cols = dock_columns(cfg, out)
-        cols["tool_record"] = out["tool_record"]  # the conversations and environments, for the reward functions
-        dock.put(indices, cols, meta)
+        dock.put(indices, dock_columns(cfg, out), meta)
         totals["prompt"] += int(out["prompt_length"].sum())
         totals["response"] += int(out["response_length"].sum())
         totals["samples"] += len(indices)

@@ -1,5 +1,5 @@
-"""What generation writes into the dock under each ``train.old_log_prob`` / ``train.tis_cap`` setting, and which
-worker states then exist."""
+"""What generation writes into the dock under each ``train.old_log_prob`` / ``train.tis_cap`` setting (and, with tools,
+each trajectory's ``tool_record``), and which worker states then exist."""
 
 import pytest
 import torch
@@ -47,3 +47,12 @@ def test_rollout_source_refuses_tis_and_dpo(bad):
     config = "configs/grpo_arith.yaml" if bad else "configs/dpo_arith.yaml"
     with pytest.raises(ConfigError, match="train.old_log_prob=rollout"):
         load_config(config, ["train.old_log_prob=rollout", *bad])
+
+
+def test_tool_trajectories_carry_their_record_for_the_reward_functions():
+    cfg = load_config("configs/grpo_calculator.yaml")
+    out = _rollout()
+    out["tool_record"] = torch.randint(0, 255, (2, 16), dtype=torch.uint8)
+    cols = dock_columns(cfg, out)
+    assert torch.equal(cols["tool_record"], out["tool_record"])
+    assert "tool_record" in cfg.plan.consumers()["reward"]  # the reward worker reads it from the dock
