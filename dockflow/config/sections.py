@@ -262,7 +262,7 @@ class PlacementConfig(Section):
 
 class DockConfig(Section):
     backend: Literal["distributed", "centralized"] = Field("distributed", description="Transfer dock backend.")
-    num_warehouses: int | None = Field(None, ge=1, description="Warehouse actors; null = one per Ray node.")
+    num_warehouses: int | None = Field(None, ge=1, description="Warehouses (shards of the global batch), dealt over the Ray nodes; a node's warehouses share its one dock process; null = one per Ray node.")
     get_timeout_s: float = Field(300.0, gt=0.0, description="Seconds a get waits for ready samples before failing.")
 
 

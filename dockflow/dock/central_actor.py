@@ -12,10 +12,10 @@ import numpy as np
 import ray
 
 from dockflow.background import run_in_background
-from dockflow.dock.actors import cancelled_message, location, nbytes, node_link, take_unless_reset
 from dockflow.dock.controller import ControllerState
 from dockflow.dock.errors import DockInvalid
 from dockflow.dock.netmodel import LinkSpec
+from dockflow.dock.node_parts import cancelled_message, location, nbytes, node_link, take_unless_reset
 from dockflow.dock.protocol import payload_bytes
 from dockflow.dock.request import DockRequest
 from dockflow.dock.sharding import ShardMap

@@ -1,6 +1,6 @@
 """A controller's bookkeeping for one consumer (worker state): which (sample, column) pairs are ready, which
-samples the consumer already took, and their metadata. Pure Python + numpy; the Ray actor wrapping it is
-in ``actors.py`` and the centralized buffer reuses it as is."""
+samples the consumer already took, and their metadata. Pure Python + numpy; the dock node part wrapping it is
+in ``node_parts.py`` and the centralized buffer reuses it as is."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """A warehouse's storage: the column data of its shard of samples, in preallocated numpy arrays.
 
-Pure Python + numpy (no torch, so warehouse actors start fast; columns arrive in their wire dtype, see
-``wire.py``). The Ray actor wrapping it is in ``actors.py``; the centralized buffer uses one store for the
-whole batch. A column's per-sample shape is fixed by its first write after a reset that kept nothing, and
+Pure Python + numpy (no torch, so dock processes start fast; columns arrive in their wire dtype, see
+``wire.py``). The dock node part wrapping it is in ``node_parts.py``; the centralized buffer uses one store for
+the whole batch. A column's per-sample shape is fixed by its first write after a reset that kept nothing, and
 enforced afterwards.
 """
 

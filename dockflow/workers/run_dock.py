@@ -47,7 +47,7 @@ ROLLOUT_COLUMNS = ("input_ids", "attention_mask", "responses", "response_mask")
 
 
 def run_dock_name(cfg: Config) -> str:
-    """The run's dock: its actors are named ``<run>-dock/...`` (warehouses, controllers, or the central buffer)."""
+    """The run's dock: its actors are named ``<run>-dock/...`` (a dock process per node, or the central buffer)."""
     return f"{cfg.run.name}-dock"
 
 

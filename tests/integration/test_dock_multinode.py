@@ -15,7 +15,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from tensordict import TensorDict
 
 from benchmarks.dock_sim_engine import GENERATED, FlowSim, Shape, grpo_flow
-from dockflow.dock import DockRequest, DockSpec, create_dock
+from dockflow.dock import DockRequest, DockSpec, DockUnavailable, create_dock
 from dockflow.dock.rpc import peer_id
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -110,6 +110,21 @@ def test_warehouse_i_on_node_i(nodes):
         assert sorted(placed) == sorted(nodes) and placed[0] == nodes[0]  # one per node, head first
     finally:
         default.shutdown()
+
+
+def test_a_dead_warehouse_is_reported_while_a_get_waits(nodes):
+    dock = create_dock(DockSpec(columns=COLUMNS, capacity=CAPACITY, group_size=GROUP, warehouse_nodes=nodes,
+                                name="fragile", shard_block=CAPACITY // NODES, get_timeout_s=60))
+    try:
+        dock.register_consumer("reward", ["responses"], node_id=nodes[0])
+        assert dock.stats()["dock_processes"] == NODES
+        ray.kill(dock.shard_hosts[1])
+        t0 = time.monotonic()
+        with pytest.raises(DockUnavailable, match="warehouse 1"):
+            dock.get(DockRequest("reward", 1))  # waits for a sample that cannot come: the health check says why
+        assert time.monotonic() - t0 < 30
+    finally:
+        dock.shutdown()
 
 
 def test_flow_places_controllers_by_consumers_and_bypasses_driver(nodes, workers):

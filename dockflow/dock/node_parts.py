@@ -1,9 +1,10 @@
-"""The dock's thin Ray actors of the distributed backend: a controller per consumer and a warehouse per shard
-(the centralized baseline's one buffer is in ``central_actor.py``).
+"""The parts a dock node process hosts (``node_actor.py``): a controller per consumer placed on the node and a
+warehouse per shard placed there (the centralized baseline's one buffer is in ``central_actor.py``).
 
 They wrap ``ControllerState`` and ``WarehouseStore``; data moves as numpy arrays (see ``wire.py``), and the
-only things a warehouse tells controllers are indices, column names and metadata scalars. Nothing here
-imports torch, so each actor process starts in a few seconds.
+only things a warehouse tells controllers are indices, column names and metadata scalars. A part keeps the
+counters and, under the network model, the node link of the separate process it stands for in the paper's
+design, so the messages and bytes each one moves are counted as before. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -11,13 +12,12 @@ from __future__ import annotations
 import asyncio
 import os
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import ray
 
-from dockflow.background import run_in_background
 from dockflow.dock import protocol
 from dockflow.dock.controller import ControllerState
 from dockflow.dock.errors import DockInvalid, DockUnavailable
@@ -29,8 +29,13 @@ from dockflow.dock.sharding import ShardMap
 from dockflow.dock.warehouse import WarehouseStore
 from dockflow.dock.window import Window
 
+Arrays = Mapping[str, np.ndarray]
+# (consumer, indices, columns, metadata, sending node or None) -> delivered to that consumer's controller
+Deliver = Callable[[str, np.ndarray, Sequence[str], Arrays | None, str | None], Awaitable[None]]
+ClaimShapes = Callable[[dict[str, tuple[int, ...]]], Awaitable[dict[str, tuple[int, ...]]]]
 
-def nbytes(arrays: Mapping[str, np.ndarray]) -> int:
+
+def nbytes(arrays: Arrays) -> int:
     return sum(a.nbytes for a in arrays.values())
 
 
@@ -73,19 +78,11 @@ async def take_unless_reset(
     return "ok", chosen
 
 
-@ray.remote
-class ControllerActor:
-    """Ready/consumed metadata of one consumer; gets long-poll here until enough samples are ready."""
+class NodeController:
+    """Ready/consumed metadata of one consumer; its gets long-poll here until enough samples are ready."""
 
-    def __init__(
-        self,
-        consumer: str,
-        all_columns: Sequence[str],
-        shard_map: ShardMap,
-        columns: Sequence[str],
-        link: LinkSpec | None = None,
-    ) -> None:
-        run_in_background()  # its wake-ups wait for a free core rather than preempt a model worker's threads
+    def __init__(self, consumer: str, all_columns: Sequence[str], shard_map: ShardMap, columns: Sequence[str],
+                 link: LinkSpec | None = None) -> None:
         self.link = node_link(link)
         owners = shard_map.owner(np.arange(shard_map.capacity))
         self.state = ControllerState(consumer, all_columns, shard_map.capacity, shard_map.group_size, columns, owners)
@@ -94,19 +91,8 @@ class ControllerActor:
         self.meta_bytes_in = 0
         self.meta_bytes_out = 0
 
-    async def ready(self) -> dict[str, Any]:
-        return location()
-
-    async def columns(self) -> tuple[str, ...]:
-        return self.state.columns
-
-    async def mark_ready(
-        self,
-        indices: np.ndarray,
-        columns: Sequence[str],
-        meta: Mapping[str, np.ndarray] | None,
-        src_node: str | None = None,
-    ) -> None:
+    async def mark_ready(self, indices: np.ndarray, columns: Sequence[str], meta: Arrays | None,
+                         src_node: str | None = None) -> None:
         if self.link is not None:  # network model: the notification comes in over this node's link
             await self.link.transfer(payload_bytes(indices, meta), src_node)
         async with self.cond:
@@ -145,7 +131,7 @@ class ControllerActor:
             self.state.reset(keep, window)
             self.cond.notify_all()
 
-    async def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         return {
             **location(),
             **self.state.stats(),
@@ -159,75 +145,44 @@ class ControllerActor:
         }
 
 
-@ray.remote
-class WarehouseActor:
-    """Column data of one shard. A put stores rows here, then tells every controller what became ready."""
+class NodeWarehouse:
+    """Column data of one shard. A put stores rows here, then tells every subscribed controller what became ready
+    (through ``deliver``: in this process, or to the node process that hosts the controller)."""
 
-    def __init__(
-        self,
-        columns: Mapping[str, str],  # column -> numpy wire dtype
-        shard_map: ShardMap,
-        shard: int,
-        shape_keeper: Any | None,
-        link: LinkSpec | None = None,
-    ) -> None:
-        run_in_background()
+    def __init__(self, columns: Mapping[str, str], shard_map: ShardMap, shard: int, deliver: Deliver,
+                 claim_shapes: ClaimShapes, link: LinkSpec | None = None) -> None:
         self.link = node_link(link)
         self.node = self.link.node_id if self.link is not None else None
-        self.controller_nodes: dict[str, str | None] = {}
         self.store = WarehouseStore(columns, shard_map, shard)
-        self.shape_keeper = shape_keeper  # warehouse 0 decides per-sample shapes for all; None on itself
-        self.claimed: dict[str, tuple[int, ...]] = {}
-        self.controllers: dict[str, Any] = {}
+        self.deliver = deliver
+        self.claim_shapes = claim_shapes  # warehouse 0's host decides per-sample shapes for all
         self.interests: dict[str, set[str]] = {}  # consumer -> the columns it registered
+        self.controller_nodes: dict[str, str | None] = {}
         self.bytes_by_peer: dict[str, int] = defaultdict(int)
         self.meta_bytes_out = 0
 
-    async def ready(self) -> dict[str, Any]:
-        return location()
-
-    async def ping(self) -> bool:
-        return True
-
-    async def claim_shapes(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-        """(Warehouse 0) the shape of each column this iteration: the first claim wins."""
-        for column, shape in shapes.items():
-            self.claimed.setdefault(column, tuple(shape))
-        return {c: self.claimed[c] for c in shapes}
-
-    async def add_controller(
-        self, consumer: str, controller: Any, columns: Sequence[str], node: str | None = None
-    ) -> None:
+    async def subscribe(self, consumer: str, columns: Sequence[str], node: str | None = None) -> None:
         """Send the new controller what is already ready, then include it in every later notification.
         ``node``: the controller's node (used only by the network model)."""
-        if consumer in self.controllers:
+        if consumer in self.interests:
             return
         ready, meta = self.store.snapshot()
-        self.controllers[consumer] = controller  # same event-loop step: no put can slip in between
-        self.interests[consumer] = set(columns)
+        self.interests[consumer] = set(columns)  # same event-loop step: no put can slip in between
         self.controller_nodes[consumer] = node
         notes = [(self.store.owned, [], meta)] + [(idx, [c], None) for c, idx in ready.items() if len(idx)]
-        calls = [self._notify(consumer, idx, cols, m) for idx, cols, m in notes]
-        await self._notified(calls, [consumer] * len(calls))
+        await self._notified([self._notify(consumer, idx, cols, m) for idx, cols, m in notes], [consumer] * len(notes))
 
-    async def consumers(self) -> dict[str, Any]:
-        return dict(self.controllers)
-
-    def _notify(
-        self, consumer: str, indices: np.ndarray, columns: Sequence[str], meta: Mapping[str, np.ndarray] | None
-    ) -> Any:
-        """One notification (an awaitable): a plain actor call, or under the network model a coroutine that
-        first holds this node's link for the message."""
+    def _notify(self, consumer: str, indices: np.ndarray, columns: Sequence[str], meta: Arrays | None) -> Any:
+        """One notification (an awaitable); under the network model it first holds this node's link."""
         if self.link is None:
-            return self.controllers[consumer].mark_ready.remote(indices, columns, meta)
+            return self.deliver(consumer, indices, columns, meta, None)
         return self._notify_over_link(consumer, indices, columns, meta)
 
-    async def _notify_over_link(
-        self, consumer: str, indices: np.ndarray, columns: Sequence[str], meta: Mapping[str, np.ndarray] | None
-    ) -> None:
+    async def _notify_over_link(self, consumer: str, indices: np.ndarray, columns: Sequence[str],
+                                meta: Arrays | None) -> None:
         assert self.link is not None
         await self.link.transfer(payload_bytes(indices, meta), self.controller_nodes.get(consumer))
-        await self.controllers[consumer].mark_ready.remote(indices, columns, meta, self.node)
+        await self.deliver(consumer, indices, columns, meta, self.node)
 
     async def _notified(self, calls: list[Any], consumers: list[str]) -> None:
         results = await asyncio.gather(*calls, return_exceptions=True)
@@ -238,14 +193,7 @@ class WarehouseActor:
                     f"{consumer!r}: {type(result).__name__}: {result}"
                 )
 
-    async def put(
-        self,
-        indices: np.ndarray,
-        arrays: Mapping[str, np.ndarray],
-        meta: Mapping[str, np.ndarray],
-        peer: str,
-        node: str | None = None,
-    ) -> None:
+    async def put(self, indices: np.ndarray, arrays: Arrays, meta: Arrays, peer: str, node: str | None = None) -> None:
         if self.link is not None:  # network model: the rows come in over this node's link from ``node``
             await self.link.transfer(payload_bytes(indices, arrays, meta), node)
         unknown = sorted(set(arrays) - set(self.store.dtypes))
@@ -253,9 +201,7 @@ class WarehouseActor:
             raise DockInvalid(f"unknown columns {unknown}; the dock has {list(self.store.dtypes)}")
         new = {c: tuple(a.shape[1:]) for c, a in arrays.items() if c not in self.store.shapes}
         if new:
-            keeper = self.shape_keeper
-            fixed = await keeper.claim_shapes.remote(new) if keeper is not None else await self.claim_shapes(new)
-            for column, shape in fixed.items():
+            for column, shape in (await self.claim_shapes(new)).items():
                 self.store.fix_shape(column, shape)
         self.store.write(indices, arrays, meta)
         self.bytes_by_peer[peer] += nbytes(arrays)
@@ -266,21 +212,15 @@ class WarehouseActor:
         self.meta_bytes_out += len(calls) * (indices.nbytes + nbytes(meta))
         await self._notified(calls, consumers)
 
-    async def read(
-        self, indices: np.ndarray, columns: Sequence[str], peer: str, node: str | None = None
-    ) -> dict[str, np.ndarray]:
+    async def read(self, indices: np.ndarray, columns: Sequence[str], peer: str, node: str | None = None
+                   ) -> dict[str, np.ndarray]:
         arrays = self.store.read(indices, columns)
         self.bytes_by_peer[peer] += nbytes(arrays)
         if self.link is not None:  # network model: indices in, rows out, over this node's link
             await self.link.transfer(payload_bytes(indices, arrays), node)
         return arrays
 
-    async def reset(self, keep: np.ndarray, window: Window | None = None) -> None:
-        self.store.reset(keep, window)
-        if len(keep) == 0:
-            self.claimed.clear()
-
-    async def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         store = self.store
         return {
             **location(),
@@ -294,6 +234,6 @@ class WarehouseActor:
             "meta_bytes_out": self.meta_bytes_out,
             "stored_bytes": store.nbytes(),
             "ready": {c: int(b[store.owned].sum()) for c, b in store.ready.items()},
-            "controllers": sorted(self.controllers),
+            "controllers": sorted(self.interests),
             **(self.link.stats() if self.link is not None else {}),
         }
