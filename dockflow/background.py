@@ -1,4 +1,4 @@
-"""Run a light process (the dock's controllers and warehouses, the reward worker) in the background of the model
+"""Run a light process (the dock's node processes, the reward worker) in the background of the model
 workers: its wake-ups wait for a free core instead of preempting a torch thread.
 
 Every Ray worker process wakes about 100 times a second even when idle (Ray's core worker checks for signals every

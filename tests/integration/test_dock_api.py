@@ -257,7 +257,7 @@ def test_stats_count_puts_gets_and_bytes(fresh):
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux only")
 def test_the_docks_processes_run_in_the_background(dock):
-    """Controllers, warehouses and the central buffer wake up without preempting a model worker's threads
+    """The dock's node processes and the central buffer wake up without preempting a model worker's threads
     (dockflow/background.py): every thread of each process is under SCHED_BATCH."""
     stats = dock.stats()
     processes = stats["warehouses"] + list(stats["controllers"].values()) if "warehouses" in stats else [stats["buffer"]]
