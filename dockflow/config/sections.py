@@ -374,3 +374,9 @@ class TrackingConfig(Section):
     experiment: str = Field("dockflow", description="MLflow experiment name.")
     system_metrics: bool = Field(False, description="Log CPU, memory, disk, network (and GPU) usage as system/... metrics.")
     system_metrics_interval_s: float = Field(10.0, gt=0.0, description="Seconds between system metric samples.")
+    flush_every_s: float = Field(
+        5.0, ge=0.0,
+        description="The training loop's metrics go to MLflow in one batch per this many seconds (and at every "
+        "checkpoint and the run's end); 0 = a write per iteration, which on a small machine costs the model "
+        "worker CPU it needs.",
+    )

@@ -170,4 +170,5 @@ class RunTasks:
         record.commit_checkpoint(self.store, step, saved, self.cfg)
         metrics = {"timing/checkpoint_s": time.perf_counter() - started}
         self.tracker.log_metrics_or_defer(metrics, step=step)  # after its iteration closed: logged on its own
+        self.tracker.flush()  # what a resumed run does not repeat is in MLflow once its checkpoint is committed
         return metrics

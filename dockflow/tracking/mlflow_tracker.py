@@ -55,6 +55,21 @@ def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str
     return out
 
 
+def _metrics(metrics: Mapping[str, float], step: int, timestamp_ms: int) -> list[Metric]:
+    """MLflow metrics of one step; non-finite values are skipped with a warning."""
+    batch = []
+    for key, value in metrics.items():
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            raise TypeError(f"metric {key!r} must be a number, got {type(value).__name__}") from None
+        if not math.isfinite(x):
+            log.warning("metric %s is %s at step %d; not logged", key, x, step)
+            continue
+        batch.append(Metric(key, x, timestamp_ms, int(step)))
+    return batch
+
+
 def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
     for i in range(0, len(items), size):
         yield items[i : i + size]
@@ -107,9 +122,12 @@ def _open_client(uri: str) -> MlflowClient:
 class Tracker:
     """An open MLflow run; create it with ``Tracker.start`` (or ``Tracker.attach`` to add to a finished run)."""
 
-    def __init__(self, client: MlflowClient, run_id: str, experiment_id: str, monitor: Any = None) -> None:
+    def __init__(self, client: MlflowClient, run_id: str, experiment_id: str, monitor: Any = None,
+                 flush_every_s: float = 0.0) -> None:
         self._client = client
-        self._deferred: list[tuple[dict[str, float], int]] = []  # metrics held during a tracking outage
+        self._deferred: list[tuple[int, list[Metric]]] = []  # (step, its metrics, stamped): not sent yet
+        self._flush_every_s = flush_every_s
+        self._sent_at = time.monotonic()
         self.run_id = run_id
         self.experiment_id = experiment_id
         self.ended = False
@@ -149,7 +167,7 @@ class Tracker:
             raise
         except Exception as exc:  # MLflow wraps connection errors inconsistently (MlflowException, requests, OSError)
             raise explain(uri, exc) from exc
-        tracker = cls(client, run_id, exp_id)
+        tracker = cls(client, run_id, exp_id, flush_every_s=cfg.flush_every_s)
         if params:
             tracker.log_params(params)
         if cfg.system_metrics:
@@ -201,47 +219,52 @@ class Tracker:
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> int:
         """Log scalar metrics at ``step``; non-finite values are skipped with a warning. Returns the number logged."""
-        now = int(time.time() * 1000)
-        batch = []
-        for key, value in metrics.items():
-            try:
-                x = float(value)
-            except (TypeError, ValueError):
-                raise TypeError(f"metric {key!r} must be a number, got {type(value).__name__}") from None
-            if not math.isfinite(x):
-                log.warning("metric %s is %s at step %d; not logged", key, x, step)
-                continue
-            batch.append(Metric(key, x, now, int(step)))
+        batch = _metrics(metrics, step, int(time.time() * 1000))
         for chunk in _chunks(batch, MAX_METRICS_PER_BATCH):
             self._call("logging metrics", self._client.log_batch, self.run_id, metrics=chunk)
         return len(batch)
 
     def log_metrics_or_defer(self, metrics: Mapping[str, float], step: int) -> bool:
-        """Like ``log_metrics``, but a tracking outage (after MLflow's own retries) does not stop training: the
-        metrics wait in memory, with a warning, and go out first on the next call that gets through.
-        Returns False while metrics are waiting; ``flush_deferred`` reports what could not be sent."""
-        self._deferred.append((dict(metrics), step))
-        return self._send_deferred()
+        """Like ``log_metrics``, for the training loop: the metrics (stamped now) go out with the others of the
+        last ``tracking.flush_every_s`` seconds in one batch (a write per iteration costs the driver CPU that, on a
+        small machine, the model worker's threads need), and a tracking outage (after MLflow's own retries) does
+        not stop training: they wait in memory, with a warning, and go out with the next batch that gets through.
+        Returns False while metrics wait because of an outage; ``flush`` sends them now, ``flush_deferred``
+        reports what could not be sent."""
+        self._deferred.append((step, _metrics(metrics, step, int(time.time() * 1000))))
+        if time.monotonic() - self._sent_at < self._flush_every_s:
+            return True
+        return self.flush()
 
-    def _send_deferred(self) -> bool:
+    def flush(self) -> bool:
+        """Send every metric ``log_metrics_or_defer`` holds, in batches of whole steps. Returns False (with a
+        warning) when tracking is unreachable; they stay held."""
         try:
             while self._deferred:
-                pending, at = self._deferred[0]
-                self.log_metrics(pending, at)
-                self._deferred.pop(0)
+                steps, batch = 0, []
+                for _, rows in self._deferred:
+                    if batch and len(batch) + len(rows) > MAX_METRICS_PER_BATCH:
+                        break
+                    batch += rows
+                    steps += 1
+                for chunk in _chunks(batch, MAX_METRICS_PER_BATCH):  # one step of more than a batch: several
+                    self._call("logging metrics", self._client.log_batch, self.run_id, metrics=chunk)
+                del self._deferred[:steps]
         except TrackingError as exc:
             if len(self._deferred) == 1 or len(self._deferred) % 100 == 0:
                 log.warning("tracking is unreachable; %d metric step(s) wait to be sent: %s", len(self._deferred), exc)
             return False
+        self._sent_at = time.monotonic()
         return True
 
     def flush_deferred(self, spill_to: str | Path) -> int:
         """Send the metrics ``log_metrics_or_defer`` still holds; what still fails is written as JSON lines to
         ``spill_to`` (so nothing is lost) and reported. Returns the number of steps spilled."""
-        if self._send_deferred():
+        if self.flush():
             return 0
         with Path(spill_to).open("a") as f:
-            for metrics, step in self._deferred:
+            for step, rows in self._deferred:
+                metrics = {m.key: m.value for m in rows}
                 f.write(json.dumps({"step": step, "metrics": metrics}) + "\n")
         spilled = len(self._deferred)
         log.warning("tracking stayed unreachable: %d metric step(s) written to %s instead", spilled, spill_to)
@@ -271,6 +294,9 @@ class Tracker:
         """Mark the run ended; later calls do nothing."""
         if self.ended:
             return
+        if self._deferred and not self.flush():  # a run that fails still logs what it measured, when it can
+            log.warning("run %s ends with %d metric step(s) unsent: tracking is unreachable", self.run_id,
+                        len(self._deferred))
         if self._monitor is not None:
             self._monitor.finish()  # flush its last samples while the run still accepts them
             self._monitor = None

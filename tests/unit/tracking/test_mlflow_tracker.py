@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import mlflow
@@ -129,6 +130,7 @@ def test_an_outage_defers_metrics_and_nothing_is_lost(default_run: tuple[Path, T
         return real(*args, **kwargs)
 
     monkeypatch.setattr(tracker._client, "log_batch", flaky)
+    monkeypatch.setattr(tracker, "_flush_every_s", 0.0)  # a write per call, as with tracking.flush_every_s: 0
     assert not tracker.log_metrics_or_defer({"outage/x": 1.0}, step=1)
     assert not tracker.log_metrics_or_defer({"outage/x": 2.0}, step=2)
     down["on"] = False
@@ -139,3 +141,32 @@ def test_an_outage_defers_metrics_and_nothing_is_lost(default_run: tuple[Path, T
     spill = run_dir / "unsent.jsonl"
     assert tracker.flush_deferred(spill) == 1
     assert '"outage/y": 4.0' in spill.read_text()
+
+
+def test_the_loops_metrics_go_out_in_one_batch_per_flush_interval(default_run: tuple[Path, Tracker], monkeypatch) -> None:
+    _, tracker = default_run
+    calls = []
+    real = tracker._client.log_batch
+    monkeypatch.setattr(tracker._client, "log_batch", lambda *a, **k: calls.append(len(k["metrics"])) or real(*a, **k))
+    monkeypatch.setattr(tracker, "_flush_every_s", 3600.0)
+    monkeypatch.setattr(tracker, "_sent_at", time.monotonic())
+    before = int(time.time() * 1000)
+    for step in range(1, 4):
+        assert tracker.log_metrics_or_defer({"held/a": float(step), "held/b": 2.0 * step}, step=step)
+    assert calls == [] and tracker.metric_history("held/a") == []  # held: no write per iteration
+    with pytest.raises(TypeError, match="'held/c' must be a number"):
+        tracker.log_metrics_or_defer({"held/c": "x"}, step=4)  # a bad value fails where it is logged, not later
+    assert tracker.flush()
+    assert calls == [6]  # three steps, one request
+    assert tracker.metric_history("held/b") == [(1, 2.0), (2, 4.0), (3, 6.0)]
+    stamps = [m.timestamp for m in tracker._client.get_metric_history(tracker.run_id, "held/a")]
+    assert min(stamps) >= before  # stamped when logged
+
+
+def test_ending_a_run_sends_the_metrics_it_still_holds(default_run: tuple[Path, Tracker]) -> None:
+    run_dir, shared = default_run
+    tracker = Tracker.start(TrackingConfig(uri=shared.tracking_uri, flush_every_s=3600.0), run_dir, "held")
+    tracker.log_metrics_or_defer({"held/x": 1.0}, step=1)
+    assert tracker.metric_history("held/x") == []
+    tracker.end("FAILED")  # a run that fails still logs what it measured
+    assert tracker.metric_history("held/x") == [(1, 1.0)]
