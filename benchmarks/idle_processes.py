@@ -5,9 +5,9 @@ tokens, then one GRPO step on the 256 rollouts) run in this process on ``--threa
 ``--iterations``; blocks alternate between no other actor and ``--actors`` idle asyncio Ray actors (what the dock's
 processes are between calls), so load that comes and goes falls on both alike. An idle Ray worker process still
 wakes 100 times a second (Ray checks for signals every 10 ms in its main thread); on a machine whose cores all run
-the model's OpenMP threads each wake-up preempts one of them, and the others wait at their next barrier. This is
-why the dock runs one process per node (``dockflow/dock/node_actor.py``) instead of one per warehouse and
-controller. Timings are not asserted anywhere.
+the model's OpenMP threads each wake-up may preempt one of them, and the others wait at their next barrier; this
+measures whether that shows (one reason the dock runs one process per node, ``dockflow/dock/node_actor.py``).
+Timings are not asserted anywhere.
 
 Usage: ``python -m benchmarks.idle_processes --out idle.json [--actors 6] [--blocks 4] [--iterations 10]
 [--threads 2]``.

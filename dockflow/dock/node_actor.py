@@ -3,12 +3,11 @@ the node, in one asyncio actor.
 
 The design is the paper's (Fig. 4): a controller per worker state, next to it, holding metadata only; warehouses
 sharded along the global batch, one per node by default; data moving between workers and warehouses, never
-through the driver. What changes is how many processes carry it. Every Ray worker process wakes 100 times a
-second even when idle (``dockflow/background.py``), and on a machine whose cores run a model worker's threads each
-wake-up stalls them; a controller next to a warehouse also costs a message per notification. So a node's dock
-parts share one process: a notification to a controller on the same node is a call in this process, one to
-another node a message to that node's dock process, and a get whose samples all live on this node carries their
-rows in its answer (one round trip instead of two).
+through the driver. What changes is how many processes carry it: a node's dock parts share one process, so a
+notification to a controller on the same node is a call in this process (one to another node is a message to
+that node's dock process), a get whose samples all live on this node carries their rows in its answer (one round
+trip instead of two), and a run has fewer Ray worker processes, each of which wakes 100 times a second even when
+idle (``dockflow/background.py``). On the demo this took 10% off the time per iteration (docs/vs_trl.md).
 """
 
 from __future__ import annotations
