@@ -357,7 +357,7 @@ class FlowSim:
 
     def _read(self, request: Request, chosen: np.ndarray) -> None:
         """Read the rows from their warehouses in parallel: each gets the indices and sends the rows back, both
-        in one hold of its link (as ``WarehouseActor.read`` does under the network model)."""
+        in one hold of its link (as ``NodeWarehouse.read`` does under the network model)."""
         ends = []
         for shard, pos in self.shard_map.split(chosen).items():
             wh = self.warehouses[shard]

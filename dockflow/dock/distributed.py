@@ -47,7 +47,7 @@ class DistributedDock(TransferDock):
         self.shard_map = ShardMap(spec.capacity, spec.group_size, len(shard_hosts), spec.shard_block or 0)
         self.shard_hosts = shard_hosts
         self.warehouse_nodes = warehouse_nodes
-        self._hosts: dict[str, Any] = dict(zip(warehouse_nodes, shard_hosts, strict=True))  # node -> its process
+        self._hosts: dict[str, Any] = self._by_node()  # node -> its dock process, controller-only nodes added
         self._controllers: dict[str, Any] = {}  # consumer -> the dock process hosting its controller
         self._columns: dict[str, tuple[str, ...]] = {}  # consumer -> registered columns (never change)
         self._shards_node: str | None = None  # the node _shards was computed on
@@ -117,7 +117,7 @@ class DistributedDock(TransferDock):
         what = f"registering consumer {consumer!r}"
         have = tuple(call([host.add_controller.remote(consumer, list(columns))], self.spec.rpc_timeout_s, what)[0])
         self._require_columns(consumer, have, columns)  # another process registered it just now
-        call([h.subscribe.remote(consumer, host, list(columns), node) for h in self._warehouse_hosts()],
+        call([h.subscribe.remote(consumer, host, list(columns), node) for h in self._by_node().values()],
              self.spec.rpc_timeout_s, what)
         self._controllers[consumer] = host
         self._columns[consumer] = columns
@@ -127,9 +127,9 @@ class DistributedDock(TransferDock):
         if tuple(have) != tuple(columns):
             raise DockInvalid(f"consumer {consumer!r} is already registered with columns {list(have)}")
 
-    def _warehouse_hosts(self) -> list[Any]:
-        """The dock process of each warehouse node, once (a node holding several warehouses has one)."""
-        return list(dict(zip(self.warehouse_nodes, self.shard_hosts, strict=True)).values())
+    def _by_node(self) -> dict[str, Any]:
+        """The dock process of each warehouse node, by node (a node holding several warehouses has one)."""
+        return dict(zip(self.warehouse_nodes, self.shard_hosts, strict=True))
 
     def _registered_columns(self, consumer: str) -> tuple[str, ...]:
         if consumer not in self._columns:
@@ -153,16 +153,10 @@ class DistributedDock(TransferDock):
             raise DockInvalid(f"consumer {consumer!r} is not registered with dock {self.spec.name!r}")
         return handle
 
-    def consumers(self) -> dict[str, Any]:
-        """Registered consumers and the dock processes hosting their controllers (as warehouse 0's node knows
-        them)."""
-        subscribed = call([self.shard_hosts[0].subscribed.remote()], self.spec.rpc_timeout_s, "listing consumers")[0]
-        return {c: host for c, (_, host) in subscribed.items()}
-
     def _all_hosts(self) -> list[Any]:
         """Every dock process: the warehouses' nodes', then the nodes' that host only controllers."""
         subscribed = call([self.shard_hosts[0].subscribed.remote()], self.spec.rpc_timeout_s, "listing consumers")[0]
-        hosts = dict(zip(self.warehouse_nodes, self.shard_hosts, strict=True))
+        hosts = self._by_node()
         for node, host in subscribed.values():
             hosts.setdefault(node, host)
         return list(hosts.values())
