@@ -24,6 +24,10 @@ class RayConfig(Section):
     reference_cpus: float = Field(1.0, description="CPUs reserved by the reference worker (when one is used).")
     critic_cpus: float = Field(1.0, description="CPUs reserved by the critic worker (PPO, PF-PPO).")
     torch_threads: int = Field(2, description="torch intra-op threads per model worker.")
+    retain_host_memory: bool = Field(
+        True, description="Model workers keep freed host memory for their next iteration (glibc: no mmap per large "
+        "tensor, no trimming), so it needs no new pages; they hold their peak. false: the C library's defaults.",
+    )
     init_timeout_s: float = Field(120.0, description="Seconds to wait for workers to start before failing.")
     head_timeout_s: float = Field(
         15.0, gt=0.0, description="With ray.address: seconds the Ray head may stay unreachable (on joining, and "

@@ -31,7 +31,7 @@ class GeneratorWorker:
     what is in flight (``save_inflight``). Its weights are the actor's, republished after a restart."""
 
     def __init__(self, cfg: Config, model_dir: str, dock: TransferDock) -> None:
-        init_worker_process(cfg.ray.torch_threads, cfg.run.seed)
+        init_worker_process(cfg.ray, cfg.run.seed)
         self.cfg = cfg
         self.dock = dock
         self.model, tokenizer = load_model_and_tokenizer(fetch_model(model_dir, cfg.checkpoint), dtype=cfg.model.dtype)

@@ -19,7 +19,7 @@ class ReferenceWorker:
     """Reads rollouts from the dock, writes ``ref_log_prob``."""
 
     def __init__(self, cfg: Config, model_dir: str, dock: TransferDock):
-        init_worker_process(cfg.ray.torch_threads, cfg.run.seed)
+        init_worker_process(cfg.ray, cfg.run.seed)
         self.cfg = cfg
         self.dock = dock
         self.columns = cfg.plan.role("reference").reads["ref_infer"]

@@ -40,7 +40,7 @@ class RewardModelWorker:
     """Holds every reward model of the run on one device; reads and writes the dock like every worker."""
 
     def __init__(self, cfg: Config, model_dir: str, dock: TransferDock):
-        init_worker_process(cfg.ray.torch_threads, cfg.run.seed)
+        init_worker_process(cfg.ray, cfg.run.seed)
         self.cfg = cfg
         self.dock = dock
         self.tokenizer = load_tokenizer(fetch_model(model_dir, cfg.checkpoint))  # the policy's, to decode

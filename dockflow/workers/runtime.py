@@ -8,10 +8,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from dockflow.config import RayConfig
+from dockflow.workers.host_memory import retain_freed_memory
 
-def init_worker_process(threads: int, seed: int) -> None:
-    """Fix the torch thread count (Ray sets OMP threads from num_cpus; torch needs it said) and seeds."""
-    torch.set_num_threads(max(1, threads))
+
+def init_worker_process(ray: RayConfig, seed: int) -> None:
+    """Fix the torch thread count (Ray sets OMP threads from num_cpus; torch needs it said), keep freed host
+    memory for reuse (``ray.retain_host_memory``: ``dockflow.workers.host_memory``) and seed every RNG."""
+    torch.set_num_threads(max(1, ray.torch_threads))
+    if ray.retain_host_memory:
+        retain_freed_memory()
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
@@ -40,7 +46,7 @@ class ModelWorker:
     rank: int = 0  # of a data-parallel group: every rank computes the state (collective), rank 0 writes it
 
     def __init__(self, cfg, dock) -> None:
-        init_worker_process(cfg.ray.torch_threads, cfg.run.seed)
+        init_worker_process(cfg.ray, cfg.run.seed)
         self.cfg = cfg
         self.dock = dock
 
