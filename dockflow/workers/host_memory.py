@@ -5,7 +5,7 @@ the update, KV caches of generation. glibc serves each allocation above its mmap
 MiB) with a fresh ``mmap`` and gives it back with ``munmap`` when freed, so the next iteration touches new pages
 and the kernel faults in and zeroes each 4 KiB page again. On the larger setup of ``benchmarks/vs_trl.py`` that
 was 0.6-1.6 million page faults and 3-6 s of system time per update, and 8 million faults in the first
-generation (docs/vs_trl.md, "Host memory").
+generation (docs/vs_trl.md, "Measured again (2026-11-27, evening: model workers keep freed host memory)").
 
 ``retain_freed_memory`` sets glibc to serve every allocation from its heap and to keep freed memory there
 (``mallopt``: no mmap-ed chunks, a 2 GiB trim threshold): what one iteration freed, the next reuses, without a
