@@ -11,7 +11,7 @@ generation (docs/vs_trl.md, "Measured again (2026-11-27, evening: model workers 
 (``mallopt``: no mmap-ed chunks, a 2 GiB trim threshold): what one iteration freed, the next reuses, without a
 fault. The cost is resident memory: the worker keeps its peak heap. ``ray.retain_host_memory: false`` leaves
 the C library's defaults. Where glibc serves a thread from one of its per-thread arenas (heaps of at most 64 MiB),
-a chunk larger than such a heap is still mmap-ed; the torch tensors of a worker come from its main thread's
+a chunk larger than such a heap is still mmap-ed; a worker's tensors are made by its main thread, usually in the main
 arena.
 """
 
