@@ -27,7 +27,8 @@ Prints a table and writes ``{"machine": ..., "results": [...], "comparison": [..
 and setup (``system``, ``setup``, ``tps``, ``accuracy_before``, ``accuracy_after``, ``iterations``, ``wall_s``,
 per-phase seconds, ``mode``, ``pair``, ...), and per setup and DockFlow mode the DockFlow/TRL throughput ratio
 of each pair, their median, and the verdict against issue 30's targets (>= 1.0x; stretch 1.2x). ``--pairs N`` runs
-each setup N times as alternating pairs (DockFlow first, then TRL first, ...).
+each setup N times as alternating pairs (DockFlow first, then TRL first, ...), pair k with ``run.seed`` + k: the
+accuracy gains compared (medians) are then those of N seeds.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -264,30 +266,39 @@ def run_dockflow(setup: Setup, mode: str, iterations: int, runs_dir: str, extra:
                      wall_s=time.perf_counter() - start, extra=extra_keys, mode=mode)
 
 
+def start_model(setup: Setup, cfg: Config, runs_dir: str) -> tuple[str, int]:
+    """The initial policy both systems train under ``cfg`` (its seed): the SFT warm start (cached) of the tiny
+    setup, a fresh model for the larger one; its directory and parameter count."""
+    if setup.name == "larger":
+        return build_larger_model(cfg)
+    start_dir = Path(runs_dir) / f"{setup.name}_start"  # not a run directory: the runs clear theirs
+    start_dir.mkdir(parents=True, exist_ok=True)
+    inputs = SFTInputs(cfg.model, cfg.data, cfg.sft, cfg.checkpoint, cfg.run.seed, cfg.rollout.max_new_tokens,
+                       cfg.eval.batch_size)
+    model_dir = str(sft_warm_start(inputs, start_dir).model_dir)  # DockFlow's run finds it in the same cache
+    return model_dir, model_params(model_dir)
+
+
 def run_setup(setup: Setup, iterations: int, runs_dir: str, extra: list[str], modes: list[str],
               pairs: int = 1) -> list[dict[str, Any]]:
     """``pairs`` times DockFlow under each schedule of ``modes`` and TRL, on one setup, alternating which runs first
-    (A B, B A, A B, ...: a drift of the machine's speed falls on both alike); their records, each with its ``pair``."""
-    cfg = setup_config(setup, iterations, runs_dir, extra)
-    if setup.name == "larger":
-        model_dir, params = build_larger_model(cfg)
-    else:
-        start_dir = Path(runs_dir) / f"{setup.name}_start"  # not a run directory: the runs clear theirs
-        start_dir.mkdir(parents=True, exist_ok=True)
-        inputs = SFTInputs(cfg.model, cfg.data, cfg.sft, cfg.checkpoint, cfg.run.seed, cfg.rollout.max_new_tokens,
-                           cfg.eval.batch_size)
-        model_dir = str(sft_warm_start(inputs, start_dir).model_dir)  # the SFT warm start (cached); DockFlow reuses it
-        params = model_params(model_dir)
-    common = {
-        "model_dir": model_dir, "model_params": params, "G": cfg.rollout.prompts_per_iter, "N": cfg.rollout.group_size,
-        "max_new_tokens": cfg.rollout.max_new_tokens, "lr": cfg.train.lr, "eval_prompts": cfg.eval.num_prompts,
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-    }
+    (A B, B A, A B, ...: a drift of the machine's speed falls on both alike); their records, each with its ``pair``.
+    Pair k runs with ``run.seed`` + k (data, initial weights, sampling), so the accuracy gains compared are those of
+    ``pairs`` seeds, not one deterministic run repeated."""
+    base_seed = setup_config(setup, iterations, runs_dir, extra).run.seed
     out = []
     for pair in range(pairs):
+        pair_extra = [*extra, f"run.seed={base_seed + pair}"]
+        cfg = setup_config(setup, iterations, runs_dir, pair_extra)
+        model_dir, params = start_model(setup, cfg, runs_dir)
+        common = {
+            "model_dir": model_dir, "model_params": params, "G": cfg.rollout.prompts_per_iter,
+            "N": cfg.rollout.group_size, "max_new_tokens": cfg.rollout.max_new_tokens, "lr": cfg.train.lr,
+            "eval_prompts": cfg.eval.num_prompts, "seed": cfg.run.seed, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
         runs: list[Callable[[], dict[str, Any]]] = [
-            *(lambda mode=mode: run_dockflow(setup, mode, iterations, runs_dir, extra, common) for mode in modes),
-            lambda: run_trl_record(setup, cfg, model_dir, runs_dir, common),
+            *(partial(run_dockflow, setup, mode, iterations, runs_dir, pair_extra, common) for mode in modes),
+            partial(run_trl_record, setup, cfg, model_dir, runs_dir, common),
         ]
         for run in runs if pair % 2 == 0 else runs[::-1]:
             out.append({**run(), "pair": pair})

@@ -13,6 +13,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from dockflow.engines.base import GenerationEngine, SamplingParams
+from dockflow.engines.kv_cache import prefill_shared_prompts, reserved_cache
 from dockflow.engines.rollout_layout import decode_responses, first_eos_mask, left_pad_prompts, rollout_batch
 from dockflow.engines.sync_check import reference_log_probs
 
@@ -70,9 +71,13 @@ class HFGenerationEngine(GenerationEngine):
                 sl = slice(start, start + self.batch_size)
                 # generate() samples from the global RNG; seed it per chunk from our own generator.
                 torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
+                ids, mask = input_ids[sl].to(self.device), attention_mask[sl].to(self.device)
+                cache = reserved_cache(self.model, ids.shape[1] + max_new_tokens)
+                prefill_shared_prompts(self.model, ids, mask, cache)
                 out = self.model.generate(
-                    input_ids=input_ids[sl].to(self.device),
-                    attention_mask=attention_mask[sl].to(self.device),
+                    input_ids=ids,
+                    attention_mask=mask,
+                    past_key_values=cache,
                     max_new_tokens=max_new_tokens,
                     do_sample=not params.greedy,
                     temperature=None if params.greedy else params.temperature,

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
 from torch import nn
+from transformers.cache_utils import DynamicCache
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -38,6 +40,52 @@ def _trimmed(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_wid
     return input_ids[:, first:end], attention_mask[:, first:end], keep_r
 
 
+def distinct_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids, mask) of the distinct rows, and for every row the index of its distinct row: a group's N samples of
+    one prompt share one."""
+    width = input_ids.shape[1]
+    rows = torch.cat([input_ids, attention_mask.to(input_ids.dtype)], dim=1)
+    distinct, copies = torch.unique(rows, dim=0, return_inverse=True)
+    return distinct[:, :width], distinct[:, width:].to(attention_mask.dtype), copies
+
+
+def response_outputs(
+    model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, keep_r: int, **prompt_kwargs: Any
+) -> torch.Tensor:
+    """The model's outputs (``.logits``) at the positions that precede each of the last ``keep_r`` columns of the
+    (trimmed) rows, [B, keep_r, ...]: the ones that predict, or value the state before, each response token.
+
+    Each distinct prompt goes through the model once (GRPO's N samples of a prompt share it, as their generation
+    did), its keys and values are copied to its rows, and the responses then attend to them: the same causal
+    attention as one pass over prompt and response, with the prompt's share of the compute divided by N,
+    gradients included. ``prompt_kwargs`` go to the prompt's pass (``logits_to_keep=1``: only its last position's
+    logits are needed).
+    """
+    width = ids.shape[1] - keep_r
+    prompt_ids, prompt_mask, copies = distinct_rows(ids[:, :width], mask[:, :width])
+    cache = DynamicCache(config=model.config)
+    last_prompt = model(
+        input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids_from_mask(prompt_mask),
+        past_key_values=cache, use_cache=True, **prompt_kwargs,
+    ).logits[:, -1:]
+    cache.batch_select_indices(copies)
+    responses = model(
+        input_ids=ids[:, width:], attention_mask=mask, position_ids=position_ids_from_mask(mask)[:, width:],
+        past_key_values=cache, use_cache=True,
+    ).logits
+    return torch.cat([last_prompt[copies], responses[:, :-1]], dim=1)
+
+
+def forward_load(batch: TensorDict) -> tuple[float, float]:
+    """(positions, real tokens) that :func:`response_outputs` computes for a batch of rollouts once all-padding
+    columns are cut: each distinct prompt once, then every row's responses."""
+    ids, mask, keep_r = _trimmed(batch["input_ids"], batch["attention_mask"], batch["responses"].shape[1])
+    width = ids.shape[1] - keep_r
+    _, prompt_mask, copies = distinct_rows(ids[:, :width], mask[:, :width])
+    positions = prompt_mask.numel() + copies.numel() * keep_r
+    return float(positions), float(prompt_mask.sum() + mask[:, width:].sum())
+
+
 def response_log_probs(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -50,14 +98,7 @@ def response_log_probs(
     Positions past the longest response of the batch get log-prob 0 (they are masked out anyway).
     """
     ids, mask, keep_r = _trimmed(input_ids, attention_mask, response_width)
-    out = model(
-        input_ids=ids,
-        attention_mask=mask,
-        position_ids=position_ids_from_mask(mask),
-        logits_to_keep=keep_r + 1,
-        use_cache=False,
-    )
-    logits = out.logits[:, :-1].float()
+    logits = response_outputs(model, ids, mask, keep_r, logits_to_keep=1).float()
     if temperature != 1.0:
         logits = logits / temperature
     targets = ids[:, -keep_r:]
@@ -71,8 +112,7 @@ def response_values(
     """A critic's value of the state before each response token ([B, R]), from a one-label token head
     (``AutoModelForTokenClassification``): the same positions whose logits predict the token."""
     ids, mask, keep_r = _trimmed(input_ids, attention_mask, response_width)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False)
-    values = out.logits[:, -keep_r - 1 : -1, 0].float()
+    values = response_outputs(model, ids, mask, keep_r)[..., 0].float()
     return F.pad(values, (0, response_width - keep_r))
 
 

@@ -16,7 +16,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from dockflow.engines.base import LossFn, TrainingEngine
-from dockflow.engines.logprobs import ResponseFn, batched_response_outputs, response_log_probs, trim_columns
+from dockflow.engines.logprobs import ResponseFn, batched_response_outputs, forward_load, response_log_probs
 
 
 class TorchTrainingEngine(TrainingEngine):
@@ -78,10 +78,11 @@ class TorchTrainingEngine(TrainingEngine):
         self.optimizer.zero_grad(set_to_none=True)
         tokens = self._total_tokens(batch)
         out: dict[str, float] = {}
-        positions = 0  # token positions the forward passes compute: real tokens plus the padding left in
+        positions = real = 0.0  # token positions the forward passes compute, and the real tokens among them
         for i in range(0, batch.batch_size[0], micro_batch_size):
             micro = batch[i : i + micro_batch_size].to(self.device)  # the loss reads its columns next to logp
-            positions += padded_positions(micro)
+            micro_positions, micro_real = forward_load(micro)
+            positions, real = positions + micro_positions, real + micro_real
             logp = self._forward(micro)
             loss, metrics = loss_fn(logp, micro, tokens)
             loss.backward()
@@ -89,7 +90,7 @@ class TorchTrainingEngine(TrainingEngine):
             for k, v in metrics.items():
                 out[k] = out.get(k, 0.0) + v * share
         out = self._reduce_metrics(out)
-        out.update(load_metrics(self._rank_loads(torch.tensor([positions, float(batch["attention_mask"].sum())]))))
+        out.update(load_metrics(self._rank_loads(torch.tensor([positions, real]))))
         grad_norm = self._clip_grads()
         if torch.isfinite(grad_norm):
             self.optimizer.step()
@@ -107,13 +108,6 @@ class TorchTrainingEngine(TrainingEngine):
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name, p in self.model.named_parameters():
             yield name, p.detach()
-
-
-def padded_positions(micro: TensorDict) -> float:
-    """Positions one forward over ``micro`` computes once all-padding columns are cut (``logprobs.trim_columns``)."""
-    mask, width = micro["attention_mask"], micro["responses"].shape[1]
-    first, keep_r = trim_columns(mask, width)
-    return float(micro.batch_size[0] * (mask.shape[1] - width - first + keep_r))
 
 
 def load_metrics(loads: torch.Tensor) -> dict[str, float]:
