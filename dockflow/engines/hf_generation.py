@@ -1,7 +1,8 @@
 """Generation with transformers' ``generate`` (batched, KV cache, temperature / top-p, stop at EOS).
 
 This is the CPU backend of :class:`GenerationEngine`; it shares the policy module with the training
-engine when both live in one worker (colocated), so loading weights is a copy into the same tensors.
+engine when both live in one worker (colocated), so loading weights is a copy into the same tensors. Rows that
+share a prompt (a group's N samples) are prefilled once, into a KV cache written in place (``kv_cache``).
 """
 
 from __future__ import annotations
