@@ -26,7 +26,8 @@ class RayConfig(Section):
     torch_threads: int = Field(2, description="torch intra-op threads per model worker.")
     retain_host_memory: bool = Field(
         True, description="Model workers keep freed host memory for their next iteration (glibc: no mmap per large "
-        "tensor, no trimming), so it needs no new pages; they hold their peak. false: the C library's defaults.",
+        "tensor, no trimming), so it needs no new pages; they hold their peak. Off glibc a worker warns once and keeps "
+        "its defaults. false: the C library's defaults.",
     )
     init_timeout_s: float = Field(120.0, description="Seconds to wait for workers to start before failing.")
     head_timeout_s: float = Field(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 from typing import Any
 
@@ -11,13 +12,16 @@ import torch
 from dockflow.config import RayConfig
 from dockflow.workers.host_memory import retain_freed_memory
 
+log = logging.getLogger(__name__)
+
 
 def init_worker_process(ray: RayConfig, seed: int) -> None:
     """Fix the torch thread count (Ray sets OMP threads from num_cpus; torch needs it said), keep freed host
     memory for reuse (``ray.retain_host_memory``: ``dockflow.workers.host_memory``) and seed every RNG."""
     torch.set_num_threads(max(1, ray.torch_threads))
-    if ray.retain_host_memory:
-        retain_freed_memory()
+    if ray.retain_host_memory and not retain_freed_memory():
+        log.warning("ray.retain_host_memory: this process's C library is not glibc (no mallopt), so it keeps its "
+                    "default allocator settings; set ray.retain_host_memory: false to silence this")
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)

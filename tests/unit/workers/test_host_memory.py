@@ -52,3 +52,22 @@ def test_a_worker_serves_a_large_tensor_from_the_heap_and_keeps_it():
 
 def test_the_c_librarys_default_maps_it_on_its_own():
     assert allocation(retain=False)["mmapped_alive"] >= MIB40
+
+
+NOT_GLIBC = """
+import sys
+import dockflow.workers.host_memory as host_memory
+from dockflow.config import RayConfig
+from dockflow.workers.runtime import init_worker_process
+
+host_memory.glibc = lambda: None  # as on musl or macOS
+init_worker_process(RayConfig(retain_host_memory=sys.argv[1] == "true", torch_threads=1), seed=0)
+"""
+
+
+@pytest.mark.parametrize("retain", [True, False])
+def test_a_process_without_glibc_says_so_in_one_line(retain):
+    out = subprocess.run([sys.executable, "-c", NOT_GLIBC, str(retain).lower()], capture_output=True, text=True,
+                         timeout=120, check=True)
+    said = [line for line in out.stderr.splitlines() if "ray.retain_host_memory" in line]
+    assert len(said) == (1 if retain else 0), out.stderr
