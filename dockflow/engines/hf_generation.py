@@ -14,7 +14,6 @@ from tensordict import TensorDict
 from torch import nn
 
 from dockflow.engines.base import GenerationEngine, SamplingParams
-from dockflow.engines.kv_cache import prefill_shared_prompts, reserved_cache
 from dockflow.engines.rollout_layout import decode_responses, first_eos_mask, left_pad_prompts, rollout_batch
 from dockflow.engines.sync_check import reference_log_probs
 
@@ -60,6 +59,8 @@ class HFGenerationEngine(GenerationEngine):
         """Continue left-padded rows by up to ``max_new_tokens`` sampled tokens: (tokens, their log-probs), both
         [B, max_new_tokens]; tokens after a row's EOS are padding. Log-probs are of the raw logits divided by
         the temperature (1 when greedy), as ``dockflow.engines.logprobs`` computes them."""
+        from dockflow.engines.kv_cache import prefill_shared_prompts, reserved_cache  # imports transformers
+
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         tokens = torch.full((input_ids.shape[0], max_new_tokens), pad, dtype=torch.long)
         logp = torch.zeros((input_ids.shape[0], max_new_tokens), dtype=torch.float32)

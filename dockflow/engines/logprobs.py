@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
 from torch import nn
-from transformers.cache_utils import DynamicCache
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -61,6 +60,8 @@ def response_outputs(
     gradients included. ``prompt_kwargs`` go to the prompt's pass (``logits_to_keep=1``: only its last position's
     logits are needed).
     """
+    from transformers.cache_utils import DynamicCache  # here: importing dockflow.engines stays light
+
     width = ids.shape[1] - keep_r
     prompt_ids, prompt_mask, copies = distinct_rows(ids[:, :width], mask[:, :width])
     cache = DynamicCache(config=model.config)

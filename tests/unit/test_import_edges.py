@@ -74,3 +74,11 @@ def test_the_formerly_cyclic_modules_import_first_in_a_fresh_process() -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_importing_the_engines_does_not_import_transformers() -> None:
+    """The engines' interfaces import without transformers (2-3 s here): the HF engine and the log-prob functions
+    import its cache classes when they run."""
+    probe = "import sys, dockflow.engines; print('transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False", out.stderr
