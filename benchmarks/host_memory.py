@@ -57,16 +57,10 @@ def memory_mb() -> dict[str, float]:
 
 def child(setup_name: str, retain: bool, iterations: int, runs_dir: str) -> dict[str, Any]:
     """In this (fresh) process: the setup's engines under the setting, ``iterations`` rounds measured."""
-    import torch
-
+    from benchmarks.engine_rounds import Engines, tiny_model
     from benchmarks.vs_trl import SETUPS, build_larger_model, setup_config
-    from dockflow.data.arithmetic import generate_arithmetic
-    from dockflow.data.templates import PromptFormat
-    from dockflow.engines import EngineInputs, SamplingParams, create_engines
-    from dockflow.models import build_tiny_model, load_model_and_tokenizer
-    from dockflow.models.tokenizer import build_task_tokenizer
+    from dockflow.models import load_model_and_tokenizer
     from dockflow.workers.host_memory import glibc
-    from dockflow.workers.rollout import dock_columns
     from dockflow.workers.runtime import init_worker_process
 
     cfg = setup_config(SETUPS[setup_name], iterations, runs_dir, [f"ray.retain_host_memory={str(retain).lower()}"])
@@ -76,27 +70,12 @@ def child(setup_name: str, retain: bool, iterations: int, runs_dir: str) -> dict
         path = str(model_dir) if (model_dir / "config.json").exists() else build_larger_model(cfg)[0]
         model, tokenizer = load_model_and_tokenizer(path)
     else:
-        tokenizer = build_task_tokenizer(cfg.data, cfg.run.seed, cfg.model.tiny.tokenizer_merges, cfg.checkpoint)
-        model = build_tiny_model(cfg.model.tiny, tokenizer, seed=cfg.run.seed)
-    inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed)
-    train, gen = create_engines(inputs, model, tokenizer, device="cpu", cpus=cfg.ray.torch_threads)
-    task = generate_arithmetic(cfg.data.arithmetic, cfg.run.seed)
-    prompts = PromptFormat.of(cfg.data).render_all([ex.prompt for ex in task.train], tokenizer)
-    ro, g = cfg.rollout, cfg.rollout.prompts_per_iter
-    params = SamplingParams(ro.max_new_tokens, ro.temperature, ro.top_p, greedy=False, n=ro.group_size)
-    width = gen.prompt_width(prompts[:1024])
-
-    def loss(logp, micro, tokens):
-        return cfg.algorithm.recipe.policy_loss(cfg, logp, micro, tokens)
-
+        model, tokenizer = tiny_model(cfg)
+    engines = Engines(cfg, model, tokenizer, threads=cfg.ray.torch_threads)
     rounds = []
     for k in range(iterations):
-        out, gen_cost = measured(lambda k=k: gen.generate(prompts[k * g:(k + 1) * g], params, seed=k, prompt_width=width))
-        batch = dock_columns(cfg, out)
-        rows, cols = batch["responses"].shape
-        adv = torch.randn(rows // ro.group_size, generator=torch.Generator().manual_seed(k))
-        batch["advantages"] = adv.repeat_interleave(ro.group_size)[:, None].expand(rows, cols) * batch["response_mask"]
-        _, update_cost = measured(lambda batch=batch, rows=rows: train.train_mini_batch(batch, loss, rows))
+        batch, gen_cost = measured(lambda k=k: engines.generate(k))
+        _, update_cost = measured(lambda k=k, batch=batch: engines.update(k, batch))
         rounds.append({"generate": gen_cost, "update": update_cost})
     return {"setup": setup_name, "retain": retain, "glibc": glibc() is not None, "rounds": rounds, **memory_mb()}
 

@@ -23,46 +23,25 @@ from typing import Any
 
 import torch
 
+from benchmarks.engine_rounds import Engines, tiny_model
 from benchmarks.results_file import write_results
 from dockflow.config import load_config
 
 
-class Engines:
-    """The demo's generation and training engines over one tiny model, and a round of each."""
+def demo_engines(threads: int) -> Engines:
+    """The demo's engines (old log-probs from the rollout, as in the benchmarks against TRL)."""
+    cfg = load_config("configs/grpo_arith.yaml", ["train.old_log_prob=rollout"])
+    return Engines(cfg, *tiny_model(cfg), threads=threads)
 
-    def __init__(self) -> None:
-        from dockflow.data.arithmetic import generate_arithmetic
-        from dockflow.data.templates import PromptFormat
-        from dockflow.engines import EngineInputs, SamplingParams, create_engines
-        from dockflow.models import build_tiny_model
-        from dockflow.models.tokenizer import build_task_tokenizer
 
-        self.cfg = cfg = load_config("configs/grpo_arith.yaml", ["train.old_log_prob=rollout"])
-        tokenizer = build_task_tokenizer(cfg.data, cfg.run.seed, cfg.model.tiny.tokenizer_merges, cfg.checkpoint)
-        model = build_tiny_model(cfg.model.tiny, tokenizer, seed=0)
-        inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed)
-        self.train, self.gen = create_engines(inputs, model, tokenizer, device="cpu", cpus=2)
-        task = generate_arithmetic(cfg.data.arithmetic, cfg.run.seed)
-        self.prompts = PromptFormat.of(cfg.data).render_all([ex.prompt for ex in task.train], tokenizer)
-        ro = cfg.rollout
-        self.params = SamplingParams(ro.max_new_tokens, ro.temperature, ro.top_p, greedy=False, n=ro.group_size)
-        self.width = self.gen.prompt_width(self.prompts[:1024])
-
-    def round(self, k: int) -> tuple[float, float]:
-        """Generate for prompts of round ``k``, then one GRPO step on the rollouts: (generate_s, update_s)."""
-        from dockflow.workers.rollout import dock_columns
-
-        cfg, g = self.cfg, self.cfg.rollout.prompts_per_iter
-        started = time.perf_counter()
-        out = self.gen.generate(self.prompts[k * g:(k + 1) * g], self.params, seed=k, prompt_width=self.width)
-        generate_s = time.perf_counter() - started
-        batch = dock_columns(cfg, out)
-        rows, width = batch["responses"].shape
-        advantages = torch.randn(rows // cfg.rollout.group_size, generator=torch.Generator().manual_seed(k))
-        batch["advantages"] = advantages.repeat_interleave(cfg.rollout.group_size)[:, None].expand(rows, width) * 1.0
-        started = time.perf_counter()
-        self.train.train_mini_batch(batch, lambda logp, mb, n: cfg.algorithm.recipe.policy_loss(cfg, logp, mb, n), rows)
-        return generate_s, time.perf_counter() - started
+def timed_round(engines: Engines, k: int) -> tuple[float, float]:
+    """Round ``k``: (generate_s, update_s)."""
+    started = time.perf_counter()
+    batch = engines.generate(k)
+    generate_s = time.perf_counter() - started
+    started = time.perf_counter()
+    engines.update(k, batch)
+    return generate_s, time.perf_counter() - started
 
 
 class _Idle:
@@ -75,21 +54,21 @@ def run(actors: int, blocks: int, iterations: int, threads: int) -> list[dict[st
     import ray
 
     torch.set_num_threads(threads)
-    engines = Engines()
+    engines = demo_engines(threads)
     ray.init(address="local", num_cpus=threads, include_dashboard=False, log_to_driver=False)
     idle = ray.remote(num_cpus=0)(_Idle)
     records: list[dict[str, Any]] = []
     k = 0
     try:
         for _ in range(2):  # warm-up, not counted
-            engines.round(k)
+            timed_round(engines, k)
             k += 1
         for block in range(blocks):
             for count in (0, actors):
                 handles = [idle.remote() for _ in range(count)]
                 ray.get([h.pid.remote() for h in handles])
                 time.sleep(1.0)  # their start-up done
-                rounds = [engines.round(k + i) for i in range(iterations)]
+                rounds = [timed_round(engines, k + i) for i in range(iterations)]
                 k += iterations
                 for h in handles:
                     ray.kill(h)
