@@ -172,14 +172,15 @@ class Algorithm:
 
         rl, ray, placement = not self.offline, cfg.ray, cfg.placement
         generators = placement.generators if placement.mode == "disaggregated" else 0
-        roles = [
-            role(cfg, "actor", cfg.train.actor_ranks, ray.actor_cpus, reads=owned("actor_infer", "actor_update"),
+        ranks, critics = cfg.train.actor_ranks, int(self.critic) * cfg.train.critic_ranks
+        roles = [  # ray.actor_cpus (ray.critic_cpus) is the whole actor's (critic's), shared by its ranks
+            role(cfg, "actor", ranks, ray.actor_cpus / ranks, reads=owned("actor_infer", "actor_update"),
                  writes=("old_log_prob", *(generated if rl and not generators else ()))),
             role(cfg, "generator", generators, placement.generator_cpus, writes=tuple(generated)),
             role(cfg, "rollout_queue", 1 if generators > 1 else 0, 0.0),
             role(cfg, "reference", int(self.uses_reference(cfg)), ray.reference_cpus, reads=owned("ref_infer"),
                  writes=("ref_log_prob",)),
-            role(cfg, "critic", int(self.critic) * cfg.train.critic_ranks, ray.critic_cpus,
+            role(cfg, "critic", critics, ray.critic_cpus / max(critics, 1),
                  reads=owned("critic_infer", "critic_update"), writes=("values",), section=self.critic_section(cfg)),
             role(cfg, "reward", int(rl), 0.0, reads=owned("reward", "advantage"),
                  writes=("rewards", "advantages", *(("returns",) if self.critic else ()))),

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dockflow.config.base import flatten_dict
+    from dockflow.config.data import ArithmeticConfig, DataConfig
     from dockflow.config.engine import CostModelConfig, EngineConfig, VLLMConfig
     from dockflow.config.reward import RewardConfig, RewardFunctionConfig, RewardModelConfig
     from dockflow.config.run import (
@@ -29,9 +30,7 @@ if TYPE_CHECKING:
         parse_overrides,
     )
     from dockflow.config.sections import (
-        ArithmeticConfig,
         CheckpointConfig,
-        DataConfig,
         RayConfig,
         RegistryConfig,
         TinyModelConfig,
@@ -44,8 +43,9 @@ _EXPORTS = {
     "flatten_dict": "dockflow.config.base",
     **dict.fromkeys(("CostModelConfig", "EngineConfig", "VLLMConfig"), "dockflow.config.engine"),
     **dict.fromkeys(("RewardConfig", "RewardFunctionConfig", "RewardModelConfig"), "dockflow.config.reward"),
-    **dict.fromkeys(("ArithmeticConfig", "CheckpointConfig", "DataConfig", "RayConfig", "RegistryConfig",
-                     "TinyModelConfig", "TrackingConfig"), "dockflow.config.sections"),
+    **dict.fromkeys(("ArithmeticConfig", "DataConfig"), "dockflow.config.data"),
+    **dict.fromkeys(("CheckpointConfig", "RayConfig", "RegistryConfig", "TinyModelConfig", "TrackingConfig"),
+                    "dockflow.config.sections"),
 }
 
 

@@ -24,12 +24,11 @@ from dockflow.algos.plan import RunPlan
 from dockflow.algos.recipes import AlgorithmConfig
 from dockflow.algos.recipes.grpo import GRPOSection
 from dockflow.config.base import Section, flatten_dict
+from dockflow.config.data import ArithmeticConfig, DataConfig
 from dockflow.config.engine import CostModelConfig, EngineConfig, VLLMConfig
 from dockflow.config.reward import RewardConfig, RewardFunctionConfig, RewardModelConfig
 from dockflow.config.sections import (
-    ArithmeticConfig,
     CheckpointConfig,
-    DataConfig,
     DockConfig,
     EvalConfig,
     FaultToleranceConfig,
@@ -182,6 +181,10 @@ class Config(Section):
     def _check_megatron(self) -> None:
         """train.tp / train.pp only with the megatron engine."""
         tc = self.train
+        if tc.max_tokens_per_micro_batch is not None and (tc.engine == "megatron" or self.algorithm.recipe.offline):
+            what = "train.engine=megatron" if tc.engine == "megatron" else f"algorithm.name={self.algorithm.name}"
+            raise ValueError(f"train.max_tokens_per_micro_batch is not supported with {what} yet: set it to null "
+                             "and size train.micro_batch_size instead")
         if tc.engine != "megatron" and (tc.tp > 1 or tc.pp > 1):
             raise ValueError(f"train.tp={tc.tp} / train.pp={tc.pp} split the model with megatron: set "
                              "train.engine=megatron (fsdp parallelises by train.dp only)")

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -20,83 +20,24 @@ class RayConfig(Section):
     address: str | None = Field(None, description="Ray cluster to join ('auto', 'ray://host:10001'); null starts a local one.")
     num_cpus: int | None = Field(None, description="CPUs of the local cluster; null = all of this machine's.")
     namespace: str | None = Field(None, description="Ray namespace for the run's actors; null = derived from run.name.")
-    actor_cpus: float = Field(2.0, description="CPUs reserved by the actor (policy) worker.")
+    actor_cpus: float = Field(2.0, ge=0.0, description="CPUs reserved by the actor (policy), shared by its "
+                              "train.actor_ranks ranks (each asks Ray for actor_cpus / ranks; fractions are fine).")
     reference_cpus: float = Field(1.0, description="CPUs reserved by the reference worker (when one is used).")
-    critic_cpus: float = Field(1.0, description="CPUs reserved by the critic worker (PPO, PF-PPO).")
-    torch_threads: int = Field(2, description="torch intra-op threads per model worker.")
-    retain_host_memory: bool = Field(
-        True, description="Model workers keep freed host memory for their next iteration (glibc: no mmap per large "
-        "tensor, no trimming), so it needs no new pages; they hold their peak. Off glibc a worker warns once and keeps "
-        "its defaults. false: the C library's defaults.",
-    )
-    init_timeout_s: float = Field(120.0, description="Seconds to wait for workers to start before failing.")
-    head_timeout_s: float = Field(
-        15.0, gt=0.0, description="With ray.address: seconds the Ray head may stay unreachable (on joining, and "
-        "mid-run) before dockflow train stops with one line; raise it if the head restarts with GCS fault tolerance.",
-    )
-
-
-class ArithmeticConfig(Section):
-    digits: int = Field(2, ge=1, le=12, description="Maximum digits of each operand.")
-    ops: list[Literal["+", "-"]] = Field(default_factory=lambda: ["+", "-"], description="Operators drawn uniformly.")
-    num_train: int = Field(20000, ge=1, description="Prompts in the train split (RL prompts come from here).")
-    num_labeled: int = Field(900, ge=0, description="Train prompts whose answers SFT may use (labels are scarce).")
-    num_val: int = Field(200, ge=0, description="Labeled validation prompts for SFT early stopping (never the test set).")
-    num_test: int = Field(500, ge=1, description="Held-out test prompts for accuracy.")
-
-
-def _countdown_options() -> dict[str, Any]:
-    return {"min_numbers": 3, "max_numbers": 3, "min_value": 1, "max_value": 50, "min_target": 1, "max_target": 100,
-            "operators": ["+", "-"], "shuffle": False}
-
-
-class ReasoningGymConfig(Section):
-    name: str = Field("countdown", description="reasoning-gym task (reasoning_gym.create_dataset name, e.g. countdown).")
-    options: dict[str, Any] = Field(
-        default_factory=_countdown_options,
-        description="The generator's own config, passed through to create_dataset (countdown: min/max_numbers, "
-        "min/max_value, min/max_target, operators).",
-    )
-    short_prompt: bool = Field(
-        True,
-        description="DockFlow's compact prompt for tasks that have one (countdown: 'Make 24 from 2 3 4.'), for a "
-        "tiny model's short context; false: reasoning-gym's own question text.",
-    )
-    num_train: int = Field(10000, ge=1, description="Prompts in the train split (RL prompts come from here).")
-    num_labeled: int = Field(500, ge=0, description="Train prompts whose reference solutions SFT may use.")
-    num_val: int = Field(200, ge=0, description="Labeled validation prompts for SFT early stopping (never the test set).")
-    num_test: int = Field(500, ge=1, description="Held-out test prompts for accuracy.")
-
-
-class DataConfig(Section):
-    source: Literal["arithmetic", "file", "reasoning_gym"] = Field(
-        "arithmetic", description="Synthetic arithmetic task, user files, or a reasoning-gym task (data.reasoning_gym)."
-    )
-    arithmetic: ArithmeticConfig = Field(default_factory=ArithmeticConfig)
-    reasoning_gym: ReasoningGymConfig = Field(
-        default_factory=ReasoningGymConfig, description="The reasoning-gym task (source: reasoning_gym)."
-    )
-    train_path: str | None = Field(
-        None, description="JSONL/Parquet with 'prompt' and 'answer' (source: file): a local path, or s3://bucket/key."
-    )
-    test_path: str | None = Field(None, description="Held-out JSONL/Parquet (source: file): a local path, or s3://bucket/key.")
-    shuffle_seed: int | None = Field(
-        None,
-        description="Seed of the order in which RL draws train prompts; null = run.seed, or for a run that continues "
-        "from a registered model one derived from run.name (each recurring run draws another order). The dataset "
-        "itself (splits, held-out set) always follows run.seed, so every run is scored on the same test set.",
-    )
-    prompt_template: str = Field("{prompt}\nAnswer: ", description="Template applied to each prompt; '{prompt}' is replaced.")
-    prompt_key: str | None = Field(
-        None, description="Dataset column holding the prompt (source: file); null = 'prompt', else 'problem'."
-    )
-    answer_key: str = Field("answer", description="Dataset column holding the reference answer (source: file).")
-    chat_template: bool = Field(
-        False,
-        description="Format each templated prompt as a user turn with the tokenizer's own chat template "
-        "(apply_chat_template, generation prompt added), for instruct models.",
-    )
-    system_prompt: str | None = Field(None, description="System turn before the prompt (with chat_template only).")
+    critic_cpus: float = Field(1.0, ge=0.0, description="CPUs reserved by the critic (PPO, PF-PPO), shared by its "
+                               "train.critic_ranks ranks (each asks Ray for critic_cpus / ranks).")
+    torch_threads: int = Field(2, description="torch intra-op threads per model worker; an actor or critic with several "
+                               "ranks shares them as it shares its CPUs (torch_threads // ranks each, at least 1).")
+    retain_host_memory: bool = Field(True, description="Model workers keep freed host memory for their next iteration "
+                                     "(glibc: no mmap per large tensor, no trimming), so it needs no new pages; they hold "
+                                     "their peak. Off glibc a worker warns once and keeps its defaults. false: the C "
+                                     "library's defaults.")
+    init_timeout_s: float = Field(120.0, gt=0.0, description="Seconds a worker may wait for Ray to place it (give it "
+                                  "its CPUs and devices); a plan the cluster can never hold is refused at once.")
+    engine_init_timeout_s: float = Field(600.0, gt=0.0, description="Seconds a placed worker may take to start (load its "
+                                         "model, build its engines: vLLM on a loaded CPU takes minutes), from its placement.")
+    head_timeout_s: float = Field(15.0, gt=0.0, description="With ray.address: seconds the Ray head may stay unreachable "
+                                  "(on joining, and mid-run) before dockflow train stops with one line; raise it if the "
+                                  "head restarts with GCS fault tolerance.")
 
 
 class TinyModelConfig(Section):
@@ -194,6 +135,14 @@ class TrainConfig(Section):
     epochs: int = Field(1, ge=1, description="Update epochs over each iteration's batch.")
     mini_batch_size: int = Field(256, ge=1, description="Samples per optimizer step.")
     micro_batch_size: int = Field(256, ge=1, description="Samples per forward/backward (gradient accumulation).")
+    max_tokens_per_micro_batch: int | None = Field(
+        None,
+        ge=1,
+        description="Micro-batches by tokens instead of samples: each forward/backward takes as many rows of the "
+        "mini-batch (sorted by length with seqlen_balance) as keep rows x longest row (prompt + response tokens) "
+        "within this budget, a longer row alone; the gradient is the same, memory follows the budget instead of "
+        "the longest rows (verl's ppo_max_token_len_per_gpu). torch and FSDP2 engines. null = micro_batch_size rows.",
+    )
     grad_clip: float = Field(1.0, gt=0.0, description="Max global gradient norm.")
     infer_batch_size: int = Field(256, ge=1, description="Samples per forward in log-prob inference.")
     stage_timeout_s: float = Field(1800.0, gt=0.0, description="Seconds one stage may take before the run fails.")

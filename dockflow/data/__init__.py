@@ -5,6 +5,7 @@ One entry point builds every split a run needs::
 
     task = load_task(cfg.data, seed=cfg.run.seed, storage=cfg.checkpoint)
     task.train, task.labeled, task.val, task.test     # lists of Example(prompt, answer)
+    task_columns(cfg.data, seed=cfg.run.seed)        # the columns reward functions get: ['answer', ...]
 
 A file's prompts may be strings or, as in TRL's conversational datasets, lists of ``{"role", "content"}`` messages
 (rendered with the tokenizer's chat template: ``data.chat_template: true``; ``check_conversational``).
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from dockflow.config import CheckpointConfig, DataConfig
 from dockflow.data.arithmetic import generate_arithmetic
-from dockflow.data.example import Example, TaskData
+from dockflow.data.example import Example, TaskData, columns_of
 from dockflow.data.loaders import Columns, DatasetError, load_examples
 from dockflow.data.messages import Messages, Prompt, is_conversational
 from dockflow.data.templates import (
@@ -41,9 +42,14 @@ __all__ = [
     "check_conversational",
     "check_prompts",
     "check_template",
+    "columns_of",
     "is_conversational",
     "load_task",
+    "task_columns",
 ]
+
+# the row fields of the synthetic tasks (``Example.fields``), known without generating them
+SYNTHETIC_FIELDS: dict[str, tuple[str, ...]] = {"arithmetic": (), "reasoning_gym": ("metadata",)}
 
 
 def _file_task(cfg: DataConfig, storage: CheckpointConfig | None) -> TaskData:
@@ -87,3 +93,11 @@ def load_task(cfg: DataConfig, seed: int, storage: CheckpointConfig | None = Non
 
         return generate_reasoning_gym(cfg.reasoning_gym, seed)
     return _file_task(cfg, storage)
+
+
+def task_columns(cfg: DataConfig, seed: int, storage: CheckpointConfig | None = None) -> list[str]:
+    """The keyword columns the reward functions get for ``cfg``'s train rows (``columns_of``): a synthetic task's
+    are known without generating it (``SYNTHETIC_FIELDS``); a file's train rows are loaded (and checked)."""
+    if cfg.source in SYNTHETIC_FIELDS:
+        return [cfg.answer_key, *(k for k in SYNTHETIC_FIELDS[cfg.source] if k != cfg.answer_key)]
+    return columns_of(load_task(cfg, seed, storage).train, cfg.answer_key)

@@ -14,7 +14,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Sequence
 
-from dockflow.config.sections import DataConfig
+from dockflow.config.data import DataConfig
 from dockflow.data.example import Example
 from dockflow.data.messages import prompt_key
 

@@ -29,7 +29,7 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
-from dockflow.config.sections import ReasoningGymConfig
+from dockflow.config.data import ReasoningGymConfig
 from dockflow.data.example import Example, TaskData
 
 # Draw at most this many entries per distinct problem asked for, and stop after this many draws in a row that

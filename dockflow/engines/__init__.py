@@ -62,6 +62,7 @@ def create_engines(
     tc = inputs.train
     common = dict(lr=tc.lr, weight_decay=tc.weight_decay, grad_clip=tc.grad_clip, infer_batch_size=tc.infer_batch_size,
                   temperature=inputs.rollout.temperature, device=device)
+    budget = dict(max_tokens_per_micro_batch=tc.max_tokens_per_micro_batch)  # torch / FSDP2 (config refuses megatron)
     if tc.engine == "megatron":  # DP x TP x PP ranks of megatron-core; generation on the HF copy of the gathered weights
         from dockflow.engines.megatron.training import MegatronTrainingEngine
 
@@ -70,10 +71,11 @@ def create_engines(
     elif tc.dp > 1:  # FSDP2 over the actor's DP group; generation on a plain copy filled by allgather-swap
         from dockflow.engines.fsdp_training import FSDPTrainingEngine
 
-        train: TrainingEngine = FSDPTrainingEngine(model, bucket_bytes=int(tc.reshard_bucket_mb * 2**20), **common)
+        train: TrainingEngine = FSDPTrainingEngine(model, bucket_bytes=int(tc.reshard_bucket_mb * 2**20), **common,
+                                                   **budget)
         gen_model = train.generation_model
     else:
-        train = TorchTrainingEngine(model, **common)
+        train = TorchTrainingEngine(model, **common, **budget)
         gen_model = model
     if ec.backend == "vllm":
         from dockflow.engines.vllm_generation import ColocatedTraining, VLLMGenerationEngine
@@ -118,4 +120,5 @@ def create_critic_engine(
         from dockflow.engines.megatron.value import MegatronCriticEngine
 
         return MegatronCriticEngine(model, tp=tc.tp, pp=tc.pp, seed=inputs.seed, **common)
-    return TorchTrainingEngine(model, response_fn=response_values, **common)
+    return TorchTrainingEngine(model, response_fn=response_values, **common,
+                               max_tokens_per_micro_batch=tc.max_tokens_per_micro_batch)

@@ -169,6 +169,15 @@ class FSDPTrainingEngine(SwappedGeneration, TorchTrainingEngine):
         dist.all_reduce(values)
         return dict(zip(keys, values.tolist(), strict=True))
 
+    def _micro_batches(self, batch: TensorDict, micro_batch_size: int) -> list[tuple[int, int]]:
+        """Every rank runs as many micro-batches as the rank with the most (FSDP's collectives pair up): token
+        budgets may cut the ranks' shares into different counts; the short ranks add empty ones."""
+        bounds = super()._micro_batches(batch, micro_batch_size)
+        count = torch.tensor([len(bounds)], device=self.device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        end = bounds[-1][1] if bounds else 0
+        return bounds + [(end, end)] * (int(count) - len(bounds))
+
     def _rank_loads(self, load: torch.Tensor) -> torch.Tensor:
         load = load.to(self.device)
         loads = [torch.zeros_like(load) for _ in range(dist.get_world_size())]

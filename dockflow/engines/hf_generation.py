@@ -15,6 +15,7 @@ from torch import nn
 
 from dockflow.engines.base import GenerationEngine, SamplingParams
 from dockflow.engines.rollout_layout import decode_responses, first_eos_mask, left_pad_prompts, rollout_batch
+from dockflow.engines.sampled_log_probs import SampledLogProbs
 from dockflow.engines.sync_check import reference_log_probs
 
 
@@ -76,24 +77,22 @@ class HFGenerationEngine(GenerationEngine):
                 ids, mask = input_ids[sl].to(self.device), attention_mask[sl].to(self.device)
                 cache = reserved_cache(self.model, ids.shape[1] + max_new_tokens)
                 prefill_shared_prompts(self.model, ids, mask, cache)
-                out = self.model.generate(
-                    input_ids=ids,
-                    attention_mask=mask,
-                    past_key_values=cache,
-                    max_new_tokens=max_new_tokens,
-                    do_sample=not params.greedy,
-                    temperature=None if params.greedy else params.temperature,
-                    top_p=None if params.greedy else params.top_p,
-                    top_k=None,
-                    pad_token_id=pad,
-                    eos_token_id=eos,
-                    output_logits=True,
-                    return_dict_in_generate=True,
-                )
-                new = out.sequences[:, input_ids.shape[1]:].cpu()
+                with SampledLogProbs(self.model, temperature) as recorder:  # one step's logits at a time
+                    sequences = self.model.generate(
+                        input_ids=ids,
+                        attention_mask=mask,
+                        past_key_values=cache,
+                        max_new_tokens=max_new_tokens,
+                        do_sample=not params.greedy,
+                        temperature=None if params.greedy else params.temperature,
+                        top_p=None if params.greedy else params.top_p,
+                        top_k=None,
+                        pad_token_id=pad,
+                        eos_token_id=eos,
+                    )
+                new = sequences[:, input_ids.shape[1]:].cpu()
                 tokens[sl, : new.shape[1]] = new
-                logits = torch.stack(out.logits, dim=1).float().cpu() / temperature  # raw logits, [b, steps, V]
-                logp[sl, : new.shape[1]] = torch.log_softmax(logits, -1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+                logp[sl, : new.shape[1]] = recorder.log_probs(new[:, -1])
         finally:
             self.model.train(was_training)
         return tokens, logp

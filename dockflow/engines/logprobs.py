@@ -9,12 +9,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
 from torch import nn
+
+from dockflow.engines.token_head import DEFAULT_CHUNK, chunked_log_probs, output_head
+
+
+class TokenOutputs(NamedTuple):
+    """One value per response token [B, R] (log-probs, or a critic's values), and the policy's entropy per token
+    (None for a critic)."""
+
+    values: torch.Tensor
+    entropy: torch.Tensor | None = None
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -48,32 +58,49 @@ def distinct_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tupl
     return distinct[:, :width], distinct[:, width:].to(attention_mask.dtype), copies
 
 
-def response_outputs(
-    model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, keep_r: int, **prompt_kwargs: Any
-) -> torch.Tensor:
-    """The model's outputs (``.logits``) at the positions that precede each of the last ``keep_r`` columns of the
-    (trimmed) rows, [B, keep_r, ...]: the ones that predict, or value the state before, each response token.
+def model_logits(model: nn.Module, **inputs: Any) -> torch.Tensor:
+    """The model's outputs (``.logits``) at every position: a critic's value head, [B, T, 1]."""
+    return model(**inputs).logits
+
+
+def last_hidden(model: nn.Module, **inputs: Any) -> torch.Tensor:
+    """A causal LM's last hidden state (after the final norm) at every position, [B, T, H]: what its lm_head maps
+    to logits. The model runs as a whole (so FSDP's hooks run) with ``logits_to_keep=1``: the head computes one
+    position, and the decoder's output is read by a forward hook."""
+    captured: list[torch.Tensor] = []
+    handle = model.get_decoder().register_forward_hook(lambda _m, _i, out: captured.append(out.last_hidden_state))
+    try:
+        model(**inputs, logits_to_keep=1)
+    finally:
+        handle.remove()
+    return captured[-1]
+
+
+def response_outputs(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, keep_r: int,
+                     run: Callable[..., torch.Tensor] = model_logits) -> torch.Tensor:
+    """``run``'s outputs (:func:`model_logits` or :func:`last_hidden`) at the positions that precede each of the
+    last ``keep_r`` columns of the (trimmed) rows, [B, keep_r, ...]: the ones that predict, or value the state
+    before, each response token.
 
     Each distinct prompt goes through the model once (GRPO's N samples of a prompt share it, as their generation
     did), its keys and values are copied to its rows, and the responses then attend to them: the same causal
     attention as one pass over prompt and response, with the prompt's share of the compute divided by N,
-    gradients included. ``prompt_kwargs`` go to the prompt's pass (``logits_to_keep=1``: only its last position's
-    logits are needed).
+    gradients included.
     """
     from transformers.cache_utils import DynamicCache  # here: importing dockflow.engines stays light
 
     width = ids.shape[1] - keep_r
     prompt_ids, prompt_mask, copies = distinct_rows(ids[:, :width], mask[:, :width])
     cache = DynamicCache(config=model.config)
-    last_prompt = model(
-        input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids_from_mask(prompt_mask),
-        past_key_values=cache, use_cache=True, **prompt_kwargs,
-    ).logits[:, -1:]
-    cache.batch_select_indices(copies)
-    responses = model(
-        input_ids=ids[:, width:], attention_mask=mask, position_ids=position_ids_from_mask(mask)[:, width:],
+    last_prompt = run(
+        model, input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids_from_mask(prompt_mask),
         past_key_values=cache, use_cache=True,
-    ).logits
+    )[:, -1:]
+    cache.batch_select_indices(copies)
+    responses = run(
+        model, input_ids=ids[:, width:], attention_mask=mask, position_ids=position_ids_from_mask(mask)[:, width:],
+        past_key_values=cache, use_cache=True,
+    )
     return torch.cat([last_prompt[copies], responses[:, :-1]], dim=1)
 
 
@@ -93,32 +120,35 @@ def response_log_probs(
     attention_mask: torch.Tensor,
     response_width: int,
     temperature: float = 1.0,
-) -> torch.Tensor:
-    """Log-prob of each response token ([B, R]); logits are divided by the sampling temperature.
+    chunk: int = DEFAULT_CHUNK,
+) -> TokenOutputs:
+    """Log-prob of each response token and the policy's entropy there ([B, R] each), at the sampling temperature.
 
-    Positions past the longest response of the batch get log-prob 0 (they are masked out anyway).
+    The logits are never whole: the lm_head is applied ``chunk`` tokens at a time from the last hidden state
+    (``dockflow.engines.token_head``), in the backward pass too. Positions past the longest response of the batch
+    get 0 (they are masked out anyway).
     """
     ids, mask, keep_r = _trimmed(input_ids, attention_mask, response_width)
-    logits = response_outputs(model, ids, mask, keep_r, logits_to_keep=1).float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    targets = ids[:, -keep_r:]
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return F.pad(logp, (0, response_width - keep_r))
+    hidden = response_outputs(model, ids, mask, keep_r, run=last_hidden)
+    head = output_head(model)
+    logp, entropy = chunked_log_probs(hidden, head.weight, head.bias, ids[:, -keep_r:], temperature=temperature,
+                                    chunk=chunk)
+    pad = (0, response_width - keep_r)
+    return TokenOutputs(F.pad(logp, pad), F.pad(entropy, pad))
 
 
 def response_values(
     model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int
-) -> torch.Tensor:
+) -> TokenOutputs:
     """A critic's value of the state before each response token ([B, R]), from a one-label token head
     (``AutoModelForTokenClassification``): the same positions whose logits predict the token."""
     ids, mask, keep_r = _trimmed(input_ids, attention_mask, response_width)
     values = response_outputs(model, ids, mask, keep_r)[..., 0].float()
-    return F.pad(values, (0, response_width - keep_r))
+    return TokenOutputs(F.pad(values, (0, response_width - keep_r)))
 
 
-ResponseFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, int], torch.Tensor]
-"""(model, input_ids, attention_mask, response width) -> one value per response token [B, R]."""
+ResponseFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, int], TokenOutputs]
+"""(model, input_ids, attention_mask, response width) -> one value per response token [B, R] (and entropy)."""
 
 
 @torch.no_grad()
@@ -134,7 +164,7 @@ def batched_response_outputs(model: nn.Module, batch: TensorDict, chunk: int, fn
                 batch["input_ids"][i : i + chunk].to(device),
                 batch["attention_mask"][i : i + chunk].to(device),
                 batch["responses"].shape[1],
-            ).cpu()
+            ).values.cpu()
             for i in range(0, batch.batch_size[0], chunk)
         ]
     finally:

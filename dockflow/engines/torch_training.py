@@ -16,7 +16,14 @@ from tensordict import TensorDict
 from torch import nn
 
 from dockflow.engines.base import LossFn, TrainingEngine
-from dockflow.engines.logprobs import ResponseFn, batched_response_outputs, forward_load, response_log_probs
+from dockflow.engines.logprobs import (
+    ResponseFn,
+    TokenOutputs,
+    batched_response_outputs,
+    forward_load,
+    response_log_probs,
+)
+from dockflow.engines.micro_batches import micro_batch_bounds
 
 
 class TorchTrainingEngine(TrainingEngine):
@@ -33,6 +40,7 @@ class TorchTrainingEngine(TrainingEngine):
         temperature: float = 1.0,
         device: str | torch.device = "cpu",
         response_fn: ResponseFn | None = None,
+        max_tokens_per_micro_batch: int | None = None,
     ):
         self.device = torch.device(device)
         self.model = self._wrap(model.to(device))
@@ -42,6 +50,7 @@ class TorchTrainingEngine(TrainingEngine):
         # a critic passes response_values instead.
         self.response_fn = response_fn or partial(response_log_probs, temperature=temperature)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
+        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch  # None: micro-batches of micro_batch_size rows
 
     def policy_module(self) -> nn.Module:
         return self.model
@@ -62,11 +71,17 @@ class TorchTrainingEngine(TrainingEngine):
         """Token-weighted metrics of the whole mini-batch; one process: already complete."""
         return metrics
 
+    def _micro_batches(self, batch: TensorDict, micro_batch_size: int) -> list[tuple[int, int]]:
+        """Row ranges of the micro-batches (``engines/micro_batches.py``); a DP backend makes every rank's count
+        equal, with empty ranges ``(i, i)`` where a rank has fewer."""
+        lengths = batch["attention_mask"].sum(-1).tolist()
+        return micro_batch_bounds(lengths, micro_batch_size, self.max_tokens_per_micro_batch)
+
     def _rank_loads(self, load: torch.Tensor) -> torch.Tensor:
         """Every DP rank's ``load`` (a 1-D tensor), stacked [ranks, ...]; one process: its own."""
         return load.unsqueeze(0)
 
-    def _forward(self, batch: TensorDict) -> torch.Tensor:
+    def _forward(self, batch: TensorDict) -> TokenOutputs:
         ids, mask = batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
         return self.response_fn(self.model, ids, mask, batch["responses"].shape[1])
 
@@ -79,14 +94,22 @@ class TorchTrainingEngine(TrainingEngine):
         tokens = self._total_tokens(batch)
         out: dict[str, float] = {}
         positions = real = 0.0  # token positions the forward passes compute, and the real tokens among them
-        for i in range(0, batch.batch_size[0], micro_batch_size):
-            micro = batch[i : i + micro_batch_size].to(self.device)  # the loss reads its columns next to logp
+        for lo, hi in self._micro_batches(batch, micro_batch_size):
+            if lo == hi:  # another DP rank has more micro-batches: a forward and backward that add nothing
+                micro = batch[:1].to(self.device)
+                loss, _ = loss_fn(self._forward(micro).values, micro, tokens)
+                (loss * 0.0).backward()
+                continue
+            micro = batch[lo:hi].to(self.device)  # the loss reads its columns next to logp
             micro_positions, micro_real = forward_load(micro)
             positions, real = positions + micro_positions, real + micro_real
-            logp = self._forward(micro)
-            loss, metrics = loss_fn(logp, micro, tokens)
+            outputs = self._forward(micro)
+            loss, metrics = loss_fn(outputs.values, micro, tokens)
             loss.backward()
-            share = float(micro["response_mask"].sum()) / tokens  # metrics are token means of the micro-batch
+            mask = micro["response_mask"]
+            share = float(mask.sum()) / tokens  # metrics are token means of the micro-batch
+            if outputs.entropy is not None:  # the policy's entropy (a critic has none)
+                metrics = {**metrics, "train/entropy": float((outputs.entropy * mask).sum() / mask.sum().clamp(min=1))}
             for k, v in metrics.items():
                 out[k] = out.get(k, 0.0) + v * share
         out = self._reduce_metrics(out)

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from dockflow.config.sections import DataConfig, EvalConfig
+from dockflow.config.data import DataConfig
+from dockflow.config.sections import EvalConfig
 from dockflow.config.tools import ToolsConfig
 from dockflow.data import Example, PromptFormat
 from dockflow.eval.greedy import greedy_accuracy

@@ -41,8 +41,9 @@ def pop_generated(results: dict[str, dict[str, float]]) -> dict[str, float]:
     if loads:  # generators that took a newly published policy first
         merged["timing/load_weights_s"] = max(loads)
     merged.update(worst_sync_check(parts))
-    for key in ("rollout/prompt_length", "rollout/response_length"):
-        merged[key] = sum(p[key] * p["rollout/samples"] for p in parts) / samples
+    for key in ("rollout/prompt_length", "rollout/response_length", "rollout/clipped_ratio"):
+        if all(key in p for p in parts):
+            merged[key] = sum(p[key] * p["rollout/samples"] for p in parts) / samples
     versions = [p["rollout/policy_version"] for p in parts if "rollout/policy_version" in p]
     if versions:
         merged["rollout/policy_version"] = min(versions)
@@ -91,6 +92,8 @@ def rollout_summary(rounds: list[dict[str, float]], round_samples: int) -> dict[
         "timing/generate_s": sum(r["timing/generate_s"] for r in rounds),
         "timing/generate_busy_s": sum(r.get("timing/generate_busy_s", r["timing/generate_s"]) for r in rounds),
     }
+    if all("rollout/clipped_ratio" in r for r in rounds):
+        out["rollout/clipped_ratio"] = sum(r["rollout/clipped_ratio"] for r in rounds) / n
     versions = [r["rollout/policy_version"] for r in rounds if "rollout/policy_version" in r]
     if versions:
         out["rollout/policy_version"] = min(versions)

@@ -177,12 +177,14 @@ def setup(config: str, overrides: list[str], params: RunParams, address: str | N
     from dockflow.storage import run_store
     from dockflow.tracking import Tracker, run_tags
     from dockflow.workers.cluster import check_reachable_inputs, run_namespace, run_runtime_env
+    from dockflow.workers.startup import check_cluster_cpus
 
     cfg = load_run_config(config, overrides, params)
     check_reward_functions(cfg)
     namespace = run_namespace(cfg)
     with _joined(address, namespace):
         check_reachable_inputs(cfg)
+        check_cluster_cpus(cfg.plan)  # a plan the cluster can never hold: refused before SFT and the supervisor
         end_previous_attempt(cfg.run.name, namespace)
         store = run_store(cfg.checkpoint, cfg.run)
         step = store.latest()
@@ -216,7 +218,7 @@ def setup(config: str, overrides: list[str], params: RunParams, address: str | N
 def _wait_started(sup: Any, cfg: Any) -> dict[str, Any]:
     """Until the supervisor's workers are up (bounded: worker start-up plus one stage); its loops start when the
     first stage task attaches."""
-    limit = cfg.ray.init_timeout_s + cfg.train.stage_timeout_s
+    limit = cfg.ray.init_timeout_s + cfg.ray.engine_init_timeout_s + cfg.train.stage_timeout_s
     deadline = time.monotonic() + limit
     while True:
         status = _get(sup.status.remote(), "status")
@@ -226,7 +228,7 @@ def _wait_started(sup: Any, cfg: Any) -> dict[str, Any]:
             return status
         if time.monotonic() > deadline:
             raise PipelineError(f"run {cfg.run.name!r}: the workers did not start within {limit:.0f}s "
-                                "(ray.init_timeout_s + train.stage_timeout_s)")
+                                "(ray.init_timeout_s + ray.engine_init_timeout_s + train.stage_timeout_s)")
         sup.heartbeat.remote()
         time.sleep(1.0)
 

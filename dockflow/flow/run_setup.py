@@ -2,7 +2,7 @@
 ``flow.supervisor``) do to start a run: its directory, its config there, and the check of the user's reward
 functions.
 
-    check_reward_functions(cfg)             # RewardError naming the path, before any worker starts
+    check_reward_functions(cfg)             # RewardError naming the path or the missing column, before any worker
     check_model_path(cfg)                   # ModelFilesError naming model.path, before Ray starts (a new run)
     write_run_config(cfg, run_dir_of(cfg))
 """
@@ -28,13 +28,19 @@ def write_run_config(cfg: Config, run_dir: Path) -> None:
 
 
 def check_reward_functions(cfg: Config) -> None:
-    """Import every ``reward.functions`` entry where the run starts, so a path that does not import fails now,
+    """Import every ``reward.functions`` entry where the run starts, so a path that does not import, or a
+    function that requires a column the train rows lack (``data.answer_key``, the file's columns), fails now,
     before any worker starts, with one line (:class:`~dockflow.rewards.functions.RewardError`); the same for the
-    ``tools:`` paths (:class:`~dockflow.agents.ToolError`)."""
+    ``tools:`` paths (:class:`~dockflow.agents.ToolError`). A file's rows are loaded here only when a function
+    requires more than the reference answer."""
     from dockflow.agents import import_tool
-    from dockflow.rewards.functions import check_functions
+    from dockflow.data import task_columns
+    from dockflow.rewards.functions import check_columns, check_functions
 
-    check_functions(cfg.reward)
+    required = check_functions(cfg.reward, cfg.tools.has_environment)
+    if any(required.values()):
+        data = cfg.data
+        check_columns(required, task_columns(data, cfg.run.seed, storage=cfg.checkpoint), data.answer_key)
     for path in cfg.tools.paths:
         import_tool(path)
 

@@ -56,13 +56,16 @@ def start_state(store: Any, resume: bool, run_name: str) -> RunRecord | None:
     return record.read_record(store, step)
 
 
-def check_devices(cfg: Config) -> None:
-    """engine.device against the connected Ray cluster's resources (``dockflow.engines.devices``)."""
+def check_cluster(cfg: Config) -> None:
+    """engine.device (``dockflow.engines.devices``) and the plan's CPUs (``dockflow.workers.startup``) against the
+    connected Ray cluster's resources."""
     import ray
 
     from dockflow.engines.devices import check_cluster_devices
+    from dockflow.workers.startup import check_cluster_cpus
 
     check_cluster_devices(cfg.engine.device, cfg.plan.devices(), ray.cluster_resources())
+    check_cluster_cpus(cfg.plan)
 
 
 def _exit_on_head_lost(message: str) -> None:
@@ -114,7 +117,7 @@ def train(cfg: Config, resume: bool = False, on_iteration: ProgressFn | None = N
     try:
         owns_ray = connect(cfg.ray, run_namespace(cfg), run_runtime_env(cfg))
         watch = watch_head(cfg, store, tracker, on_head_lost)
-        check_devices(cfg)  # a GPU / NPU asked for and missing fails here, before SFT and the workers
+        check_cluster(cfg)  # a GPU / NPU or CPUs asked for and missing fail here, before SFT and the workers
         model_uri, init_metrics = prepare_initial_model(cfg, store, run_dir, tracker.tracking_uri)
         if state is None:
             state = RunRecord(init_metrics=dict(init_metrics))

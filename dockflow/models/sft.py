@@ -31,7 +31,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from dockflow.config.sections import CheckpointConfig, DataConfig, ModelConfig, SFTConfig
+from dockflow.config.data import DataConfig
+from dockflow.config.sections import CheckpointConfig, ModelConfig, SFTConfig
 from dockflow.config.tools import ToolsConfig
 from dockflow.data import Example, PromptFormat, load_task
 from dockflow.engines.tool_rollouts import tool_spec

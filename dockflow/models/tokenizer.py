@@ -19,7 +19,8 @@ from collections.abc import Iterable, Sequence
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from dockflow.config.sections import CheckpointConfig, DataConfig
+from dockflow.config.data import DataConfig
+from dockflow.config.sections import CheckpointConfig
 from dockflow.models.chat_template import CHAT_TOKENS, END_OF_TURN, TINY_CHAT_TEMPLATE, TOOL_TOKENS
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")

@@ -108,18 +108,16 @@ def run_completion(
 def code_tests(
     prompts: Sequence[object],
     completions: Sequence[object],
-    tests: Sequence[object] | None = None,
+    tests: Sequence[object],
     *,
     sandbox_limits: SandboxLimits = DEFAULT_LIMITS,
     max_workers: int = 2,
     **kwargs: object,
 ) -> list[float]:
-    """One score in [0, 1] per completion. Raises ValueError on missing tests, and RuntimeError only if
-    the sandbox itself failed to start for every completion (a broken setup, not bad code)."""
-    if tests is None:
-        raise ValueError(
-            "code_tests needs a 'tests' column in the dataset (one string or list of strings per row)"
-        )
+    """One score in [0, 1] per completion. ``tests`` is required, so a dataset without that column is refused
+    where the run starts (``dockflow.rewards.functions.check_columns``). Raises ValueError on a row's missing
+    tests, and RuntimeError only if the sandbox itself failed to start for every completion (a broken setup, not
+    bad code)."""
     if len(tests) != len(completions):
         raise ValueError(f"code_tests: {len(completions)} completions but {len(tests)} tests values")
     rows = [_check_tests(t, i) for i, t in enumerate(tests)]

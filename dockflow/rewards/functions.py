@@ -2,8 +2,10 @@
 
 A reward function is ``f(prompts, completions, **kwargs) -> list[float | None]``: one value per completion,
 ``None`` (or NaN) where it does not apply. ``kwargs`` holds the dataset row's other columns as lists
-(``answer`` and every extra column), ``completion_ids`` (token ids without padding), ``trainer_state``
-(``global_step``, ``max_steps``) and ``log_metric(name, value)``, as TRL's ``GRPOTrainer`` passes them. Prompts and
+(the reference answer under the name ``data.answer_key`` gives it, and every extra column), ``completion_ids`` (token ids
+without padding), ``trainer_state`` (``global_step``, ``max_steps``) and ``log_metric(name, value)``, as TRL's
+``GRPOTrainer`` passes them. A function marked ``@reads_reference`` (the built-ins) also gets the reference answer as
+``answer``, whatever the column is called. Prompts and
 completions are strings for a standard dataset; for a conversational one (its first prompt a list of messages, TRL's
 ``is_conversational`` rule) prompts are the rows' message lists and each completion is
 ``[{"role": "assistant", "content": text}]`` (``trl_completions``), so TRL's own reward functions run unchanged.
@@ -11,16 +13,18 @@ completions are strings for a standard dataset; for a conversational one (its fi
     fn = import_function("my_rewards:brevity")   # RewardError naming the path when it cannot be imported
     values = checked_output("brevity", fn(prompts, completions, answer=answers), len(completions))
     completions = trl_completions(prompts, texts)   # texts, or [[{"role": "assistant", "content": t}], ...]
+    check_columns(check_functions(cfg.reward), ["solution", "level"], "solution")   # where a run starts
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import sys
 import sysconfig
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dockflow.data.messages import is_conversational
 from dockflow.user_code import import_user_callable
@@ -31,6 +35,24 @@ if TYPE_CHECKING:
 
 class RewardError(RuntimeError):
     """A reward function cannot be loaded, or misbehaved on a batch; the message names it and the sample."""
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+REFERENCE_ARG = "answer"  # the keyword a function marked @reads_reference gets the reference answer under
+# what every call passes besides the dataset's columns (``environments`` only with an environment factory)
+PASSED = ("prompts", "completions", "completion_ids", "trainer_state", "log_metric")
+
+
+def reads_reference(fn: F) -> F:
+    """Mark ``fn`` as reading the row's reference answer as ``answer``, whatever ``data.answer_key`` calls its
+    column (the built-ins); an unmarked function gets every column under its own name only."""
+    fn.reads_reference = True  # type: ignore[attr-defined]
+    return fn
+
+
+def takes_reference(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` is marked ``@reads_reference``."""
+    return getattr(fn, "reads_reference", False) is True
 
 
 def trl_completions(prompts: Sequence[Any], texts: list[str]) -> list[Any]:
@@ -67,10 +89,39 @@ def import_function(path: str) -> Callable[..., Any]:
     return import_user_callable(path, "reward function", RewardError)
 
 
-def check_functions(reward: RewardConfig) -> None:
-    """Import every configured function now; both drivers call it where a run starts, before any worker starts."""
+def required_columns(fn: Callable[..., Any], environments: bool = False) -> list[str]:
+    """The keyword columns ``fn`` cannot be called without: its parameters without a default that no call passes
+    otherwise (``PASSED``; ``environments`` with an environment factory; ``answer`` when it reads the reference)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a callable without a signature (C code): nothing to check
+        return []
+    given = {*PASSED, *(["environments"] if environments else []), *([REFERENCE_ARG] if takes_reference(fn) else [])}
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in params if p.kind in named and p.default is p.empty and p.name not in given]
+
+
+def check_functions(reward: RewardConfig, environments: bool = False) -> dict[str, list[str]]:
+    """Import every configured function now (both drivers call it where a run starts, before any worker starts);
+    returns, by label, the dataset columns each one requires (``required_columns``), for ``check_columns``."""
+    out = {}
     for fn in reward.functions:
-        import_function(function_path(fn))
+        loaded = import_function(function_path(fn))
+        out[fn.label] = required_columns(loaded, environments)
+    return out
+
+
+def check_columns(required: dict[str, list[str]], columns: Sequence[str], answer_key: str) -> None:
+    """A RewardError naming the first function that requires a column the dataset's rows lack (``columns``: what
+    the reward worker passes, ``dockflow.data.columns_of``), and what to set."""
+    for label, names in required.items():
+        for name in names:
+            if name not in columns:
+                raise RewardError(
+                    f"reward function '{label}' requires the column '{name}', which the train rows lack (their columns: "
+                    f"{', '.join(columns) or 'none'}; the reference answer is data.answer_key={answer_key!r}): set "
+                    "data.answer_key to the column that holds the reference answer, add the column to the data, or "
+                    "give the parameter a default")
 
 
 def shipped_modules(reward: RewardConfig) -> list[str]:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from dockflow.rewards.functions import completion_text
+from dockflow.rewards.functions import completion_text, reads_reference
 
 if TYPE_CHECKING:
     from dockflow.data import Example
@@ -67,12 +67,15 @@ def score_completion(completion: str, metadata: dict[str, Any], reference: str |
     return float(_scorer(name)(safe_answer(name, extract_answer(completion)), entry))
 
 
+@reads_reference
 def reasoning_gym_score(
-    prompts: Sequence[Any], completions: Sequence[Any], metadata: Sequence[dict[str, Any] | None], **kwargs: Any
+    prompts: Sequence[Any], completions: Sequence[Any], metadata: Sequence[dict[str, Any] | None],
+    answer: Sequence[str | None] | None = None, **kwargs: Any,
 ) -> list[float | None]:
-    """Reward: reasoning-gym's scorer on each completion (partial credit as the scorer gives it); None for a
-    row without reasoning-gym metadata (not applicable, as in TRL)."""
-    answers = kwargs.get("answer") or [None] * len(completions)
+    """Reward: reasoning-gym's scorer on each completion (partial credit as the scorer gives it), given the row's
+    reference ``answer`` where there is one; None for a row without reasoning-gym metadata (not applicable, as in
+    TRL)."""
+    answers = answer or [None] * len(completions)
     return [
         None if not meta else score_completion(completion_text(c), meta, ref)
         for c, meta, ref in zip(completions, metadata, answers, strict=True)

@@ -5,7 +5,9 @@ or kill its process, so by default it runs in a child process started once with 
 one pipe to it, and a call past the timeout kills that process and stops the run with one line naming the function
 and the batch's samples. The built-ins (DockFlow's own, bounded code) are called in the worker instead: no process
 hop, they cost what the function costs; a call that returns past the timeout still stops the run with the same
-line. ``in_process`` names the functions called in the worker (``reward.functions[].isolate`` decides it). Either
+line. ``in_process`` names the functions called in the worker (``reward.functions[].isolate`` decides it). A function
+marked ``@reads_reference`` (the built-ins) gets the batch's reference answers (the column ``answer_key`` names) as
+``answer``; every function gets every column under its own name. Either
 way a function that raises is tried again sample by sample, so the error names the first sample it fails on, and
 what it returns is checked the same way. Async functions are awaited.
 
@@ -31,7 +33,13 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from dockflow.rewards.functions import RewardError, checked_output, import_function
+from dockflow.rewards.functions import (
+    REFERENCE_ARG,
+    RewardError,
+    checked_output,
+    import_function,
+    takes_reference,
+)
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,7 @@ class RewardBatch:
     state: RunState
     sample_ids: list[int] = field(default_factory=list)  # how messages name the samples (default: 0..n-1)
     environments: list[Any] | None = None  # with an environment_factory: each sample's instance (TRL's environments=)
+    answer_key: str = "answer"  # the column of ``columns`` holding the reference answer (data.answer_key)
 
 
 @dataclass
@@ -64,6 +73,8 @@ class FunctionResult:
 
 def _call(fn: Any, batch: RewardBatch, rows: list[int], metrics: dict[str, list[float]]) -> Any:
     kwargs = {k: [v[i] for i in rows] for k, v in batch.columns.items()}
+    if takes_reference(fn) and batch.answer_key in kwargs:  # a built-in: the reference answer as 'answer'
+        kwargs[REFERENCE_ARG] = kwargs[batch.answer_key]
     kwargs.update(trainer_state=batch.state, log_metric=lambda name, value: metrics[name].append(float(value)))
     if batch.environments is not None:  # as TRL passes them: only when the run has an environment_factory
         kwargs["environments"] = [batch.environments[i] for i in rows]

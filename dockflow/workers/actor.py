@@ -30,6 +30,7 @@ from dockflow.config import Config
 from dockflow.config.engine import sync_tolerance
 from dockflow.data import PromptFormat, load_task
 from dockflow.data.identity import task_identity
+from dockflow.data.length_policy import check_prompt_lengths
 from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import EngineInputs, create_engines
 from dockflow.engines.devices import process_group_backend
@@ -41,6 +42,7 @@ from dockflow.storage.objects import fetch_model
 from dockflow.workers.consume import WaitClock, consume
 from dockflow.workers.dp_group import join_dp_group
 from dockflow.workers.model_parallel import ModelReplica, from_readers, model_group, shared_stream
+from dockflow.workers.peak_memory import peak_memory_metrics
 from dockflow.workers.rollout import PromptTable, generate_into_dock
 from dockflow.workers.rollout_queue import staleness_bound
 from dockflow.workers.runtime import ModelWorker
@@ -68,7 +70,7 @@ class ActorWorker(ModelWorker):
         """``rank`` of ``train.actor_ranks`` actor ranks; with several (with megatron, even one) the ranks first
         join one process group, found under ``dp_key`` (see ``dp_group``), and train with FSDP2 (dp >= 2) or
         megatron (dp x tp x pp)."""
-        super().__init__(cfg, dock)
+        super().__init__(cfg, dock, cfg.train.actor_ranks)
         self.rank, self.dp = rank, cfg.train.dp
         world = cfg.train.actor_ranks
         if world > 1 or cfg.train.engine == "megatron":  # megatron's parallel state needs a group, even of one rank
@@ -80,12 +82,15 @@ class ActorWorker(ModelWorker):
         self.model_group = model_group(self.replica)
         model, self.tokenizer = load_model_and_tokenizer(fetch_model(model_dir, cfg.checkpoint), dtype=cfg.model.dtype)
         inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed)
-        self.train_engine, self.gen_engine = create_engines(inputs, model, self.tokenizer, cpus=cfg.ray.actor_cpus)
+        self.train_engine, self.gen_engine = create_engines(inputs, model, self.tokenizer,
+                                                            cpus=cfg.plan.role("actor").cpus)  # this rank's share
         self.engine = self.train_engine  # the checkpointed one
         self.task = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint)
         self.prompts = PromptTable(
             PromptFormat.of(cfg.data).render_all([ex.prompt for ex in self.task.train], self.tokenizer), self.gen_engine
         )
+        check_prompt_lengths(self.prompts.templated, self.tokenizer, cfg.data.max_prompt_tokens,
+                             cfg.rollout.max_new_tokens, getattr(model.config, "max_position_embeddings", None))
         self.tool_table = ToolTable(cfg, self.task.train, self.tokenizer) if cfg.tools.enabled else None
         self.columns = cfg.plan.role("actor").reads  # its states' dock columns
         self.policy_version = 0
@@ -160,8 +165,9 @@ class ActorWorker(ModelWorker):
         if self.reads_dock:
             batches = consume(self.dock, request, self.cfg.train_batch // self.dp, clock=waited)
             mini_batches = (staleness.admit(b.data, b.meta["policy_version"]) for b in batches)
-            if balance:
-                mini_batches = (length_sorted(mb, tc.micro_batch_size) for mb in mini_batches)
+            if balance:  # with a token budget every mini-batch is sorted: the budget cuts it, not micro_batch_size
+                rows = tc.micro_batch_size if tc.max_tokens_per_micro_batch is None else 1
+                mini_batches = (length_sorted(mb, rows) for mb in mini_batches)
 
         def loss_fn(logp: torch.Tensor, micro: TensorDict, tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
             return self.recipe.policy_loss(self.cfg, logp, micro, tokens)
@@ -170,6 +176,8 @@ class ActorWorker(ModelWorker):
         # the replicas' readers counted their own shares; their peers saw no samples of their own
         out.update(StalenessCounter.merged(from_readers(staleness, self.replica)).metrics())
         out.update(self.train_engine.memory_metrics())
+        role = f"actor{self.rank}" if self.rank else "actor"
+        out.update(peak_memory_metrics(role, torch.device(self.cfg.engine.device)))
         self.policy_version += 1
         out["timing/update_s"] = time.perf_counter() - start
         out["timing/update_wait_s"] = waited.seconds

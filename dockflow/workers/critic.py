@@ -40,7 +40,7 @@ class CriticWorker(ModelWorker):
     def __init__(self, cfg: Config, model_dir: str, dock: TransferDock, rank: int = 0, group_key: str = ""):
         """``rank`` of ``train.critic_ranks``; with megatron the ranks first join one process group, found under
         ``group_key`` (``dp_group``)."""
-        super().__init__(cfg, dock)
+        super().__init__(cfg, dock, cfg.train.critic_ranks)
         self.rank, world = rank, cfg.train.critic_ranks
         if cfg.train.engine == "megatron":  # megatron's parallel state needs a group, even of one rank
             join_dp_group(rank, world, group_key, cfg.ray.init_timeout_s, cfg.train.stage_timeout_s,

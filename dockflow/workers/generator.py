@@ -14,6 +14,7 @@ from typing import Any
 from dockflow.algos.plan import SNAPSHOT_CONSUMER
 from dockflow.config import Config
 from dockflow.data import PromptFormat, load_task
+from dockflow.data.length_policy import check_prompt_lengths
 from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import EngineInputs, create_generation_engine
 from dockflow.engines.sync_check import SYNC_CHECK
@@ -43,6 +44,8 @@ class GeneratorWorker:
         train = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint).train
         self.prompts = PromptTable(PromptFormat.of(cfg.data).render_all([ex.prompt for ex in train], tokenizer),
                                    self.engine)
+        check_prompt_lengths(self.prompts.templated, tokenizer, cfg.data.max_prompt_tokens, cfg.rollout.max_new_tokens,
+                             getattr(self.model.config, "max_position_embeddings", None))
         self.tool_table = ToolTable(cfg, train, tokenizer) if cfg.tools.enabled else None
         self.policy_version = 0
 

@@ -1,4 +1,5 @@
-"""Create the run plan's workers (``cfg.plan.roles``) as named Ray actors and wait, with a timeout, until they are up."""
+"""Create the run plan's workers (``cfg.plan.roles``) as named Ray actors and wait until they are up: placed within
+``ray.init_timeout_s``, started within ``ray.engine_init_timeout_s`` of placement (``dockflow.workers.startup``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from dockflow.algos.plan import Role, RunPlan
+from dockflow.algos.plan import Role
 from dockflow.config import Config
 from dockflow.dock import TransferDock
 from dockflow.engines.devices import check_cluster_devices, device_resources
@@ -20,16 +21,20 @@ from dockflow.workers.reward import RewardWorker
 from dockflow.workers.reward_model import RewardModelWorker
 from dockflow.workers.rollout_queue import RolloutQueue, queue_settings
 from dockflow.workers.run_dock import run_dock_name
+from dockflow.workers.startup import (
+    StartLimits,
+    WorkerStartError,
+    check_cluster_cpus,
+    wait_ready,
+    worker_cpus,
+    worker_label,
+)
 
 # the class each role of the plan runs (``dockflow.algos.plan.ROLES``)
 WORKER_CLASSES: dict[str, type] = {
     "actor": ActorWorker, "generator": GeneratorWorker, "rollout_queue": RolloutQueue, "reference": ReferenceWorker,
     "critic": CriticWorker, "reward": RewardWorker, "reward_model": RewardModelWorker, "pairs": PairSource,
 }
-
-
-class WorkerStartError(RuntimeError):
-    """Workers did not come up in time or died while starting."""
 
 
 @dataclass
@@ -65,16 +70,16 @@ class Workers:
         return {k: v for k, v in named.items() if v is not None}
 
 
-def worker_label(role: str, k: int) -> str:
-    """The actor-name suffix of worker ``k`` of ``role`` (the plan's ``reward_model`` is ``reward-model``):
-    generators are numbered from 0, other roles' first worker is unnumbered (``actor``, ``actor-1``, ...)."""
-    base = role.replace("_", "-")
-    return f"{base}-{k}" if k or role == "generator" else base
-
-
-def worker_cpus(plan: RunPlan) -> dict[str, float]:
-    """Worker label -> the Ray CPUs it asks for, for every worker of the plan (the start-up timeout's table)."""
-    return {worker_label(r.name, k): r.cpus for r in plan.roles.values() for k in range(r.count)}
+def building(cfg: Config) -> dict[str, str]:
+    """Worker label -> what it builds while it starts (the start-up timeout names it)."""
+    engines = (f"its model and engines (engine.backend={cfg.engine.backend} generation, train.engine={cfg.train.engine} "
+               f"training) on {cfg.engine.device}")
+    what = {"actor": engines, "generator": f"its model and {cfg.engine.backend} generation engine on {cfg.engine.device}",
+            "reference": f"the reference model on {cfg.engine.device}",
+            "critic": f"the value model and its train.engine={cfg.train.engine} engine on {cfg.engine.device}",
+            "reward": "its tokenizer, the train rows and the reward functions", "reward_model": "the reward models",
+            "pairs": "the preference pairs", "rollout_queue": "its queue"}
+    return {worker_label(r.name, k): what[r.name] for r in cfg.plan.roles.values() for k in range(r.count)}
 
 
 def _spawn(cfg: Config, role: Role, k: int, prefix: str, args: tuple[Any, ...]) -> Any:
@@ -116,44 +121,10 @@ def _workers(started: dict[str, list[Any]], prefix: str) -> Workers:
 
 
 def _wait_ready(cfg: Config, handles: dict[str, Any]) -> None:
-    """Wait up to ``ray.init_timeout_s`` for every worker's ``ready``; raise naming the late or failed ones."""
-    import ray
-
-    refs = {label: h.ready.remote() for label, h in handles.items()}
-    _, pending = ray.wait(list(refs.values()), num_returns=len(refs), timeout=cfg.ray.init_timeout_s)
-    if pending:
-        waiting = [label for label, r in refs.items() if r in pending]
-        need = worker_cpus(cfg.plan)
-        raise WorkerStartError(
-            f"workers {waiting} did not start within ray.init_timeout_s={cfg.ray.init_timeout_s}s. They ask for "
-            f"{ {w: need[w] for w in waiting} } CPUs; the cluster has {ray.available_resources().get('CPU', 0)} free. "
-            "Lower ray.actor_cpus / ray.reference_cpus / ray.critic_cpus / placement.generator_cpus / reward.model_cpus, "
-            "raise ray.num_cpus, or add nodes."
-        )
-    for label, r in refs.items():
-        try:
-            ray.get(r)
-        except Exception as exc:  # noqa: BLE001 - surface the worker's own error with its name
-            raise WorkerStartError(f"the {label} worker failed to start: {start_error(exc)}") from None
-
-
-def start_error(exc: BaseException) -> str:
-    """A worker's start-up error as one line: the constructor's own exception (DockFlow's by its message, any other
-    by type and message), not Ray's traceback of it."""
-    import ray
-
-    if isinstance(exc, ray.exceptions.RayTaskError) and exc.cause is not None:
-        exc = exc.cause
-    elif isinstance(exc, ray.exceptions.RayActorError) and exc.actor_init_failed:
-        # the creation task's traceback: its last line is the exception ("module.Error: message")
-        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-        head, _, message = (lines[-1] if lines else "").partition(": ")
-        if message and " " not in head:
-            return message if head.startswith("dockflow.") else f"{head.rsplit('.', 1)[-1]}: {message}"
-    text = " ".join(str(exc).split())
-    if type(exc).__module__.startswith("dockflow.") and text:  # ours are written to be read
-        return text
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    """Wait for every worker's ``ready``: placed within ``ray.init_timeout_s``, then started within
+    ``ray.engine_init_timeout_s`` of its placement (``startup.wait_ready``); raise naming the late or failed ones."""
+    limits = StartLimits(placement_s=cfg.ray.init_timeout_s, init_s=cfg.ray.engine_init_timeout_s)
+    wait_ready(handles, limits, worker_cpus(cfg.plan), building(cfg))
 
 
 def create_workers(cfg: Config, model_dir: str, dock: TransferDock, name: str) -> Workers:
@@ -163,6 +134,7 @@ def create_workers(cfg: Config, model_dir: str, dock: TransferDock, name: str) -
     import ray
 
     check_cluster_devices(cfg.engine.device, cfg.plan.devices(), ray.cluster_resources())  # engine.device: fail here, not in a worker
+    check_cluster_cpus(cfg.plan)  # a plan the cluster can never hold: refused now, not after ray.init_timeout_s
     workers = _workers(_start_roles(cfg, model_dir, dock, name), name)
     _wait_ready(cfg, workers.all())
     return workers

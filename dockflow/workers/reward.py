@@ -26,7 +26,7 @@ from dockflow.agents.environments import reward_environments
 from dockflow.agents.records import TrajectoryRecord, unpack_record
 from dockflow.background import run_in_background
 from dockflow.config import Config
-from dockflow.data import Example, load_task
+from dockflow.data import Example, columns_of, load_task
 from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import decode_responses, response_ids
 from dockflow.engines.tool_rollouts import tool_spec
@@ -39,13 +39,12 @@ from dockflow.workers.advantage import AdvantageState, RoundAdvantages
 from dockflow.workers.consume import WaitClock, consume
 
 
-def row_columns(examples: list[Example], answer_key: str = "answer") -> dict[str, list]:
-    """The keyword columns of a batch's rows, as TRL passes a dataset's columns: the answer, then every other
-    column (None in the rows that lack it)."""
-    names = dict.fromkeys(k for ex in examples for k in ex.fields)
-    cols = {answer_key: [ex.answer for ex in examples]}
-    cols.update({k: [ex.fields.get(k) for ex in examples] for k in names if k != answer_key})
-    return cols
+def row_columns(examples: list[Example], answer_key: str = "answer", names: list[str] | None = None) -> dict[str, list]:
+    """The keyword columns of a batch's rows, as TRL passes a dataset's columns: ``names`` (the dataset's,
+    ``columns_of`` its train rows; default: these rows'), the reference answer under ``answer_key``, the others
+    from the rows' fields (None in the rows that lack one)."""
+    names = columns_of(examples, answer_key) if names is None else names
+    return {k: [ex.answer if k == answer_key else ex.fields.get(k) for ex in examples] for k in names}
 
 
 @dataclass
@@ -92,6 +91,7 @@ class RewardWorker:
         self.dock = dock
         self.tokenizer = load_tokenizer(fetch_model(model_dir, cfg.checkpoint))
         self.examples = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint).train
+        self.column_names = columns_of(self.examples, cfg.data.answer_key)  # every batch passes every column
         self.verifier = task_verifier(cfg.data)  # reward/correct_fraction counts what held-out accuracy counts
         rc = cfg.reward
         self.runner = RewardRunner([(f.label, function_path(f)) for f in rc.functions], rc.timeout_s,
@@ -128,9 +128,10 @@ class RewardWorker:
         lo = self.cfg.dock_window(iteration)[0]
         request = RewardBatch(
             prompts=view.prompts, completions=view.completions, completion_ids=view.completion_ids,
-            columns=row_columns(rows, self.cfg.data.answer_key),
+            columns=row_columns(rows, self.cfg.data.answer_key, self.column_names),
             state=RunState(global_step=iteration, max_steps=self.cfg.train.iterations),
             sample_ids=[i - lo for i in batch.indices], environments=view.environments,
+            answer_key=self.cfg.data.answer_key,
         )
         start = time.perf_counter()
         scored = self.runner.score(request)

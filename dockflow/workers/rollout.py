@@ -51,15 +51,20 @@ def dock_columns(cfg: Config, out: TensorDict) -> TensorDict:
     return cols
 
 
-def rollout_metrics(prompt_tokens: int, response_tokens: int, samples: int, start: float) -> dict[str, float]:
-    """What a generation round reports: its time and mean token lengths (for Eq. 5 throughput)."""
-    return {
+def rollout_metrics(prompt_tokens: int, response_tokens: int, samples: int, start: float,
+                    clipped: int | None = None) -> dict[str, float]:
+    """What a generation round reports: its time and mean token lengths (for Eq. 5 throughput); given the count of
+    responses that reached ``rollout.max_new_tokens``, their share (``rollout/clipped_ratio``)."""
+    out = {
         "timing/generate_s": time.perf_counter() - start,
         "rollout/samples": float(samples),
         "rollout/prompt_length": prompt_tokens / samples,
         "rollout/response_length": response_tokens / samples,
         "rollout/tokens": float(prompt_tokens + response_tokens),
     }
+    if clipped is not None:
+        out["rollout/clipped_ratio"] = clipped / samples
+    return out
 
 
 class RolloutQueueTimeout(RuntimeError):
@@ -134,7 +139,7 @@ def generate_into_dock(
     prompts = [table.templated[i] for i in prompt_ids]
     params = SamplingParams(ro.max_new_tokens, ro.temperature, ro.top_p, greedy=False, n=ro.group_size)
     seed = generation_seed(cfg.run.seed, iteration) + first_index
-    prompt_tokens = response_tokens = samples = chunks = 0
+    prompt_tokens = response_tokens = samples = chunks = clipped = 0
     while (work := queue.take(iteration, rank)) is not None:
         c, count = work.offset, len(work.prompt_ids)
         out = engine.generate(prompts[c : c + count], params, seed + c, prompt_width=table.width)
@@ -148,9 +153,10 @@ def generate_into_dock(
         dock.put(indices, dock_columns(cfg, out), meta)
         prompt_tokens += int(out["prompt_length"].sum())
         response_tokens += int(out["response_length"].sum())
+        clipped += int((out["response_length"] >= ro.max_new_tokens).sum())
         samples += len(indices)
         chunks += 1
-    out = rollout_metrics(prompt_tokens, response_tokens, max(samples, 1), start)
+    out = rollout_metrics(prompt_tokens, response_tokens, max(samples, 1), start, clipped)
     out["rollout/samples"] = float(samples)
     out[f"flow/chunks_generator_{rank}"] = float(chunks)
     return out

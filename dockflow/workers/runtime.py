@@ -15,10 +15,17 @@ from dockflow.workers.host_memory import retain_freed_memory
 log = logging.getLogger(__name__)
 
 
-def init_worker_process(ray: RayConfig, seed: int) -> None:
-    """Fix the torch thread count (Ray sets OMP threads from num_cpus; torch needs it said), keep freed host
-    memory for reuse (``ray.retain_host_memory``: ``dockflow.workers.host_memory``) and seed every RNG."""
-    torch.set_num_threads(max(1, ray.torch_threads))
+def rank_threads(torch_threads: int, ranks: int = 1) -> int:
+    """torch threads of one of ``ranks`` ranks of a model worker: ``ray.torch_threads`` shared by the ranks, as
+    they share the worker's CPUs (at least 1 each)."""
+    return max(1, torch_threads // max(1, ranks))
+
+
+def init_worker_process(ray: RayConfig, seed: int, ranks: int = 1) -> None:
+    """Fix the torch thread count (Ray sets OMP threads from num_cpus; torch needs it said: ``rank_threads`` for
+    one of ``ranks`` ranks), keep freed host memory for reuse (``ray.retain_host_memory``:
+    ``dockflow.workers.host_memory``) and seed every RNG."""
+    torch.set_num_threads(rank_threads(ray.torch_threads, ranks))
     if ray.retain_host_memory and not retain_freed_memory():
         log.warning("ray.retain_host_memory: this process's C library is not glibc (no mallopt), so it keeps its "
                     "default allocator settings; set ray.retain_host_memory: false to silence this")
@@ -49,8 +56,9 @@ class ModelWorker:
     engine: Any
     rank: int = 0  # of a data-parallel group: every rank computes the state (collective), rank 0 writes it
 
-    def __init__(self, cfg, dock) -> None:
-        init_worker_process(cfg.ray, cfg.run.seed)
+    def __init__(self, cfg, dock, ranks: int = 1) -> None:
+        """``ranks``: how many ranks the worker has (``train.actor_ranks``, ``train.critic_ranks``)."""
+        init_worker_process(cfg.ray, cfg.run.seed, ranks)
         self.cfg = cfg
         self.dock = dock
 

@@ -63,6 +63,12 @@ def cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
                             "checkpoint.s3_attempts=1"], f"at http://127.0.0.1:{port} failed"),
         "Ray head unreachable": ([CONFIG, f"ray.address=127.0.0.1:{port}", "ray.head_timeout_s=1"],
                                  f"no Ray head answers at ray.address='127.0.0.1:{port}'"),
+        "a reward function's column missing": ([CONFIG, *file_data, f"data.train_path={good}", "data.arithmetic.num_val=0",
+                                                "reward.functions=[{name: code_tests}]"],
+                                               "reward function 'code_tests' requires the column 'tests', which the "
+                                               "train rows lack (their columns: answer;"),
+        "CPUs the cluster never has": ([CONFIG, "ray.actor_cpus=3"],
+                                       "the run's workers ask Ray for 3 CPUs in all ({'actor': 3.0}) but the cluster has 2"),
         "device missing": ([CONFIG, "engine.device=cuda"],
                            "engine.device=cuda needs 1 GPU (actor 1) but the Ray cluster has 0: install a CUDA build of "
                            "torch (and vllm for engine.backend=vllm) on nodes with NVIDIA GPUs, or set engine.device=cpu"),
@@ -90,6 +96,7 @@ def test_each_bad_input_is_one_line_and_exit_2(kind: str, tracking_uri: str, tmp
 
     monkeypatch.setattr(trainer, "connect", no_local_cluster)
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})  # what the local cluster would have
+    monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True, "Resources": {"CPU": 2.0}}])
     extra = [f"run.output_dir={tmp_path / 'runs'}", f"sft.cache_dir={tmp_path / 'sft'}",
              f"tracking.uri={tracking_uri}"] if len(args) > 1 else []
     assert main(["train", *args, *extra]) == 2

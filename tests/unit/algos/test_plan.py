@@ -36,7 +36,7 @@ def _old_devices_per_worker(cfg: Config, label: str) -> float:
 def _old_workers(cfg: Config) -> dict[str, tuple[float, float]]:
     """Actor label -> (CPUs, devices) as ``create_workers`` started them from the config and the recipe."""
     recipe, ray, placement = cfg.algorithm.recipe, cfg.ray, cfg.placement
-    cpus = {f"actor-{k}" if k else "actor": ray.actor_cpus for k in range(cfg.train.dp)}
+    cpus = {f"actor-{k}" if k else "actor": ray.actor_cpus / cfg.train.dp for k in range(cfg.train.dp)}  # shared
     if not recipe.offline:
         cpus["reward"] = 0
     if recipe.uses_reference(cfg):
@@ -68,10 +68,11 @@ def _old_consumers(cfg: Config) -> dict[str, list[str]]:
 
 
 def _old_nd(cfg: Config) -> float:
-    """ND of Eq. (5) as the record summed it from the config: the model workers' CPUs."""
+    """ND of Eq. (5) as the record summed it from the config: the model workers' CPUs (the actor's whole, shared
+    by its ranks)."""
     ray, placement, recipe = cfg.ray, cfg.placement, cfg.algorithm.recipe
     generators = placement.generators * placement.generator_cpus if placement.mode == "disaggregated" else 0.0
-    return (ray.actor_cpus * cfg.train.dp + (ray.reference_cpus if recipe.uses_reference(cfg) else 0.0)
+    return (ray.actor_cpus + (ray.reference_cpus if recipe.uses_reference(cfg) else 0.0)
             + (ray.critic_cpus if recipe.critic else 0.0)
             + (cfg.reward.model_cpus if cfg.reward.models and not recipe.offline else 0.0) + generators)
 
@@ -175,7 +176,8 @@ def test_megatron_gives_the_critic_tp_x_pp_ranks_and_the_stages_call_each():
     critic = cfg.plan.role("critic")
     assert critic.count == cfg.train.critic_ranks == 4 and cfg.plan.role("actor").count == 4
     assert [w for w in worker_cpus(cfg.plan) if w.startswith("critic")] == ["critic", "critic-1", "critic-2", "critic-3"]
-    assert cfg.plan.model_cpus() == 4 * (cfg.ray.actor_cpus + cfg.ray.critic_cpus)
+    assert cfg.plan.model_cpus() == cfg.ray.actor_cpus + cfg.ray.critic_cpus  # each shared by its 4 ranks
+    assert set(worker_cpus(cfg.plan).values()) >= {cfg.ray.actor_cpus / 4, cfg.ray.critic_cpus / 4}
     assert load_config("configs/ppo_arith.yaml").plan.role("critic").count == 1  # fsdp: one torch critic
 
     class Rank:  # a worker handle: ``method.remote(*args)`` -> (rank, method, args)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dockflow.config import DataConfig, load_config
-from dockflow.config.sections import ReasoningGymConfig
+from dockflow.config.data import ReasoningGymConfig
 from dockflow.data import apply_template, load_task
 from dockflow.data.reasoning_gym import generate_reasoning_gym, left_to_right_solution
 from dockflow.rewards.reasoning_gym import verify_example

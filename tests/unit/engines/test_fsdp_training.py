@@ -76,8 +76,15 @@ def _rank(rank: int, store_path: str, out_dir: str) -> None:
     engine.load_state_dict(torch.load(out / "state.pt", weights_only=False))  # every rank reads the full state
     reloaded = {n: p.clone() for n, p in engine.generation_weights()}  # clones: the next update frees them
     again = engine.train_mini_batch(share, loss_fn, micro_batch_size=2)  # swaps back; the reloaded optimizer steps
+    # Token budgets: rank 0's rows (8, 8, 7, 8 tokens) are 4 micro-batches of one row at 13 tokens, rank 1's (5, 6,
+    # 5, 6) 2 of two rows; rank 1 adds 2 empty ones so that FSDP's collectives pair up.
+    budget = FSDPTrainingEngine(tiny_model(), lr=LR, grad_clip=CLIP, bucket_bytes=4096, max_tokens_per_micro_batch=13)
+    budget_bounds = budget._micro_batches(share, micro_batch_size=2)
+    budget_metrics = budget.train_mini_batch(share, loss_fn, micro_batch_size=2)
+    budget_weights = {n: p.clone() for n, p in budget.generation_weights()}
     result = {"state": state, "initial": initial, "generation": generation, "metrics": metrics, "memory": memory,
-              "kept": kept, "reloaded": reloaded, "logp": logp, "again": again}
+              "kept": kept, "reloaded": reloaded, "logp": logp, "again": again, "budget_bounds": budget_bounds,
+              "budget_metrics": budget_metrics, "budget_weights": budget_weights}
     torch.save(result, out / f"rank{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()
@@ -111,6 +118,16 @@ def test_one_dp2_step_equals_the_dp1_step_on_the_union(ranks):
     torch.testing.assert_close(torch.cat([r["logp"] for r in ranks]) * mask, logp * mask, rtol=1e-5, atol=1e-6)
     for name, weight in model.named_parameters():
         torch.testing.assert_close(ranks[0]["initial"][name], weight.detach(), msg=name)
+
+
+def test_token_budgets_give_the_same_step_with_unequal_micro_batch_counts(ranks):
+    metrics, after = reference()
+    assert ranks[0]["budget_bounds"] == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    assert ranks[1]["budget_bounds"] == [(0, 2), (2, 4), (4, 4), (4, 4)]  # two empty: the collectives pair up
+    for r in ranks:
+        assert r["budget_metrics"]["grad_norm"] == pytest.approx(metrics["grad_norm"], rel=1e-5)
+        for name, weight in r["budget_weights"].items():  # as above: AdamW's first step on tiny grads
+            torch.testing.assert_close(weight, after[name], rtol=0, atol=LR * 1e-2, msg=name)
 
 
 def test_dp1_reports_no_imbalance():

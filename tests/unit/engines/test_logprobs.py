@@ -43,11 +43,11 @@ def test_log_probs_and_gradients_equal_one_pass_over_full_rows():
     model, batch = group_rollouts()
     model.train()
     mask = batch["response_mask"]
-    shared = response_log_probs(model, batch["input_ids"], batch["attention_mask"], 6, temperature=0.7)
+    shared = response_log_probs(model, batch["input_ids"], batch["attention_mask"], 6, temperature=0.7).values
     full = full_pass(model, batch, temperature=0.7)
     torch.testing.assert_close(shared * mask, full * mask, atol=1e-5, rtol=0)
     expected = grads(model, full, mask)
-    got = grads(model, response_log_probs(model, batch["input_ids"], batch["attention_mask"], 6, 0.7), mask)
+    got = grads(model, response_log_probs(model, batch["input_ids"], batch["attention_mask"], 6, 0.7).values, mask)
     assert got.keys() == expected.keys()
     for name, grad in expected.items():
         torch.testing.assert_close(got[name], grad, atol=1e-5, rtol=1e-4, msg=name)
@@ -87,7 +87,7 @@ def test_critic_values_equal_one_pass_over_full_rows(tmp_path):
     batch = encode_rollouts(tok, [PROMPTS[0]] * 2 + [PROMPTS[1]], ["19", "1", "-42"], 4)
     ids, mask = batch["input_ids"], batch["attention_mask"]
     with torch.no_grad():
-        shared = response_values(critic, ids, mask, 4)
+        shared = response_values(critic, ids, mask, 4).values
         full = critic(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits
     rmask = batch["response_mask"]
     torch.testing.assert_close(shared * rmask, full[:, -5:-1, 0] * rmask, atol=1e-5, rtol=0)

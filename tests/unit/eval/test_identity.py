@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dockflow.config import load_config
-from dockflow.config.sections import DataConfig, EvalConfig, ModelConfig
+from dockflow.config.data import DataConfig
+from dockflow.config.sections import EvalConfig, ModelConfig
 from dockflow.data import Example, load_task
 from dockflow.data.identity import examples_hash, task_identity
 from dockflow.eval import EvalInputs

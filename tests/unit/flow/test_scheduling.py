@@ -4,6 +4,7 @@ from dockflow.config import ConfigError, load_config
 from dockflow.flow.idle import IdleTracker
 from dockflow.flow.metrics import pop_generated, rollout_summary
 from dockflow.flow.worker_calls import shares
+from dockflow.workers.rollout import rollout_metrics
 
 
 def test_shares_split_prompts_contiguously_and_nearly_evenly():
@@ -25,6 +26,17 @@ def test_generations_of_several_workers_merge_into_one_round():
     assert merged == {"rollout/samples": 12.0, "rollout/tokens": 72.0, "timing/generate_s": 3.0,
                       "timing/generate_busy_s": 4.0, "rollout/prompt_length": 3.0,
                       "rollout/response_length": 3.0, "rollout/policy_version": 2.0}
+
+
+def test_the_clipped_ratio_is_a_sample_weighted_mean_over_generators_and_rounds():
+    base = {"rollout/prompt_length": 1.0, "rollout/response_length": 1.0, "rollout/tokens": 1.0,
+            "timing/generate_s": 1.0}
+    parts = [rollout_metrics(10, 30, 6, 0.0, clipped=3), rollout_metrics(10, 30, 2, 0.0, clipped=0)]
+    assert [p["rollout/clipped_ratio"] for p in parts] == [0.5, 0.0]
+    merged = pop_generated({"generate/0": {**base, **parts[0]}, "generate/1": {**base, **parts[1]}})
+    assert merged["rollout/clipped_ratio"] == 3 / 8
+    assert rollout_summary([merged, {**merged, "rollout/clipped_ratio": 0.125}], 8)["rollout/clipped_ratio"] == 0.25
+    assert "rollout/clipped_ratio" not in rollout_metrics(10, 30, 2, 0.0)  # a path that does not count it
 
 
 def test_tool_metrics_of_several_generators_are_sample_weighted_means():

@@ -9,6 +9,7 @@ import pytest
 
 from dockflow.rewards import code_tests as ct
 from dockflow.rewards.code_tests import code_tests, extract_code
+from dockflow.rewards.functions import required_columns
 from dockflow.rewards.sandbox import SandboxLimits, SandboxResult
 
 FAST = SandboxLimits(timeout_s=2.0, cpu_s=2, memory_mb=512, nproc=16, fsize_mb=4, disk_mb=16)
@@ -84,7 +85,8 @@ def test_fork_bomb_scores_zero_and_the_next_one_still_runs():
 
 
 def test_tests_column_is_required():
-    with pytest.raises(ValueError, match="code_tests needs a 'tests' column"):
+    assert required_columns(code_tests) == ["tests"]  # a dataset without it is refused where the run starts
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'tests'"):
         reward(["p"], [fenced(ADD)])
     with pytest.raises(ValueError, match="code_tests needs a 'tests' column"):
         reward(["p", "q"], [fenced(ADD)] * 2, tests=[TESTS, None])

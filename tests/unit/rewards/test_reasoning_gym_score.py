@@ -6,8 +6,8 @@ import time
 
 import pytest
 
+from dockflow.config.data import ReasoningGymConfig
 from dockflow.config.reward import RewardFunctionConfig
-from dockflow.config.sections import ReasoningGymConfig
 from dockflow.data import Example
 from dockflow.data.reasoning_gym import countdown_prompt, generate_reasoning_gym
 from dockflow.rewards.functions import function_path, import_function

@@ -11,7 +11,8 @@ import torch
 from fixtures.mlflow_store import IDENTITY, Store
 
 from dockflow.config import RegistryConfig
-from dockflow.config.sections import DataConfig, EvalConfig
+from dockflow.config.data import DataConfig
+from dockflow.config.sections import EvalConfig
 from dockflow.data import Example
 from dockflow.eval import EvalInputs
 from dockflow.eval.registered import RegisteredScorer

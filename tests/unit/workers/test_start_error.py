@@ -6,7 +6,7 @@ import pytest
 import ray
 
 from dockflow.storage.manifest import CheckpointError
-from dockflow.workers.group import start_error
+from dockflow.workers.startup import start_error
 
 TRACEBACK = "Traceback (most recent call last):\n  File \"worker.py\", line 9, in __init__\n    load()\n{last}"
 

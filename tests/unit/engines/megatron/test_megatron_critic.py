@@ -1,8 +1,9 @@
 """``MegatronCriticEngine`` (the value model: the GPTModel trunk, a scalar head for ``output_layer``) on two gloo
 ranks at TP=2 and at PP=2, against ``TorchTrainingEngine`` with ``response_values`` (the torch critic) on the same HF
 critic: values before and after one update with PPO's clipped value loss (2 micro-batches, clipping of the values
-and of the grad norm that both bite, AdamW with weight decay) agree within 1e-5, and so do the updated weights
-(gathered, HF critic names), the grad norm and the loss; the HF <-> megatron critic conversion round-trips exactly;
+and of the grad norm that both bite, AdamW with weight decay) agree within 1e-5, the gradients (AdamW's first
+moments) within float32 rounding and the updated weights (gathered, HF critic names) within what that rounding can
+change in one AdamW step (``fixtures/tolerances.py``), and so do the grad norm and the loss; the HF <-> megatron critic conversion round-trips exactly;
 the layout-free ``state_dict`` reloads and resumes bit-exactly and ``save_pretrained`` writes the HF critic. The run
 checkpoint (``save_state``: each rank's shards through ``dist_checkpointing``, as the policy's) resumes bit-exactly
 at the same layout, and the TP=2 one loads at PP=2 (TP=1) with the same weights and AdamW moments.
@@ -21,6 +22,7 @@ import torch.distributed as dist
 from fixtures.engine_batches import critic_batch, value_loss
 from fixtures.ranks import start_ranks
 from fixtures.tiny_models import tiny_decoder
+from fixtures.tolerances import assert_first_step_close, assert_grads_close, first_step_grads, grad_tolerance
 from torch import nn
 
 from dockflow.engines.logprobs import response_values
@@ -45,7 +47,15 @@ def _one_update(engine) -> dict:
     batch = critic_batch(values)
     metrics = engine.train_mini_batch(batch, value_loss, micro_batch_size=2)
     return {"values": values, "metrics": metrics, "weights": {n: w.clone() for n, w in engine.named_weights()},
-            "values_after": engine.infer(batch), "mask": batch["response_mask"]}
+            "values_after": engine.infer(batch), "mask": batch["response_mask"],
+            "grads": first_step_grads(_first_moments(engine))}
+
+
+def _first_moments(engine) -> dict[str, torch.Tensor]:
+    """AdamW's first moments by HF name: the torch engine's by parameter, megatron's from its layout-free state."""
+    if isinstance(engine, TorchTrainingEngine):
+        return {n: engine.optimizer.state[p]["exp_avg"] for n, p in engine.model.named_parameters()}
+    return engine.state_dict()["optimizer"]["exp_avg"]
 
 
 def _rank(rank: int, layout: tuple[int, int], tmp: str) -> None:
@@ -111,8 +121,10 @@ def test_values_and_one_update_equal_the_torch_critic(runs):
         for key in ("grad_norm", "critic/value_loss", "critic/clip_fraction"):
             assert out["metrics"][key] == pytest.approx(ref["metrics"][key], rel=1e-5, abs=1e-6), key
         assert out["weights"].keys() == ref["weights"].keys() == start.keys()
+        assert_grads_close(out["grads"], ref["grads"])
         for key, weight in ref["weights"].items():
-            torch.testing.assert_close(out["weights"][key], weight, rtol=0, atol=1e-5, msg=key)
+            assert_first_step_close(out["weights"][key], weight, ref["grads"][key], grad_tolerance(ref["grads"]),
+                                    ENGINE_ARGS["lr"], key)
             assert not torch.equal(weight, start[key]), key  # every weight moved, the head and the trunk
         assert out["round_trip"]
         # state_dict / load_state_dict, and the dist checkpoint of save_state / load_state, resume bit-exactly
