@@ -100,7 +100,7 @@ def hf_reference(name: str) -> dict:
     """The HF model's weights, response log-probs and gradients of ``loss`` (once per layout for every launch)."""
     ids, mask = rollout()
     hf = tiny_decoder(name)
-    logp = response_log_probs(hf, ids, mask, RESPONSE)
+    logp = response_log_probs(hf, ids, mask, RESPONSE).values
     loss(logp, mask).backward()
     grads = {n: p.grad for n, p in hf.named_parameters()}
     if hf.config.tie_word_embeddings:
