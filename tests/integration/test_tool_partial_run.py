@@ -64,7 +64,8 @@ def test_a_tool_run_resumed_with_parked_trajectories_repeats_bit_for_bit(ray_clu
     plus one, so one that calls the calculator as the SFT taught it (1-digit operands: the same length every time)
     ends its first turn, gets the calculator's result and is parked one token into its answer, in its second turn.
     Which texts are sampled still follows the CPU's rounding (AVX2 and AVX-512 sample others), so every checkpoint
-    is kept and the run resumes from the first that holds such a trajectory; the failure says so if none does."""
+    is kept and the run resumes from the first that holds such a trajectory; the failure says so if none does.
+    About 35 s: a 4-iteration run and its resume from a checkpoint (the SFT warm start is the suite's cached one)."""
     options = dict(config="configs/grpo_calculator.yaml", placement__mode="disaggregated", placement__generator_cpus=0,
                    train__max_staleness=1, rollout__partial__max_age=3, checkpoint__every=1, checkpoint__keep=4,
                    eval__every=0, dock__backend="centralized", data__arithmetic__num_labeled=40,
