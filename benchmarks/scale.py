@@ -39,13 +39,13 @@ PATHS = ("chunked", "whole", "trl")
 MODES = ("logprobs", "update")
 
 
-def thin_qwen2(vocab: int):
-    """The thin Qwen2 with ``vocab`` tokens and fixed weights."""
+def thin_qwen2(vocab: int, hidden: int = 64):
+    """The thin Qwen2 (2 layers, ``hidden`` wide) with ``vocab`` tokens and fixed weights."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    config = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192)
     return Qwen2ForCausalLM(config).float()
 

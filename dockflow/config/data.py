@@ -74,6 +74,12 @@ class DataConfig(Section):
     max_prompt_tokens: int | None = Field(
         None,
         ge=1,
-        description="Longest templated train prompt in tokens: a longer one stops the run as its workers start, naming "
-        "it. null = no limit. Prompt + rollout.max_new_tokens is checked against the model's context either way.",
+        description="Longest templated train prompt in tokens (see overlong_prompts). null = no limit. The longest "
+        "prompt kept + rollout.max_new_tokens is checked against the model's context either way.",
+    )
+    overlong_prompts: Literal["refuse", "filter"] = Field(
+        "refuse",
+        description="A train prompt over max_prompt_tokens: 'refuse' stops the run as it starts, naming the first; "
+        "'filter' leaves such prompts out of the prompt order and logs their count (verl's "
+        "data.filter_overlong_prompts).",
     )

@@ -143,6 +143,13 @@ class TrainConfig(Section):
         "within this budget, a longer row alone; the gradient is the same, memory follows the budget instead of "
         "the longest rows (verl's ppo_max_token_len_per_gpu). torch and FSDP2 engines. null = micro_batch_size rows.",
     )
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Recompute each decoder layer's activations in the backward pass instead of keeping them: "
+        "activation memory of one layer instead of all, for about one more forward. torch / FSDP2: Transformers' "
+        "non-reentrant checkpointing, the micro-batch packed (it drops the KV cache the shared-prompt pass uses); "
+        "megatron: full uniform recompute.",
+    )
     grad_clip: float = Field(1.0, gt=0.0, description="Max global gradient norm.")
     infer_batch_size: int = Field(256, ge=1, description="Samples per forward in log-prob inference.")
     stage_timeout_s: float = Field(1800.0, gt=0.0, description="Seconds one stage may take before the run fails.")

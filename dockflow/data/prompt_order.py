@@ -6,21 +6,27 @@ iteration is the position in the data.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
 class PromptSampler:
-    """Prompt indices of iteration ``i``: consecutive slices of per-epoch permutations of the train set."""
+    """Prompt indices of iteration ``i``: consecutive slices of per-epoch permutations of the train set, less the
+    ``excluded`` prompts (the length policy's, ``data/length_policy.py``)."""
 
-    def __init__(self, num_prompts: int, per_iteration: int, seed: int):
-        if num_prompts < 1:
+    def __init__(self, num_prompts: int, per_iteration: int, seed: int, excluded: Sequence[int] = ()):
+        skipped = set(excluded)
+        self.kept = torch.tensor([i for i in range(num_prompts) if i not in skipped], dtype=torch.long)
+        if len(self.kept) < 1:
             raise ValueError("the train split is empty: no prompts to sample")
-        self.num_prompts = num_prompts
+        self.num_prompts = len(self.kept)
         self.per_iteration = per_iteration
         self.seed = seed
 
     def _epoch_order(self, epoch: int) -> torch.Tensor:
-        return torch.randperm(self.num_prompts, generator=torch.Generator().manual_seed(self.seed * 7919 + epoch))
+        order = torch.randperm(self.num_prompts, generator=torch.Generator().manual_seed(self.seed * 7919 + epoch))
+        return self.kept[order]
 
     def indices(self, iteration: int) -> list[int]:
         out: list[int] = []

@@ -61,7 +61,8 @@ def create_engines(
         return CostModelTraining(ec.cost_model, cpus, model), gen
     tc = inputs.train
     common = dict(lr=tc.lr, weight_decay=tc.weight_decay, grad_clip=tc.grad_clip, infer_batch_size=tc.infer_batch_size,
-                  temperature=inputs.rollout.temperature, device=device)
+                  temperature=inputs.rollout.temperature, device=device,
+                  gradient_checkpointing=tc.gradient_checkpointing)
     budget = dict(max_tokens_per_micro_batch=tc.max_tokens_per_micro_batch)  # torch / FSDP2 (config refuses megatron)
     if tc.engine == "megatron":  # DP x TP x PP ranks of megatron-core; generation on the HF copy of the gathered weights
         from dockflow.engines.megatron.training import MegatronTrainingEngine
@@ -115,7 +116,7 @@ def create_critic_engine(
         device = str(check_worker_device(inputs.engine.device))
     tc = inputs.train
     common = dict(lr=critic.critic_lr, weight_decay=tc.weight_decay, grad_clip=tc.grad_clip,
-                  infer_batch_size=tc.infer_batch_size, device=device)
+                  infer_batch_size=tc.infer_batch_size, device=device, gradient_checkpointing=tc.gradient_checkpointing)
     if tc.engine == "megatron":  # this rank's TP x PP shard of the value model
         from dockflow.engines.megatron.value import MegatronCriticEngine
 

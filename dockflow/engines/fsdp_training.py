@@ -178,6 +178,13 @@ class FSDPTrainingEngine(SwappedGeneration, TorchTrainingEngine):
         end = bounds[-1][1] if bounds else 0
         return bounds + [(end, end)] * (int(count) - len(bounds))
 
+    def _agree(self, pack: bool) -> bool:
+        """Pack only where every rank would (the ranks call the model the same number of times: FSDP's all-gathers
+        pair up)."""
+        vote = torch.tensor([int(pack)], device=self.device)
+        dist.all_reduce(vote, op=dist.ReduceOp.MIN)
+        return bool(vote)
+
     def _rank_loads(self, load: torch.Tensor) -> torch.Tensor:
         load = load.to(self.device)
         loads = [torch.zeros_like(load) for _ in range(dist.get_world_size())]

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 from torch import nn
 
+from dockflow.engines.packing import PackingCost, packed_outputs, packing_pays
 from dockflow.engines.token_head import DEFAULT_CHUNK, chunked_log_probs, output_head
 
 
@@ -104,14 +105,39 @@ def response_outputs(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, ke
     return torch.cat([last_prompt[copies], responses[:, :-1]], dim=1)
 
 
-def forward_load(batch: TensorDict) -> tuple[float, float]:
-    """(positions, real tokens) that :func:`response_outputs` computes for a batch of rollouts once all-padding
-    columns are cut: each distinct prompt once, then every row's responses."""
-    ids, mask, keep_r = _trimmed(batch["input_ids"], batch["attention_mask"], batch["responses"].shape[1])
+def _shared_prompt_load(ids: torch.Tensor, mask: torch.Tensor, keep_r: int) -> tuple[float, float]:
+    """(positions, real tokens) :func:`response_outputs` computes: each distinct prompt once, then every row's
+    responses."""
     width = ids.shape[1] - keep_r
     _, prompt_mask, copies = distinct_rows(ids[:, :width], mask[:, :width])
-    positions = prompt_mask.numel() + copies.numel() * keep_r
-    return float(positions), float(prompt_mask.sum() + mask[:, width:].sum())
+    return float(prompt_mask.numel() + copies.numel() * keep_r), float(prompt_mask.sum() + mask[:, width:].sum())
+
+
+def packs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int) -> bool:
+    """Whether these rollouts go through the model packed (``engines/packing.py``): always under gradient
+    checkpointing in training (it drops the KV cache the shared-prompt pass needs), otherwise where packing costs
+    less (``packing_pays``). A data-parallel engine makes its ranks agree before passing ``pack=``."""
+    if model.training and getattr(model, "is_gradient_checkpointing", False):
+        return True
+    ids, mask, keep_r = _trimmed(input_ids, attention_mask, response_width)
+    return packing_pays(mask, keep_r, _shared_prompt_load(ids, mask, keep_r)[0], PackingCost.of(model))
+
+
+def _layout_outputs(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, keep_r: int, pack: bool,
+                    run: Callable[..., torch.Tensor]) -> torch.Tensor:
+    """``run``'s outputs before each response token [B, keep_r, ...], packed or through the shared-prompt pass:
+    the same values either way."""
+    layout = packed_outputs if pack else response_outputs
+    return layout(model, ids, mask, keep_r, run=run)
+
+
+def forward_load(batch: TensorDict, pack: bool) -> tuple[float, float]:
+    """(positions, real tokens) computed for a batch of rollouts once all-padding columns are cut: packed, its real
+    tokens; otherwise each distinct prompt once, then every row's responses."""
+    ids, mask, keep_r = _trimmed(batch["input_ids"], batch["attention_mask"], batch["responses"].shape[1])
+    if pack:
+        return float(mask.sum()), float(mask.sum())
+    return _shared_prompt_load(ids, mask, keep_r)
 
 
 def response_log_probs(
@@ -121,34 +147,45 @@ def response_log_probs(
     response_width: int,
     temperature: float = 1.0,
     chunk: int = DEFAULT_CHUNK,
+    pack: bool | None = None,
 ) -> TokenOutputs:
     """Log-prob of each response token and the policy's entropy there ([B, R] each), at the sampling temperature.
 
     The logits are never whole: the lm_head is applied ``chunk`` tokens at a time from the last hidden state
-    (``dockflow.engines.token_head``), in the backward pass too. Positions past the longest response of the batch
-    get 0 (they are masked out anyway).
+    (``dockflow.engines.token_head``), in the backward pass too, and on the real response tokens only. Padding
+    positions get 0 (they are masked out anyway). ``pack``: through one packed pass or the shared-prompt pass (None:
+    :func:`packs` decides).
     """
+    pack = packs(model, input_ids, attention_mask, response_width) if pack is None else pack
     ids, mask, keep_r = _trimmed(input_ids, attention_mask, response_width)
-    hidden = response_outputs(model, ids, mask, keep_r, run=last_hidden)
+    hidden = _layout_outputs(model, ids, mask, keep_r, pack, run=last_hidden)
     head = output_head(model)
-    logp, entropy = chunked_log_probs(hidden, head.weight, head.bias, ids[:, -keep_r:], temperature=temperature,
-                                    chunk=chunk)
-    pad = (0, response_width - keep_r)
-    return TokenOutputs(F.pad(logp, pad), F.pad(entropy, pad))
+    real = mask[:, -keep_r:].bool()  # the head runs on real response tokens only: padding costs it nothing
+    token_logp, token_entropy = chunked_log_probs(hidden[real], head.weight, head.bias, ids[:, -keep_r:][real],
+                                                  temperature=temperature, chunk=chunk)
+    shape = (ids.shape[0], response_width)
+    logp = torch.zeros(shape, dtype=token_logp.dtype, device=ids.device).masked_scatter(
+        F.pad(real, (0, response_width - keep_r)), token_logp)
+    entropy = torch.zeros(shape, dtype=token_entropy.dtype, device=ids.device)
+    entropy[:, :keep_r][real] = token_entropy
+    return TokenOutputs(logp, entropy)
 
 
 def response_values(
-    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int,
+    pack: bool | None = None,
 ) -> TokenOutputs:
     """A critic's value of the state before each response token ([B, R]), from a one-label token head
     (``AutoModelForTokenClassification``): the same positions whose logits predict the token."""
+    pack = packs(model, input_ids, attention_mask, response_width) if pack is None else pack
     ids, mask, keep_r = _trimmed(input_ids, attention_mask, response_width)
-    values = response_outputs(model, ids, mask, keep_r)[..., 0].float()
+    values = _layout_outputs(model, ids, mask, keep_r, pack, run=model_logits)[..., 0].float()
     return TokenOutputs(F.pad(values, (0, response_width - keep_r)))
 
 
-ResponseFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, int], TokenOutputs]
-"""(model, input_ids, attention_mask, response width) -> one value per response token [B, R] (and entropy)."""
+ResponseFn = Callable[..., TokenOutputs]
+"""(model, input_ids, attention_mask, response width, pack=None) -> one value per response token [B, R] (and
+entropy): :func:`response_log_probs` or :func:`response_values`."""
 
 
 @torch.no_grad()

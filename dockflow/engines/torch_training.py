@@ -21,6 +21,7 @@ from dockflow.engines.logprobs import (
     TokenOutputs,
     batched_response_outputs,
     forward_load,
+    packs,
     response_log_probs,
 )
 from dockflow.engines.micro_batches import micro_batch_bounds
@@ -41,8 +42,11 @@ class TorchTrainingEngine(TrainingEngine):
         device: str | torch.device = "cpu",
         response_fn: ResponseFn | None = None,
         max_tokens_per_micro_batch: int | None = None,
+        gradient_checkpointing: bool = False,
     ):
         self.device = torch.device(device)
+        if gradient_checkpointing:  # before sharding: FSDP2 wraps the checkpointed layers
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = self._wrap(model.to(device))
         self.grad_clip = grad_clip
         self.infer_batch_size = infer_batch_size
@@ -81,12 +85,23 @@ class TorchTrainingEngine(TrainingEngine):
         """Every DP rank's ``load`` (a 1-D tensor), stacked [ranks, ...]; one process: its own."""
         return load.unsqueeze(0)
 
-    def _forward(self, batch: TensorDict) -> TokenOutputs:
+    def _agree(self, pack: bool) -> bool:
+        """The layout every DP rank uses for this forward (they must call the model alike); one process: its own."""
+        return pack
+
+    def _response(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, width: int) -> TokenOutputs:
+        """``response_fn`` packed or through the shared-prompt pass, whichever costs less (``logprobs.packs``)."""
+        return self.response_fn(model, ids, mask, width, pack=self._agree(packs(model, ids, mask, width)))
+
+    def _forward(self, batch: TensorDict) -> tuple[TokenOutputs, bool]:
+        """The micro-batch's outputs, and whether it went through packed."""
         ids, mask = batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
-        return self.response_fn(self.model, ids, mask, batch["responses"].shape[1])
+        width = batch["responses"].shape[1]
+        pack = self._agree(packs(self.model, ids, mask, width))
+        return self.response_fn(self.model, ids, mask, width, pack=pack), pack
 
     def infer(self, batch: TensorDict) -> torch.Tensor:
-        return batched_response_outputs(self.model, batch, self.infer_batch_size, self.response_fn)
+        return batched_response_outputs(self.model, batch, self.infer_batch_size, self._response)
 
     def train_mini_batch(self, batch: TensorDict, loss_fn: LossFn, micro_batch_size: int) -> dict[str, float]:
         self.model.train()
@@ -97,13 +112,13 @@ class TorchTrainingEngine(TrainingEngine):
         for lo, hi in self._micro_batches(batch, micro_batch_size):
             if lo == hi:  # another DP rank has more micro-batches: a forward and backward that add nothing
                 micro = batch[:1].to(self.device)
-                loss, _ = loss_fn(self._forward(micro).values, micro, tokens)
+                loss, _ = loss_fn(self._forward(micro)[0].values, micro, tokens)
                 (loss * 0.0).backward()
                 continue
             micro = batch[lo:hi].to(self.device)  # the loss reads its columns next to logp
-            micro_positions, micro_real = forward_load(micro)
+            outputs, pack = self._forward(micro)
+            micro_positions, micro_real = forward_load(micro, pack)
             positions, real = positions + micro_positions, real + micro_real
-            outputs = self._forward(micro)
             loss, metrics = loss_fn(outputs.values, micro, tokens)
             loss.backward()
             mask = micro["response_mask"]

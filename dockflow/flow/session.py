@@ -31,7 +31,7 @@ from dockflow.tracking import Tracker
 from dockflow.workers import Workers, create_workers, kill_workers
 from dockflow.workers.cluster import run_namespace
 from dockflow.workers.run_dock import create_run_dock
-from dockflow.workers.run_prompts import iteration_sampler
+from dockflow.workers.run_prompts import iteration_sampler, overlong_train_prompts
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,8 @@ class RunSession:
                  run_dir: Path) -> None:
         self.cfg, self.model_uri, self.store, self.tracker = cfg, model_uri, store, tracker
         self.state, self.run_dir = state, run_dir
-        self.sampler = iteration_sampler(cfg)
+        self.excluded = overlong_train_prompts(cfg, model_uri)  # the length policy's, derived once
+        self.sampler = iteration_sampler(cfg, self.excluded)
         self.dock: Any = None
         self.workers: Workers | None = None
         self.schedule: Schedule | None = None
@@ -56,7 +57,7 @@ class RunSession:
         came from, if any."""
         cfg, step = self.cfg, self.state.iteration or None
         self.dock = create_run_dock(cfg, run_namespace(cfg))
-        self.workers = create_workers(cfg, self.model_uri, self.dock, cfg.run.name)
+        self.workers = create_workers(cfg, self.model_uri, self.dock, cfg.run.name, self.excluded)
         generated: dict[int, dict[str, float]] = {}
         if step is not None:
             record.restore_workers(self.store, self.workers, step, cfg)

@@ -89,7 +89,7 @@ class ActorWorker(ModelWorker):
         self.prompts = PromptTable(
             PromptFormat.of(cfg.data).render_all([ex.prompt for ex in self.task.train], self.tokenizer), self.gen_engine
         )
-        check_prompt_lengths(self.prompts.templated, self.tokenizer, cfg.data.max_prompt_tokens,
+        check_prompt_lengths(self.prompts.templated, self.tokenizer, cfg.data,
                              cfg.rollout.max_new_tokens, getattr(model.config, "max_position_embeddings", None))
         self.tool_table = ToolTable(cfg, self.task.train, self.tokenizer) if cfg.tools.enabled else None
         self.columns = cfg.plan.role("actor").reads  # its states' dock columns

@@ -40,12 +40,12 @@ class GeneratorWorker:
         inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed)
         self.engine = create_generation_engine(inputs, self.model, tokenizer, cpus=cfg.placement.generator_cpus)
         self.tokenizer = tokenizer
-        self.queue: RolloutQueue = rollout_queue(cfg)  # used alone (one generator); parked groups live here
         train = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint).train
         self.prompts = PromptTable(PromptFormat.of(cfg.data).render_all([ex.prompt for ex in train], tokenizer),
                                    self.engine)
-        check_prompt_lengths(self.prompts.templated, tokenizer, cfg.data.max_prompt_tokens, cfg.rollout.max_new_tokens,
-                             getattr(self.model.config, "max_position_embeddings", None))
+        excluded = check_prompt_lengths(self.prompts.templated, tokenizer, cfg.data, cfg.rollout.max_new_tokens,
+                                        getattr(self.model.config, "max_position_embeddings", None))
+        self.queue: RolloutQueue = rollout_queue(cfg, excluded)  # used alone (one generator); parked groups live here
         self.tool_table = ToolTable(cfg, train, tokenizer) if cfg.tools.enabled else None
         self.policy_version = 0
 

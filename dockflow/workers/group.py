@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,7 +92,8 @@ def _spawn(cfg: Config, role: Role, k: int, prefix: str, args: tuple[Any, ...]) 
     return ray.remote(WORKER_CLASSES[role.name]).options(**options).remote(*args)
 
 
-def _start_roles(cfg: Config, model_dir: str, dock: TransferDock, prefix: str) -> dict[str, list[Any]]:
+def _start_roles(cfg: Config, model_dir: str, dock: TransferDock, prefix: str,
+                 excluded: Sequence[int]) -> dict[str, list[Any]]:
     """Role name -> the handles of its workers, started in the plan's order."""
     # where rank 0 of the actor's (the critic's) ranks publishes its process group's address
     group_keys = {name: f"{prefix}-{name}-{uuid.uuid4().hex}" for name in ("actor", "critic")}
@@ -100,7 +102,7 @@ def _start_roles(cfg: Config, model_dir: str, dock: TransferDock, prefix: str) -
         started[role.name] = []
         for k in range(role.count):
             if role.name == "rollout_queue":
-                args: tuple[Any, ...] = (queue_settings(cfg),)
+                args: tuple[Any, ...] = (queue_settings(cfg, excluded),)
             elif role.name in group_keys:
                 args = (cfg, model_dir, dock, k, group_keys[role.name])  # rank k of the role's process group
             else:
@@ -127,15 +129,16 @@ def _wait_ready(cfg: Config, handles: dict[str, Any]) -> None:
     wait_ready(handles, limits, worker_cpus(cfg.plan), building(cfg))
 
 
-def create_workers(cfg: Config, model_dir: str, dock: TransferDock, name: str) -> Workers:
+def create_workers(cfg: Config, model_dir: str, dock: TransferDock, name: str,
+                   excluded: Sequence[int] = ()) -> Workers:
     """Start the workers of the run plan (``cfg.plan.roles``: how many of each, their CPUs and devices), from the
-    model at ``model_dir`` (a local directory or s3:// URI, which each worker fetches itself); fail fast if they
-    cannot be placed. They belong to the calling process (a pipeline run's supervisor actor): they die with it."""
+    model at ``model_dir`` (a local directory or s3:// URI, which each worker fetches itself), the train prompts
+    ``excluded`` by the length policy left out of the rollout queue's look-ahead; fail fast if they cannot be placed. They belong to the calling process (a pipeline run's supervisor actor): they die with it."""
     import ray
 
     check_cluster_devices(cfg.engine.device, cfg.plan.devices(), ray.cluster_resources())  # engine.device: fail here, not in a worker
     check_cluster_cpus(cfg.plan)  # a plan the cluster can never hold: refused now, not after ray.init_timeout_s
-    workers = _workers(_start_roles(cfg, model_dir, dock, name), name)
+    workers = _workers(_start_roles(cfg, model_dir, dock, name, excluded), name)
     _wait_ready(cfg, workers.all())
     return workers
 

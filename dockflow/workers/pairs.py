@@ -22,7 +22,7 @@ from dockflow.dock import TransferDock
 from dockflow.engines import encode_rollouts
 from dockflow.models import load_tokenizer
 from dockflow.storage.objects import fetch_model
-from dockflow.workers.rollout import rollout_metrics
+from dockflow.workers.rollout import clipped_rows, rollout_metrics
 
 
 class PairSource:
@@ -54,7 +54,8 @@ class PairSource:
         meta = {"prompt_id": torch.tensor(pair_ids).repeat_interleave(2), "response_length": out["response_length"]}
         lo = self.cfg.dock_window(iteration)[0]
         self.dock.put(list(range(lo, lo + len(out))), out.select(*self.writes), meta)
-        return rollout_metrics(int(out["prompt_length"].sum()), int(out["response_length"].sum()), len(out), start)
+        return rollout_metrics(int(out["prompt_length"].sum()), int(out["response_length"].sum()), len(out), start,
+                               clipped_rows(out))
 
     def eval_pairs(self) -> TensorDict:
         """The held-out pairs, encoded, for the actor's preference margin."""

@@ -27,7 +27,14 @@ from dockflow.dock import TransferDock
 from dockflow.engines import SamplingParams
 from dockflow.engines.partial import continue_rollouts, empty_rollouts, unfinished
 from dockflow.engines.rollout_layout import left_pad_prompts
-from dockflow.workers.rollout import PromptTable, QueueClient, dock_columns, generation_seed, rollout_metrics
+from dockflow.workers.rollout import (
+    PromptTable,
+    QueueClient,
+    clipped_rows,
+    dock_columns,
+    generation_seed,
+    rollout_metrics,
+)
 from dockflow.workers.rollout_queue import FinishedWork, ParkedGroup
 from dockflow.workers.tool_rollout import ToolGroups
 
@@ -93,7 +100,8 @@ def generate_partial_into_dock(
     sampler: GroupSampler = (ToolGroups(cfg, engine, tools, seed) if tools is not None
                              else TokenGroups(cfg, engine, tokenizer, table, seed))
     counts = dict.fromkeys(
-        ("chunks", "new", "parked", "resumed", "overflow", "samples", "prompt_tokens", "response_tokens"), 0
+        ("chunks", "new", "parked", "resumed", "overflow", "samples", "prompt_tokens", "response_tokens", "clipped"),
+        0
     )
     while (work := queue.take(iteration, rank)) is not None:
         if work.parked:
@@ -133,12 +141,14 @@ def generate_partial_into_dock(
             counts["samples"] += len(out)
             counts["prompt_tokens"] += int(out["prompt_length"].sum())
             counts["response_tokens"] += int(out["response_length"].sum())
+            counts["clipped"] += clipped_rows(out)
     return _metrics(counts, queue.stats(iteration), sampler.metrics(), rank, start)
 
 
 def _metrics(counts: dict[str, int], stats: dict[str, Any], extra: dict[str, float], rank: int,
              start: float) -> dict[str, float]:
-    metrics = rollout_metrics(counts["prompt_tokens"], counts["response_tokens"], max(counts["samples"], 1), start)
+    metrics = rollout_metrics(counts["prompt_tokens"], counts["response_tokens"], max(counts["samples"], 1), start,
+                              counts["clipped"])
     metrics["rollout/samples"] = float(counts["samples"])
     metrics[f"flow/chunks_generator_{rank}"] = float(counts["chunks"])
     metrics["flow/parked_groups"] = float(counts["parked"])

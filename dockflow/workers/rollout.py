@@ -51,10 +51,16 @@ def dock_columns(cfg: Config, out: TensorDict) -> TensorDict:
     return cols
 
 
+def clipped_rows(out: TensorDict) -> int:
+    """Responses that filled their whole width (``rollout.max_new_tokens``; a tool trajectory's token budget):
+    cut at the limit, not ended by the model."""
+    return int((out["response_length"] >= out["responses"].shape[1]).sum())
+
+
 def rollout_metrics(prompt_tokens: int, response_tokens: int, samples: int, start: float,
-                    clipped: int | None = None) -> dict[str, float]:
-    """What a generation round reports: its time and mean token lengths (for Eq. 5 throughput); given the count of
-    responses that reached ``rollout.max_new_tokens``, their share (``rollout/clipped_ratio``)."""
+                    clipped: int) -> dict[str, float]:
+    """What a generation round reports: its time and mean token lengths (for Eq. 5 throughput), and the share of
+    responses cut at the length limit (``rollout/clipped_ratio``, from :func:`clipped_rows`)."""
     out = {
         "timing/generate_s": time.perf_counter() - start,
         "rollout/samples": float(samples),
@@ -62,8 +68,7 @@ def rollout_metrics(prompt_tokens: int, response_tokens: int, samples: int, star
         "rollout/response_length": response_tokens / samples,
         "rollout/tokens": float(prompt_tokens + response_tokens),
     }
-    if clipped is not None:
-        out["rollout/clipped_ratio"] = clipped / samples
+    out["rollout/clipped_ratio"] = clipped / samples
     return out
 
 
@@ -153,7 +158,7 @@ def generate_into_dock(
         dock.put(indices, dock_columns(cfg, out), meta)
         prompt_tokens += int(out["prompt_length"].sum())
         response_tokens += int(out["response_length"].sum())
-        clipped += int((out["response_length"] >= ro.max_new_tokens).sum())
+        clipped += clipped_rows(out)
         samples += len(indices)
         chunks += 1
     out = rollout_metrics(prompt_tokens, response_tokens, max(samples, 1), start, clipped)

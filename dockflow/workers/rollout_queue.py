@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -286,15 +286,16 @@ class RolloutQueue:
                 "regenerated": self.regenerated, "overflow": self.overflow}
 
 
-def rollout_queue(cfg: Config) -> RolloutQueue:
+def rollout_queue(cfg: Config, excluded: Sequence[int] = ()) -> RolloutQueue:
     """The queue of this config: chunks of ``rollout.batch_size`` sequences; partial rollout's budget and ages.
     A parked group may be ``train.max_staleness + partial.max_age`` versions old when trained (each park can
     add one iteration), so that is the update's bound with partial rollout on."""
-    return RolloutQueue(queue_settings(cfg))
+    return RolloutQueue(queue_settings(cfg, excluded))
 
 
-def queue_settings(cfg: Config) -> QueueSettings:
-    """:class:`RolloutQueue`'s settings for this config (the prompt sampler as look-ahead with partial rollout)."""
+def queue_settings(cfg: Config, excluded: Sequence[int] = ()) -> QueueSettings:
+    """:class:`RolloutQueue`'s settings for this config (the prompt sampler as look-ahead with partial rollout; the
+    train prompts ``excluded`` by the length policy left out)."""
     from dockflow.workers.run_prompts import iteration_sampler
 
     ro, partial = cfg.rollout, cfg.rollout.partial
@@ -303,7 +304,7 @@ def queue_settings(cfg: Config) -> QueueSettings:
         return QueueSettings(chunk)
     return QueueSettings(
         chunk, token_budget=partial.token_budget, max_age=partial.max_age, age_bound=staleness_bound(cfg),
-        over_provision=partial.over_provision, next_prompts=iteration_sampler(cfg).indices,
+        over_provision=partial.over_provision, next_prompts=iteration_sampler(cfg, excluded).indices,
         rows_per_chunk=ro.batch_size, on_stale=partial.on_stale,
     )
 

@@ -4,14 +4,20 @@ session (which prompts each iteration generates) and the rollout queue (the next
 from __future__ import annotations
 
 import hashlib
+import logging
+from collections.abc import Sequence
 
 from dockflow.config import Config
+from dockflow.data.length_policy import LengthPolicyError, check_prompt_lengths
 from dockflow.data.prompt_order import PromptSampler
 
+log = logging.getLogger(__name__)
 
-def iteration_sampler(cfg: Config) -> PromptSampler:
-    """The run's sampler: G prompts (x the plan's sampling rounds) per iteration from the train split, or the
-    pair source's train pairs, in the order of ``shuffle_seed(cfg)``."""
+
+def iteration_sampler(cfg: Config, excluded: Sequence[int] = ()) -> PromptSampler:
+    """The run's sampler: G prompts (x the plan's sampling rounds) per iteration from the train split less the
+    ``excluded`` ones (:func:`overlong_train_prompts`), or the pair source's train pairs, in the order of
+    ``shuffle_seed(cfg)``."""
     from dockflow.algos.recipe import PreferenceSection
     from dockflow.data import load_task
     from dockflow.data.preferences import preference_splits
@@ -22,7 +28,7 @@ def iteration_sampler(cfg: Config) -> PromptSampler:
         count = len(preference_splits(pairs, task, cfg.run.seed, cfg.checkpoint)[0])
     else:
         count = len(task.train)
-    return PromptSampler(count, cfg.rollout.prompts_per_iter * cfg.plan.sampling.rounds, shuffle_seed(cfg))
+    return PromptSampler(count, cfg.rollout.prompts_per_iter * cfg.plan.sampling.rounds, shuffle_seed(cfg), excluded)
 
 
 def shuffle_seed(cfg: Config) -> int:
@@ -34,3 +40,24 @@ def shuffle_seed(cfg: Config) -> int:
     if cfg.model.continue_from == "base":
         return cfg.run.seed
     return int(hashlib.sha256(f"{cfg.run.seed}:{cfg.run.name}".encode()).hexdigest()[:8], 16)
+
+
+def overlong_train_prompts(cfg: Config, model_dir: str) -> list[int]:
+    """The train prompts the run leaves out (``data.overlong_prompts=filter``), from the model's tokenizer; logged
+    with their count. Without a filter none, and nothing is loaded."""
+    if cfg.data.max_prompt_tokens is None or cfg.data.overlong_prompts != "filter":
+        return []
+    if cfg.plan.has("pairs"):
+        raise LengthPolicyError(f"data.overlong_prompts=filter leaves prompts out of sampling; algorithm.name="
+                                f"{cfg.algorithm.name} trains on preference pairs: set data.overlong_prompts=refuse")
+    from dockflow.data import PromptFormat, load_task
+    from dockflow.models.factory import load_tokenizer
+    from dockflow.storage.objects import fetch_model
+
+    tokenizer = load_tokenizer(fetch_model(model_dir, cfg.checkpoint))
+    prompts = [ex.prompt for ex in load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint).train]
+    over = check_prompt_lengths(PromptFormat.of(cfg.data).render_all(prompts, tokenizer), tokenizer, cfg.data,
+                                cfg.rollout.max_new_tokens, None)
+    log.warning("data.overlong_prompts=filter: %d of %d train prompts are over data.max_prompt_tokens=%d and are "
+                "left out", len(over), len(prompts), cfg.data.max_prompt_tokens)
+    return over

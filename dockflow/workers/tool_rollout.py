@@ -35,7 +35,7 @@ from dockflow.engines.tool_rollouts import (
     trajectory_metrics,
 )
 from dockflow.eval.tools import tool_rows
-from dockflow.workers.rollout import QueueClient, dock_columns, generation_seed, rollout_metrics
+from dockflow.workers.rollout import QueueClient, clipped_rows, dock_columns, generation_seed, rollout_metrics
 from dockflow.workers.rollout_queue import QueueSettings, RolloutQueue
 
 
@@ -96,11 +96,12 @@ def generate_tools_into_dock(
         dock.put(indices, dock_columns(cfg, out), meta)
         totals["prompt"] += int(out["prompt_length"].sum())
         totals["response"] += int(out["response_length"].sum())
+        totals["clipped"] += clipped_rows(out)
         totals["samples"] += len(indices)
         totals["chunks"] += 1
         rollouts += done
     metrics = rollout_metrics(
-        int(totals["prompt"]), int(totals["response"]), max(int(totals["samples"]), 1), start
+        int(totals["prompt"]), int(totals["response"]), max(int(totals["samples"]), 1), start, int(totals["clipped"])
     )
     metrics["rollout/samples"] = totals["samples"]
     metrics[f"flow/chunks_generator_{rank}"] = totals["chunks"]

@@ -61,7 +61,7 @@ def assert_rows(batch, columns):
 @pytest.fixture(scope="module")
 def ray_local():
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Worker below, in worker processes
-    ray.init(num_cpus=1, include_dashboard=False, namespace="dock-api-test")
+    ray.init(address="local", num_cpus=1, include_dashboard=False, namespace="dock-api-test")
     yield
     ray.shutdown()
 

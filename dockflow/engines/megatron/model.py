@@ -6,6 +6,7 @@ only in the functions (after ``cpu.prepare_megatron``, which must come first on 
 
 from __future__ import annotations
 
+from types import MethodType
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ from dockflow.engines.megatron.shard import (
     shard_state,
     stage_state,
 )
+from dockflow.engines.megatron.vocab_parallel_head import response_outputs
 
 # megatron's fused kernels (Apex / Transformer Engine) are absent on CPU; the unfused paths are exact in fp32.
 _UNFUSED = dict(bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
@@ -46,10 +48,13 @@ def destroy_model_parallel() -> None:
     parallel_state.destroy_model_parallel()
 
 
-def transformer_config(spec: DecoderSpec, tp: int = 1, pp: int = 1, dtype: torch.dtype = torch.float32) -> Any:
-    """megatron's ``TransformerConfig`` for ``spec``: RMSNorm, SwiGLU, GQA, no linear biases but q/k/v's."""
+def transformer_config(spec: DecoderSpec, tp: int = 1, pp: int = 1, dtype: torch.dtype = torch.float32, *,
+                       recompute: bool = False) -> Any:
+    """megatron's ``TransformerConfig`` for ``spec``: RMSNorm, SwiGLU, GQA, no linear biases but q/k/v's; with
+    ``recompute`` every layer's activations are recomputed in the backward pass (full recompute, one layer a unit)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    full = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1) if recompute else {}
     return TransformerConfig(
         num_layers=spec.num_layers,
         hidden_size=spec.hidden_size,
@@ -73,19 +78,29 @@ def transformer_config(spec: DecoderSpec, tp: int = 1, pp: int = 1, dtype: torch
         use_cpu_initialization=True,
         batch_p2p_sync=False,  # True calls torch.cuda.synchronize around every p2p exchange
         calculate_per_token_loss=True,  # the schedule leaves the loss as given (the recipes normalise it)
+        **full,
         **_UNFUSED,
     )
 
 
-def build_gpt_model(spec: DecoderSpec, tp: int = 1, pp: int = 1, vocab_divisible_by: int = 128) -> Any:
-    """This rank's ``GPTModel`` (local layer spec, RoPE, padded vocabulary); needs ``init_model_parallel``."""
+def _final_hidden(self: Any, hidden_states: torch.Tensor, **_: Any) -> torch.Tensor:
+    """``GPTModel._postprocess`` of a model whose logits are formed outside it: the final hidden states [S, B, H]."""
+    return hidden_states
+
+
+def build_gpt_model(spec: DecoderSpec, tp: int = 1, pp: int = 1, vocab_divisible_by: int = 128, *,
+                    recompute: bool = False) -> Any:
+    """This rank's ``GPTModel`` (local layer spec, RoPE, padded vocabulary); needs ``init_model_parallel``. Its last
+    stage returns the final hidden states [S, B, H] (after the final norm), not the logits: the output layer's
+    weight is applied by the caller, a chunk of tokens at a time (``vocab_parallel_head``), or the critic's head.
+    ``recompute``: full activation recompute (``transformer_config``)."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     layer_spec = get_gpt_layer_local_spec(qk_layernorm=spec.qk_norm, normalization="RMSNorm")
-    return GPTModel(
-        config=transformer_config(spec, tp, pp),
+    model = GPTModel(
+        config=transformer_config(spec, tp, pp, recompute=recompute),
         transformer_layer_spec=layer_spec,
         vocab_size=padded_vocab_size(spec.vocab_size, tp, vocab_divisible_by),
         max_sequence_length=spec.max_positions,
@@ -95,6 +110,8 @@ def build_gpt_model(spec: DecoderSpec, tp: int = 1, pp: int = 1, vocab_divisible
         rotary_base=int(spec.rope_theta),
         share_embeddings_and_output_weights=spec.tied,
     )
+    model._postprocess = MethodType(_final_hidden, model)  # no multi-token prediction here: nothing else is skipped
+    return model
 
 
 def _tp() -> tuple[int, int]:
@@ -165,18 +182,6 @@ def attention_mask_for(mask: torch.Tensor) -> torch.Tensor:
     return ~keep[:, None]
 
 
-def token_log_probs(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """log p(target) from this rank's vocabulary shard of the logits, with megatron's vocab-parallel
-    cross-entropy (the full vocabulary is never gathered); the padding rows past ``vocab_size`` are excluded."""
-    from megatron.core import tensor_parallel
-
-    _, rank = _tp()
-    width = logits.shape[-1]
-    column = torch.arange(rank * width, (rank + 1) * width, device=logits.device)
-    logits = logits.masked_fill(column >= vocab_size, float("-inf"))
-    return -tensor_parallel.vocab_parallel_cross_entropy(logits, targets)
-
-
 def trimmed_rollout(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int):
     """(ids, mask, kept response columns) with the batch's all-padding columns cut off."""
     first, keep_r = trim_columns(attention_mask, response_width)
@@ -185,17 +190,9 @@ def trimmed_rollout(input_ids: torch.Tensor, attention_mask: torch.Tensor, respo
 
 
 def forward_rollout(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """One stage's forward: logits [B, S, V/tp] on the last stage, hidden states on the others."""
+    """One stage's forward: hidden states [S, B, H] (the final ones, normed, on the last stage)."""
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # RoPE is relative: megatron's own positions agree
     return model(ids, positions, attention_mask_for(mask))
-
-
-def response_logp(logits: torch.Tensor, ids: torch.Tensor, keep_r: int, vocab_size: int, temperature: float):
-    """The kept response columns' log-probs [B, keep_r] from the last stage's logits."""
-    logits = logits[:, -keep_r - 1 : -1].float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    return token_log_probs(logits, ids[:, -keep_r:], vocab_size)
 
 
 def response_log_probs(
@@ -205,5 +202,6 @@ def response_log_probs(
     """Log-prob of each response token [B, R] in the rollout layout (``dockflow.engines.base``), as
     ``dockflow.engines.logprobs.response_log_probs`` computes it with a Hugging Face model (PP=1)."""
     ids, mask, keep_r = trimmed_rollout(input_ids, attention_mask, response_width)
-    logp = response_logp(forward_rollout(model, ids, mask), ids, keep_r, vocab_size, temperature)
+    logp = response_outputs(model, forward_rollout(model, ids, mask), ids, keep_r, vocab_size,
+                            temperature=temperature).values
     return F.pad(logp, (0, response_width - keep_r))

@@ -1,6 +1,9 @@
 """Micro-batches of the rollout layout through megatron's pipeline schedule (``get_forward_backward_func``, any
-PP): forward-only log-probs, a forward-backward with a loss on the log-probs, and the gradient reductions
-megatron's DDP wrapper would do (``finalize_grads``). Runs inside a rank after ``model.init_model_parallel``.
+PP): forward-only log-probs, a forward-backward with a loss on the log-probs (and the entropy), and the gradient
+reductions megatron's DDP wrapper would do (``finalize_grads``). Runs inside a rank after
+``model.init_model_parallel``. The last stage's model returns its final hidden states; a ``ResponseHead`` maps the
+response positions' to per-token outputs (by default the log-probs and entropy, vocab-parallel and chunked:
+``vocab_parallel_head``).
 """
 
 from __future__ import annotations
@@ -11,20 +14,27 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from dockflow.engines.logprobs import TokenOutputs
 from dockflow.engines.megatron.convert import DecoderSpec
-from dockflow.engines.megatron.model import forward_rollout, response_logp, trimmed_rollout
+from dockflow.engines.megatron.model import forward_rollout, trimmed_rollout
+from dockflow.engines.megatron.vocab_parallel_head import response_outputs
+from dockflow.engines.token_head import DEFAULT_CHUNK
 
-# (log-probs [b, R] of the micro-batch's rows, those rows of the batch) -> the micro-batch's loss
-MicroLoss = Callable[[torch.Tensor, slice], torch.Tensor]
-# (the last stage's output [b, s, ...], the micro-batch's trimmed ids, kept response columns) -> [b, kept]: the
-# per-token outputs (log-probs by default; a value model's values, ``value.response_values``)
-ResponseHead = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+# (the micro-batch's outputs, values and entropy [b, R], of those rows of the batch) -> the micro-batch's loss
+MicroLoss = Callable[[TokenOutputs, slice], torch.Tensor]
+# (the stage's model, its final hidden states [s, b, H], the micro-batch's trimmed ids, kept response columns) ->
+# the per-token outputs [b, kept] (log-probs and entropy by default; a value model's values, ``value.response_values``)
+ResponseHead = Callable[[Any, torch.Tensor, torch.Tensor, int], TokenOutputs]
+
+
+def policy_head(vocab_size: int, temperature: float = 1.0, chunk: int = DEFAULT_CHUNK) -> ResponseHead:
+    """The policy's head: log-probs and entropy at ``temperature``, ``chunk`` tokens at a time."""
+    return lambda model, hidden, ids, keep_r: response_outputs(model, hidden, ids, keep_r, vocab_size,
+                                                               temperature=temperature, chunk=chunk)
 
 
 def _head_or_logp(head: ResponseHead | None, vocab_size: int, temperature: float) -> ResponseHead:
-    if head is not None:
-        return head
-    return lambda out, ids, keep_r: response_logp(out, ids, keep_r, vocab_size, temperature)
+    return policy_head(vocab_size, temperature) if head is None else head
 
 
 def _micro_batches(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int, size: int):
@@ -42,7 +52,8 @@ def _run(model: Any, micro: list, seq: int, forward_only: bool, to_output: Calla
 
     def step(data: Any, stage_model: Any):
         rows, micro_ids, micro_mask = next(data)
-        return forward_rollout(stage_model, micro_ids, micro_mask), lambda out, **_: to_output(out, rows, micro_ids)
+        return (forward_rollout(stage_model, micro_ids, micro_mask),
+                lambda out, **_: to_output(stage_model, out, rows, micro_ids))
 
     return get_forward_backward_func()(
         forward_step_func=step, data_iterator=iter(micro), model=model, num_microbatches=len(micro),
@@ -74,7 +85,7 @@ def pipeline_response_log_probs(
     head = _head_or_logp(head, vocab_size, temperature)
     micro, keep_r, seq = _micro_batches(input_ids, attention_mask, response_width, micro_batch_size)
     with torch.no_grad():
-        outputs = _run(model, micro, seq, True, lambda out, rows, ids: head(out, ids, keep_r))
+        outputs = _run(model, micro, seq, True, lambda stage, out, rows, ids: head(stage, out, ids, keep_r).values)
     last = parallel_state.is_pipeline_last_stage()
     logp = torch.cat(outputs) if last else torch.empty(input_ids.shape[0], keep_r, device=input_ids.device)
     return F.pad(_from_last_stage(logp), (0, response_width - keep_r))
@@ -85,16 +96,17 @@ def pipeline_forward_backward(
     *, micro_batch_size: int, loss_fn: MicroLoss, temperature: float = 1.0, head: ResponseHead | None = None,
 ) -> float:
     """Forward and backward every micro-batch through the schedule, ``loss_fn`` on each micro-batch's response
-    log-probs (or ``head``'s outputs; taken as it is: normalise it in ``loss_fn``); gradients accumulate in the
-    parameters' ``.grad`` (call ``finalize_grads`` next). Returns the summed loss, on every stage."""
+    log-probs and entropy (or ``head``'s outputs; taken as it is: normalise it in ``loss_fn``); gradients accumulate
+    in the parameters' ``.grad`` (call ``finalize_grads`` next). Returns the summed loss, on every stage."""
     from megatron.core import parallel_state
 
     head = _head_or_logp(head, vocab_size, temperature)
     micro, keep_r, seq = _micro_batches(input_ids, attention_mask, response_width, micro_batch_size)
 
-    def loss_of(out: torch.Tensor, rows: slice, ids: torch.Tensor):
-        logp = F.pad(head(out, ids, keep_r), (0, response_width - keep_r))
-        loss = loss_fn(logp, rows)
+    def loss_of(stage: Any, out: torch.Tensor, rows: slice, ids: torch.Tensor):
+        pad = (0, response_width - keep_r)
+        values, entropy = head(stage, out, ids, keep_r)
+        loss = loss_fn(TokenOutputs(F.pad(values, pad), None if entropy is None else F.pad(entropy, pad)), rows)
         return loss, torch.ones((), dtype=torch.int), {"loss": loss.detach()}
 
     outputs = _run(model, micro, seq, False, loss_of)

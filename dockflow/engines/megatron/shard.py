@@ -12,7 +12,7 @@ parameter of a built ``GPTModel``):
 
 The vocabulary is padded to a multiple of ``divisible_by * tp`` with zero rows, as Megatron-LM does
 (``--make-vocab-size-divisible-by``, 128 by default); a model built for the padded size must never let the
-padding rows' logits into a softmax (``model.token_log_probs`` masks them).
+padding rows' logits into a softmax (``vocab_parallel_head`` leaves them out).
 
 Pipeline stages (``stage_state``) take an even share of the layers, as megatron's default split does.
 """

@@ -3,9 +3,9 @@ group, each rank a process (as FSDP's ranks are), every rank of a TP x PP model 
 
 - built from a Hugging Face model (or directory): converted (``convert.hf_to_megatron``), sharded for this rank
   (``model.local_shard``) into a ``GPTModel``; the HF module stays as the generation copy (``policy_module``);
-- ``infer``: response log-probs through the pipeline schedule, vocab-parallel (the full vocabulary is never
-  gathered on a rank), on every rank;
-- ``train_mini_batch``: the loss on each micro-batch's log-probs through the schedule (``schedule``), the
+- ``infer``: response log-probs through the pipeline schedule, vocab-parallel and a chunk of tokens at a time
+  (``vocab_parallel_head``: neither the full vocabulary nor a whole batch's logits exist on a rank), on every rank;
+- ``train_mini_batch``: the loss on each micro-batch's log-probs (and the entropy metric) through the schedule, the
   tied / replicated grads reduced (``finalize_grads``) and summed over DP, clipped by the global norm over all
   TP / PP shards (each weight counted once), then torch AdamW over this rank's shards: AdamW is elementwise, so
   the shards' step equals the full model's step of :class:`TorchTrainingEngine`;
@@ -32,7 +32,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from dockflow.engines.base import LossFn, TrainingEngine
-from dockflow.engines.logprobs import trim_columns
+from dockflow.engines.logprobs import TokenOutputs, trim_columns
 from dockflow.engines.megatron import model as mg
 from dockflow.engines.megatron.convert import DecoderSpec, hf_to_megatron, megatron_to_hf, spec_from_hf
 from dockflow.engines.megatron.cpu import prepare_megatron
@@ -85,12 +85,14 @@ class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEng
         device: str = "cpu",
         seed: int = 0,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        gradient_checkpointing: bool = False,
     ):
         """``model``: the Hugging Face causal LM (Qwen2/Qwen2.5, Qwen3 or Llama) every rank starts from; it becomes
-        the generation copy. Initialises megatron's TP x PP groups over the default group unless already done."""
+        the generation copy. Initialises megatron's TP x PP groups over the default group unless already done.
+        ``gradient_checkpointing``: megatron's full activation recompute, every layer (``model.transformer_config``)."""
         self._init_ranks(tp, pp, seed, device)
         self.spec: DecoderSpec = spec_from_hf(model.config)
-        self.model = mg.build_gpt_model(self.spec, tp=tp, pp=pp).to(self.device)
+        self.model = mg.build_gpt_model(self.spec, tp=tp, pp=pp, recompute=gradient_checkpointing).to(self.device)
         full = hf_to_megatron(model.state_dict(), self.spec)
         mg.load_full_state(self.model, full, self.spec)
         self.partition = ModelPartition(param_meta(full), megatron_rules(self.spec.num_layers, self.spec.num_kv_heads))
@@ -201,10 +203,13 @@ class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEng
         tokens = float(self._dp_sum(batch["response_mask"].sum().to(torch.float64)).clamp(min=1))
         metrics: dict[str, float] = {}
 
-        def micro_loss(logp: torch.Tensor, rows: slice) -> torch.Tensor:
+        def micro_loss(outputs: TokenOutputs, rows: slice) -> torch.Tensor:
             micro = batch[rows]
-            loss, values = loss_fn(logp, micro, tokens)
-            share = float(micro["response_mask"].sum()) / tokens  # metrics are token means of the micro-batch
+            loss, values = loss_fn(outputs.values, micro, tokens)
+            mask = micro["response_mask"]
+            share = float(mask.sum()) / tokens  # metrics are token means of the micro-batch
+            if outputs.entropy is not None:  # the policy's entropy (a critic has none)
+                values = {**values, "train/entropy": float((outputs.entropy * mask).sum() / mask.sum().clamp(min=1))}
             for k, v in values.items():
                 metrics[k] = metrics.get(k, 0.0) + v * share
             return loss

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dockflow.engines.logprobs import TokenOutputs
 from dockflow.engines.megatron import model as mg
 from dockflow.engines.megatron.convert import DecoderSpec, hf_to_megatron, megatron_to_hf, spec_from_hf
 from dockflow.engines.megatron.training import MegatronTrainingEngine
@@ -32,8 +33,8 @@ HF_HEAD = "score."
 
 
 class ValueHead(nn.Module):
-    """One value per position from the last stage's final hidden states [S, B, H] -> [S, B, 1]; called as
-    ``GPTModel`` calls its ``output_layer`` (returns ``(values, None)``)."""
+    """One value per position from the last stage's final hidden states [S, B, H] -> [S, B, 1]; returns
+    ``(values, None)`` as megatron's output layers do."""
 
     def __init__(self, hidden_size: int, bias: bool, dtype: torch.dtype = torch.float32):
         super().__init__()
@@ -62,10 +63,12 @@ def value_sharded_state_dict(model: Any, prefix: str = "", sharded_offsets: tupl
     return MegatronModule.sharded_state_dict(model, prefix, sharded_offsets, metadata)
 
 
-def build_value_model(spec: DecoderSpec, tp: int = 1, pp: int = 1, bias: bool = True) -> Any:
-    """This rank's ``GPTModel`` with a :class:`ValueHead` for ``output_layer`` on the last stage, checkpointed by
-    ``value_sharded_state_dict``."""
-    model = mg.build_gpt_model(spec, tp=tp, pp=pp)
+def build_value_model(spec: DecoderSpec, tp: int = 1, pp: int = 1, bias: bool = True, *,
+                      recompute: bool = False) -> Any:
+    """This rank's ``GPTModel`` with a :class:`ValueHead` for ``output_layer`` on the last stage (applied by
+    :func:`response_values` to the final hidden states the model returns), checkpointed by
+    ``value_sharded_state_dict``; ``recompute``: full activation recompute."""
+    model = mg.build_gpt_model(spec, tp=tp, pp=pp, recompute=recompute)
     if model.post_process:
         model.output_layer = ValueHead(spec.hidden_size, bias)
     model.sharded_state_dict = MethodType(value_sharded_state_dict, model)
@@ -93,10 +96,11 @@ def megatron_to_critic(full: dict[str, torch.Tensor], spec: DecoderSpec) -> dict
     return out
 
 
-def response_values(out: torch.Tensor, ids: torch.Tensor, keep_r: int) -> torch.Tensor:
-    """The kept response columns' values [B, keep_r] from the value model's output [B, S, 1]: the positions whose
-    logits would predict each response token, as ``dockflow.engines.logprobs.response_values``."""
-    return out[:, -keep_r - 1 : -1, 0].float()
+def response_values(model: Any, hidden: torch.Tensor, ids: torch.Tensor, keep_r: int) -> TokenOutputs:
+    """The kept response columns' values [B, keep_r] from the value model's final hidden states [S, B, H]: its head
+    on the positions whose logits would predict each response token, as ``dockflow.engines.logprobs.response_values``."""
+    values, _ = model.output_layer(hidden[-keep_r - 1 : -1])
+    return TokenOutputs(values[..., 0].transpose(0, 1).float())
 
 
 class MegatronCriticEngine(MegatronTrainingEngine):
@@ -116,12 +120,15 @@ class MegatronCriticEngine(MegatronTrainingEngine):
         infer_batch_size: int = 64,
         device: str = "cpu",
         seed: int = 0,
+        gradient_checkpointing: bool = False,
     ):
-        """``model``: the HF critic (``load_critic``) every rank starts from; it becomes the gathered copy."""
+        """``model``: the HF critic (``load_critic``) every rank starts from; it becomes the gathered copy.
+        ``gradient_checkpointing``: megatron's full activation recompute, every layer."""
         self._init_ranks(tp, pp, seed, device)
         self.spec = critic_spec(model.config)
         state = model.state_dict()
-        self.model = build_value_model(self.spec, tp=tp, pp=pp, bias=HF_HEAD + "bias" in state).to(self.device)
+        self.model = build_value_model(self.spec, tp=tp, pp=pp, bias=HF_HEAD + "bias" in state,
+                                       recompute=gradient_checkpointing).to(self.device)
         mg.load_full_state(self.model, critic_to_megatron(state, self.spec), self.spec)
         del state
         for p in model.parameters():  # filled when read (``policy_module``): no second copy on the device

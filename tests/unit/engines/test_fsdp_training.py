@@ -102,11 +102,12 @@ def test_one_dp2_step_equals_the_dp1_step_on_the_union(ranks):
     for r in ranks:
         assert r["metrics"].keys() == metrics.keys()
         for k, v in metrics.items():
-            if k != "train/dp_load_imbalance":
+            if k not in ("train/dp_load_imbalance", "train/padding_fraction"):  # the layout's, below
                 assert r["metrics"][k] == pytest.approx(v, rel=1e-5), k
-        # rank 0's rows (lengths 4,4,3,4) compute 32 positions in 2 micro-batches, rank 1's (1,2,1,2) 24
-        assert r["metrics"]["train/dp_load_imbalance"] == pytest.approx(32 / 28)
-        assert r["metrics"]["train/padding_fraction"] == pytest.approx(3 / 56)
+        # Padded, rank 0's rows (lengths 4,4,3,4) compute 32 positions in 2 micro-batches, rank 1's (1,2,1,2) 24:
+        # 3 of 56 are padding. A micro-batch goes packed (no padding) where both ranks' packing pays.
+        assert 0.0 <= r["metrics"]["train/padding_fraction"] <= 3 / 56 + 1e-12
+        assert r["metrics"]["train/padding_fraction"] == ranks[0]["metrics"]["train/padding_fraction"]
         for name, weight in r["generation"].items():
             # AdamW's first step is ~lr * sign(grad): summation-order noise in tiny grads moves a weight by up
             # to ~1e-5 (of a 1e-2 step); the grads themselves agree (the grad norm above, to 1e-5)

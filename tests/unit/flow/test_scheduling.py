@@ -1,10 +1,12 @@
 import pytest
+import torch
+from tensordict import TensorDict
 
 from dockflow.config import ConfigError, load_config
 from dockflow.flow.idle import IdleTracker
 from dockflow.flow.metrics import pop_generated, rollout_summary
 from dockflow.flow.worker_calls import shares
-from dockflow.workers.rollout import rollout_metrics
+from dockflow.workers.rollout import clipped_rows, rollout_metrics
 
 
 def test_shares_split_prompts_contiguously_and_nearly_evenly():
@@ -36,7 +38,8 @@ def test_the_clipped_ratio_is_a_sample_weighted_mean_over_generators_and_rounds(
     merged = pop_generated({"generate/0": {**base, **parts[0]}, "generate/1": {**base, **parts[1]}})
     assert merged["rollout/clipped_ratio"] == 3 / 8
     assert rollout_summary([merged, {**merged, "rollout/clipped_ratio": 0.125}], 8)["rollout/clipped_ratio"] == 0.25
-    assert "rollout/clipped_ratio" not in rollout_metrics(10, 30, 2, 0.0)  # a path that does not count it
+    batch = TensorDict({"responses": torch.zeros(3, 4), "response_length": torch.tensor([4, 2, 4])}, batch_size=[3])
+    assert clipped_rows(batch) == 2  # filled the width: cut at the limit
 
 
 def test_tool_metrics_of_several_generators_are_sample_weighted_means():

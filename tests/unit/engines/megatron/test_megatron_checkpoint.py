@@ -70,7 +70,7 @@ def _train_step(model, spec, optimizer) -> None:
         RESPONSE,
         spec.vocab_size,
         micro_batch_size=2,
-        loss_fn=lambda logp, rows: -(logp * mask[rows][:, -RESPONSE:]).sum(),
+        loss_fn=lambda outputs, rows: -(outputs.values * mask[rows][:, -RESPONSE:]).sum(),
     )
     finalize_grads(model, spec)
     optimizer.step()

@@ -6,7 +6,9 @@ HF-named) within what that rounding can change in one AdamW step (``fixtures/tol
 another CPU's kernels pass too); so do the grad norm, the loss metrics and AdamW's second moments; the generation copy, resharded by allgather-swap, equals the trainer's gathered weights exactly
 with the update state on the host (0 redundant bytes in the ledger); a reloaded ``state_dict`` resumes bit-exactly, and
 so does the run checkpoint ``save_state`` writes (each rank's shards through ``dist_checkpointing`` into a local
-checkpoint store) loaded by ``load_state``; ``save_pretrained`` writes the updated HF model.
+checkpoint store) loaded by ``load_state``; ``save_pretrained`` writes the updated HF model. With
+``gradient_checkpointing`` (megatron's full recompute, each layer's forward run again in the backward) the log-probs
+and the first step are the same.
 
 megatron is imported once, in the fork server the ranks start from (``tests/fixtures/ranks.py``).
 """
@@ -33,10 +35,27 @@ pytestmark = pytest.mark.kernels  # cross-engine tolerances: run under the other
 NAMES = ("qwen2_tied", "qwen3")  # tied embedding (a last-stage copy at PP=2); q/k norms reduced over TP
 DP_MODEL = "qwen3"  # at TP=2 x DP=2: its q/k norm grads are summed over TP, then every grad over DP
 ENGINE_ARGS = dict(lr=1e-3, weight_decay=0.1, grad_clip=0.5, infer_batch_size=3, temperature=0.7)
+METRICS = ("grad_norm", "train/pg_loss", "train/kl", "train/clip_fraction", "train/loss", "train/entropy")
+RECOMPUTE_MODEL = "qwen3"
 
 
 def _weights(engine) -> dict[str, torch.Tensor]:
     return {n: w.clone() for n, w in engine.named_weights()}
+
+
+def _recompute_step(engine) -> dict:
+    """One update with full activation recompute; counts the layer units megatron checkpointed."""
+    from megatron.core import tensor_parallel
+
+    checkpoint, calls = tensor_parallel.checkpoint, []
+    tensor_parallel.checkpoint = lambda *args: calls.append(1) or checkpoint(*args)  # this rank's process only
+    batch = rollout_batch()
+    out = {"logp": engine.infer(batch)}
+    out["metrics"] = engine.train_mini_batch(with_old_log_probs(batch, out["logp"]), grpo_loss(), micro_batch_size=2)
+    tensor_parallel.checkpoint = checkpoint
+    out["weights"], out["checkpointed"], out["pp"] = _weights(engine), len(calls), engine.pp
+    out["exp_avg"] = engine.state_dict()["optimizer"]["exp_avg"]
+    return out
 
 
 def _rank(rank: int, layout: tuple[int, int], tmp: str) -> None:
@@ -79,6 +98,9 @@ def _rank(rank: int, layout: tuple[int, int], tmp: str) -> None:
         engine.load_state_dict(state)
         engine.save_pretrained(Path(tmp) / f"{name}_saved")
         result[name] = out
+    engine = MegatronTrainingEngine.from_pretrained(Path(tmp) / RECOMPUTE_MODEL, tp=tp, pp=pp, **ENGINE_ARGS,
+                                                    gradient_checkpointing=True)
+    result["recompute"] = _recompute_step(engine)
     torch.save(result, Path(tmp) / f"rank{rank}.pt")
     dist.barrier()
     mg.destroy_model_parallel()
@@ -134,13 +156,24 @@ def test_log_probs_and_one_grpo_update_equal_the_torch_engine(ranks, reference, 
         _close(out["logp"] * mask, ref["logp"] * mask, "log-probs")
         _close(out["logp_after"] * mask, ref["logp_after"] * mask, "log-probs after the update")
         assert ref["metrics"]["grad_norm"] > ENGINE_ARGS["grad_clip"]  # the clipping bites
-        for key in ("grad_norm", "train/pg_loss", "train/kl", "train/clip_fraction", "train/loss"):
+        for key in METRICS:
             assert out["metrics"][key] == pytest.approx(ref["metrics"][key], rel=1e-5, abs=1e-6), key
         assert out["weights"].keys() == ref["weights"].keys()
         _same_step(out["weights"], out["state"]["optimizer"]["exp_avg"], ref)
         before = tiny_decoder(name).state_dict()
         for key, weight in ref["weights"].items():
             assert not torch.equal(weight, before[key]), key  # every weight moved
+
+
+def test_full_activation_recompute_takes_the_same_first_step(ranks, reference):
+    ref = reference[RECOMPUTE_MODEL]
+    for r in ranks[0]:
+        out = r["recompute"]
+        assert out["checkpointed"] == 2 * 2 // out["pp"]  # 2 micro-batches x the stage's layers (of 2)
+        _close(out["logp"] * ref["mask"], ref["logp"] * ref["mask"], "log-probs")
+        for key in METRICS:
+            assert out["metrics"][key] == pytest.approx(ref["metrics"][key], rel=1e-5, abs=1e-6), key
+        _same_step(out["weights"], out["exp_avg"], ref)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -221,7 +254,7 @@ def test_one_grpo_update_at_tp2_x_dp2_on_half_batches_equals_the_torch_engine_on
     for rank, out in enumerate(dp_ranks):
         _close(out["logp"] * mask, ref["logp"] * mask, "log-probs")
         _close(out["logp_after"] * mask, ref["logp_after"] * mask, "log-probs after the update")
-        for key in ("grad_norm", "train/pg_loss", "train/kl", "train/clip_fraction", "train/loss"):
+        for key in METRICS:
             assert out["metrics"][key] == pytest.approx(ref["metrics"][key], rel=1e-5, abs=1e-6), (rank, key)
         assert out["weights"].keys() == ref["weights"].keys()
         _same_step(out["weights"], out["exp_avg"], ref)

@@ -1,8 +1,12 @@
 """Real megatron-core GPTModels on gloo ranks, loaded with converted HF weights, at TP=1 (one rank), TP=2,
 PP=2 (two ranks) and TP2xPP2 (four ranks): their response log-probs (through megatron's pipeline schedule, and
-called directly at PP=1) equal the HF model's (fp32, 1e-5), and so do the loss on them and its gradients
-(forward-backward through the schedule in 2 micro-batches, gathered from every rank's shard); the shards
-gathered back convert to the HF weights exactly.
+called directly at PP=1) equal the HF model's (fp32, 1e-5), and so do the entropy, the loss on the log-probs and
+its gradients (forward-backward through the schedule in 2 micro-batches, gathered from every rank's shard); the
+schedule's head runs ``CHUNK`` tokens at a time, fewer than a micro-batch's and not dividing them, over a vocabulary
+padded past a whole TP rank's shard. At TP=2 the chunked vocab-parallel head (``vocab_parallel_head``) equals the
+whole vocab-parallel logits through megatron's ``vocab_parallel_cross_entropy`` (log-probs, entropy, the hidden
+state's and the weight shard's gradients) on a vocabulary whose padding starts inside a shard. The shards gathered
+back convert to the HF weights exactly.
 
 megatron is imported once, in the fork server the ranks start from (``tests/fixtures/ranks.py``); each rank answers CUDA on CPU
 (``cpu.prepare_megatron``) in its own process only.
@@ -24,6 +28,7 @@ from dockflow.engines.logprobs import response_log_probs
 from dockflow.engines.megatron.convert import hf_to_megatron, megatron_to_hf, spec_from_hf
 
 RESPONSE = 5
+CHUNK = 3  # tokens per head matmul: a micro-batch has 2 x 5 response positions
 
 
 def rollout() -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,12 +48,53 @@ def loss(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return -(logp * mask[:, -RESPONSE:]).sum()
 
 
+def recording_loss(mask: torch.Tensor, entropy: torch.Tensor):
+    """``loss`` as the schedule calls it, keeping each micro-batch's entropy in ``entropy`` [B, RESPONSE]."""
+
+    def loss_fn(outputs, rows: slice) -> torch.Tensor:
+        entropy[rows] = outputs.entropy.detach()
+        return loss(outputs.values, mask[rows])
+
+    return loss_fn
+
+
+def _head_against_whole_logits(vocab_size: int = 200, temperature: float = 0.7) -> dict[str, torch.Tensor]:
+    """(chunked - whole) for the log-probs, entropy and gradients of random hidden states [2, 7, 16] through this
+    rank's 128-row shard of a random weight (vocabulary 200 padded to 256 at TP=2: rank 1 holds 72 real rows)."""
+    from megatron.core import parallel_state, tensor_parallel
+
+    from dockflow.engines.megatron.vocab_parallel_head import vocab_parallel_log_probs
+
+    gen = torch.Generator().manual_seed(11)
+    hidden, weight = torch.randn(2, 7, 16, generator=gen), torch.randn(256, 16, generator=gen)
+    targets, upstream = torch.randint(0, vocab_size, (2, 7), generator=gen), torch.randn(2, 7, generator=gen)
+    rank = parallel_state.get_tensor_model_parallel_rank()
+    weight = weight[rank * 128 : (rank + 1) * 128]
+    out = {}
+    for way in ("whole", "chunked"):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        if way == "whole":
+            logits = tensor_parallel.copy_to_tensor_model_parallel_region(h) @ w.t() / temperature
+            logits = logits.masked_fill(torch.arange(rank * 128, (rank + 1) * 128) >= vocab_size, float("-inf"))
+            full = tensor_parallel.gather_from_tensor_model_parallel_region(logits.detach())
+            entropy = torch.special.entr(full.softmax(-1)).sum(-1)
+            logp = -tensor_parallel.vocab_parallel_cross_entropy(logits, targets)
+        else:
+            logp, entropy = vocab_parallel_log_probs(h, w, targets, vocab_size, temperature=temperature, chunk=4)
+        (logp * upstream).sum().backward()
+        out[way] = {"logp": logp.detach(), "entropy": entropy, "hidden_grad": h.grad, "weight_grad": w.grad}
+    return {key: out["chunked"][key] - out["whole"][key] for key in out["whole"]}
+
+
 def _rank(rank: int, layout: tuple[int, int], store_path: str, out_dir: str) -> None:
+    from megatron.core import parallel_state
+
     from dockflow.engines.megatron import model as mg
     from dockflow.engines.megatron.schedule import (
         finalize_grads,
         pipeline_forward_backward,
         pipeline_response_log_probs,
+        policy_head,
     )
 
     tp, pp = layout
@@ -57,23 +103,29 @@ def _rank(rank: int, layout: tuple[int, int], store_path: str, out_dir: str) -> 
     dist.init_process_group("gloo", store=store, rank=rank, world_size=tp * pp, timeout=timedelta(seconds=60))
     applied = mg.init_model_parallel(tp=tp, pp=pp, seed=0, device="cpu")
     ids, mask = rollout()
-    result = {"applied": applied, "layout": layout}
+    result = {"applied": applied, "layout": layout, "last_stage": parallel_state.is_pipeline_last_stage()}
+    if tp > 1:
+        result["head_vs_whole"] = _head_against_whole_logits()
     for name in DECODERS:
         hf = tiny_decoder(name)
         spec = spec_from_hf(hf.config)
         model = mg.build_gpt_model(spec, tp=tp, pp=pp)
         mg.load_full_state(model, hf_to_megatron(hf.state_dict(), spec), spec)
         model.eval()
-        logp = pipeline_response_log_probs(model, ids, mask, RESPONSE, spec.vocab_size, micro_batch_size=2)
+        head = policy_head(spec.vocab_size, chunk=CHUNK)
+        logp = pipeline_response_log_probs(model, ids, mask, RESPONSE, spec.vocab_size, micro_batch_size=2, head=head)
         local = {n: tuple(p.shape) for n, p in model.named_parameters()}
         result[name] = {"logp": logp, "hf": megatron_to_hf(mg.gather_full_state(model, spec), spec), "local": local}
         if pp == 1:
             with torch.no_grad():
                 result[name]["direct_logp"] = mg.response_log_probs(model, ids, mask, RESPONSE, spec.vocab_size)
         model.train()  # dropout 0: the RNG tracker forks the CPU generator
+        entropy = torch.zeros(ids.shape[0], RESPONSE)
         result[name]["loss"] = pipeline_forward_backward(
-            model, ids, mask, RESPONSE, spec.vocab_size, micro_batch_size=2,
-            loss_fn=lambda logp, rows: loss(logp, mask[rows]))
+            model, ids, mask, RESPONSE, spec.vocab_size, micro_batch_size=2, loss_fn=recording_loss(mask, entropy),
+            head=head)
+        if result["last_stage"]:
+            result[name]["entropy"] = entropy
         finalize_grads(model, spec)
         grads = mg.gather_full({n: p.grad for n, p in model.named_parameters()}, spec)
         result[name]["grads"] = megatron_to_hf(grads, spec)
@@ -100,12 +152,13 @@ def hf_reference(name: str) -> dict:
     """The HF model's weights, response log-probs and gradients of ``loss`` (once per layout for every launch)."""
     ids, mask = rollout()
     hf = tiny_decoder(name)
-    logp = response_log_probs(hf, ids, mask, RESPONSE).values
+    logp, entropy = response_log_probs(hf, ids, mask, RESPONSE)
     loss(logp, mask).backward()
     grads = {n: p.grad for n, p in hf.named_parameters()}
     if hf.config.tie_word_embeddings:
         grads["lm_head.weight"] = grads["model.embed_tokens.weight"]
-    return {"logp": logp.detach(), "state": hf.state_dict(), "grads": grads, "loss": float(loss(logp, mask))}
+    return {"logp": logp.detach(), "entropy": entropy, "state": hf.state_dict(), "grads": grads,
+            "loss": float(loss(logp.detach(), mask))}
 
 
 @pytest.mark.parametrize("name", list(DECODERS))
@@ -118,6 +171,10 @@ def test_megatron_log_probs_equal_hf(ranks, name):
         if "direct_logp" in r[name]:  # PP=1: the model called directly, not through the schedule
             torch.testing.assert_close(r[name]["direct_logp"] * response_mask, expected * response_mask, rtol=0,
                                        atol=1e-5)
+        assert ("entropy" in r[name]) == r["last_stage"]
+        if "entropy" in r[name]:  # from the forward-backward
+            torch.testing.assert_close(r[name]["entropy"] * response_mask,
+                                       hf_reference(name)["entropy"] * response_mask, rtol=0, atol=1e-5)
         for key, tensor in hf_reference(name)["state"].items():
             assert torch.equal(r[name]["hf"][key], tensor), key
 
@@ -130,6 +187,14 @@ def test_megatron_gradients_gathered_from_the_shards_equal_hf(ranks, name):
         assert r[name]["grads"].keys() == grads.keys()
         for key, grad in grads.items():
             torch.testing.assert_close(r[name]["grads"][key], grad, rtol=1e-5, atol=1e-5, msg=key)
+
+
+def test_chunked_vocab_parallel_head_equals_the_whole_logits(ranks):
+    tp = ranks[0]["layout"][0]
+    for r in ranks:  # at TP=1 the head is the whole vocabulary: the HF comparisons cover it
+        assert ("head_vs_whole" in r) == (tp > 1)
+        for key, diff in r.get("head_vs_whole", {}).items():
+            assert float(diff.abs().max()) <= 1e-5, key
 
 
 def test_ranks_hold_their_shards_and_answer_cuda_on_cpu(ranks):

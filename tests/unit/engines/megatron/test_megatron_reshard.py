@@ -103,7 +103,7 @@ def _rank(rank: int, layout: tuple[int, int], store_path: str, out_dir: str) -> 
         mg.load_full_state(model, full, spec)
         model.train()
         pipeline_forward_backward(model, ids, mask, RESPONSE, spec.vocab_size, micro_batch_size=2,
-                                  loss_fn=lambda logp, rows: loss(logp, mask[rows]))
+                                  loss_fn=lambda outputs, rows: loss(outputs.values, mask[rows]))
         finalize_grads(model, spec)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
         optimizer.step()
