@@ -181,10 +181,9 @@ class Config(Section):
     def _check_megatron(self) -> None:
         """train.tp / train.pp only with the megatron engine."""
         tc = self.train
-        if tc.max_tokens_per_micro_batch is not None and (tc.engine == "megatron" or self.algorithm.recipe.offline):
-            what = "train.engine=megatron" if tc.engine == "megatron" else f"algorithm.name={self.algorithm.name}"
-            raise ValueError(f"train.max_tokens_per_micro_batch is not supported with {what} yet: set it to null "
-                             "and size train.micro_batch_size instead")
+        if tc.max_tokens_per_micro_batch is not None and self.algorithm.recipe.offline:
+            raise ValueError(f"train.max_tokens_per_micro_batch is not supported with algorithm.name="
+                             f"{self.algorithm.name} yet: set it to null and size train.micro_batch_size instead")
         if tc.engine != "megatron" and (tc.tp > 1 or tc.pp > 1):
             raise ValueError(f"train.tp={tc.tp} / train.pp={tc.pp} split the model with megatron: set "
                              "train.engine=megatron (fsdp parallelises by train.dp only)")

@@ -141,7 +141,7 @@ class TrainConfig(Section):
         description="Micro-batches by tokens instead of samples: each forward/backward takes as many rows of the "
         "mini-batch (sorted by length with seqlen_balance) as keep rows x longest row (prompt + response tokens) "
         "within this budget, a longer row alone; the gradient is the same, memory follows the budget instead of "
-        "the longest rows (verl's ppo_max_token_len_per_gpu). torch and FSDP2 engines. null = micro_batch_size rows.",
+        "the longest rows (verl's ppo_max_token_len_per_gpu). Every training engine. null = micro_batch_size rows.",
     )
     gradient_checkpointing: bool = Field(
         False,

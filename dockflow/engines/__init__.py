@@ -63,11 +63,11 @@ def create_engines(
     common = dict(lr=tc.lr, weight_decay=tc.weight_decay, grad_clip=tc.grad_clip, infer_batch_size=tc.infer_batch_size,
                   temperature=inputs.rollout.temperature, device=device,
                   gradient_checkpointing=tc.gradient_checkpointing)
-    budget = dict(max_tokens_per_micro_batch=tc.max_tokens_per_micro_batch)  # torch / FSDP2 (config refuses megatron)
+    budget = dict(max_tokens_per_micro_batch=tc.max_tokens_per_micro_batch)
     if tc.engine == "megatron":  # DP x TP x PP ranks of megatron-core; generation on the HF copy of the gathered weights
         from dockflow.engines.megatron.training import MegatronTrainingEngine
 
-        train = MegatronTrainingEngine(model, tp=tc.tp, pp=tc.pp, seed=inputs.seed, **common)
+        train = MegatronTrainingEngine(model, tp=tc.tp, pp=tc.pp, seed=inputs.seed, **common, **budget)
         gen_model = train.generation_model
     elif tc.dp > 1:  # FSDP2 over the actor's DP group; generation on a plain copy filled by allgather-swap
         from dockflow.engines.fsdp_training import FSDPTrainingEngine
@@ -120,6 +120,7 @@ def create_critic_engine(
     if tc.engine == "megatron":  # this rank's TP x PP shard of the value model
         from dockflow.engines.megatron.value import MegatronCriticEngine
 
-        return MegatronCriticEngine(model, tp=tc.tp, pp=tc.pp, seed=inputs.seed, **common)
+        return MegatronCriticEngine(model, tp=tc.tp, pp=tc.pp, seed=inputs.seed, **common,
+                                    max_tokens_per_micro_batch=tc.max_tokens_per_micro_batch)
     return TorchTrainingEngine(model, response_fn=response_values, **common,
                                max_tokens_per_micro_batch=tc.max_tokens_per_micro_batch)

@@ -43,6 +43,7 @@ from dockflow.engines.megatron.schedule import (
     pipeline_forward_backward,
     pipeline_response_log_probs,
 )
+from dockflow.engines.micro_batches import micro_batch_bounds
 from dockflow.engines.swapped_generation import SwappedGeneration
 from dockflow.engines.torch_training import load_metrics
 from dockflow.reshard import (
@@ -86,10 +87,14 @@ class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEng
         seed: int = 0,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         gradient_checkpointing: bool = False,
+        max_tokens_per_micro_batch: int | None = None,
     ):
         """``model``: the Hugging Face causal LM (Qwen2/Qwen2.5, Qwen3 or Llama) every rank starts from; it becomes
         the generation copy. Initialises megatron's TP x PP groups over the default group unless already done.
-        ``gradient_checkpointing``: megatron's full activation recompute, every layer (``model.transformer_config``)."""
+        ``gradient_checkpointing``: megatron's full activation recompute, every layer (``model.transformer_config``).
+        ``max_tokens_per_micro_batch``: micro-batches by tokens (``engines/micro_batches.py``), each its own pass
+        through the schedule."""
+        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
         self._init_ranks(tp, pp, seed, device)
         self.spec: DecoderSpec = spec_from_hf(model.config)
         self.model = mg.build_gpt_model(self.spec, tp=tp, pp=pp, recompute=gradient_checkpointing).to(self.device)
@@ -215,10 +220,16 @@ class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEng
             return loss
 
         width = batch["responses"].shape[1]
-        pipeline_forward_backward(
-            [self.model], batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device), width,
-            self.spec.vocab_size, micro_batch_size=micro_batch_size, loss_fn=micro_loss, temperature=self.temperature,
-            head=self._head)
+        # Sample micro-batches: one pass of equal micro-batches. Token budgets: a pass per micro-batch (every rank of
+        # the model group holds the same batch, so the same cuts); the grads add up in .grad either way.
+        passes = [(0, rows, micro_batch_size)] if self.max_tokens_per_micro_batch is None else [
+            (lo, hi, hi - lo) for lo, hi in micro_batch_bounds(batch["attention_mask"].sum(-1).tolist(),
+                                                               micro_batch_size, self.max_tokens_per_micro_batch)]
+        for lo, hi, size in passes:
+            pipeline_forward_backward(
+                [self.model], batch["input_ids"][lo:hi], batch["attention_mask"][lo:hi], width, self.spec.vocab_size,
+                micro_batch_size=size, temperature=self.temperature, head=self._head,
+                loss_fn=lambda outputs, part, lo=lo: micro_loss(outputs, slice(part.start + lo, part.stop + lo)))
         finalize_grads(self.model, self.spec)
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         if self.dp > 1:  # the loss is a global token mean: DP ranks' grads add up to the full batch's

@@ -121,9 +121,12 @@ class MegatronCriticEngine(MegatronTrainingEngine):
         device: str = "cpu",
         seed: int = 0,
         gradient_checkpointing: bool = False,
+        max_tokens_per_micro_batch: int | None = None,
     ):
         """``model``: the HF critic (``load_critic``) every rank starts from; it becomes the gathered copy.
-        ``gradient_checkpointing``: megatron's full activation recompute, every layer."""
+        ``gradient_checkpointing``: megatron's full activation recompute, every layer; ``max_tokens_per_micro_batch``:
+        micro-batches by tokens, as the policy engine's."""
+        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
         self._init_ranks(tp, pp, seed, device)
         self.spec = critic_spec(model.config)
         state = model.state_dict()

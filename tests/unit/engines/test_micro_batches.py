@@ -22,8 +22,10 @@ def test_rows_are_cut_by_samples_or_by_rows_times_the_longest_row():
 
 def test_a_budget_is_a_config_key_and_refused_where_it_cannot_run():
     assert Config(train={"max_tokens_per_micro_batch": 4096}).train.max_tokens_per_micro_batch == 4096
-    with pytest.raises(ValueError, match="max_tokens_per_micro_batch is not supported with train.engine=megatron"):
-        Config(train={"max_tokens_per_micro_batch": 4096, "engine": "megatron"})
+    assert Config(train={"max_tokens_per_micro_batch": 4096, "engine": "megatron"}).train.engine == "megatron"
+    with pytest.raises(ValueError, match="max_tokens_per_micro_batch is not supported with algorithm.name=dpo"):
+        Config(train={"max_tokens_per_micro_batch": 4096, "mini_batch_size": 64, "micro_batch_size": 64},
+               algorithm={"name": "dpo"}, rollout={"group_size": 2})
 
 
 @pytest.mark.parametrize("recipe", ["grpo", "dr_grpo", "gspo"])

@@ -101,6 +101,10 @@ def _rank(rank: int, layout: tuple[int, int], tmp: str) -> None:
     engine = MegatronTrainingEngine.from_pretrained(Path(tmp) / RECOMPUTE_MODEL, tp=tp, pp=pp, **ENGINE_ARGS,
                                                     gradient_checkpointing=True)
     result["recompute"] = _recompute_step(engine)
+    # token budgets: rows of 9, 9, 3 and 11 tokens in 20 are micro-batches of 2, 1 and 1 rows, a pass each
+    engine = MegatronTrainingEngine.from_pretrained(Path(tmp) / RECOMPUTE_MODEL, tp=tp, pp=pp, **ENGINE_ARGS,
+                                                    max_tokens_per_micro_batch=20)
+    result["budget"] = _recompute_step(engine)
     torch.save(result, Path(tmp) / f"rank{rank}.pt")
     dist.barrier()
     mg.destroy_model_parallel()
@@ -171,6 +175,16 @@ def test_full_activation_recompute_takes_the_same_first_step(ranks, reference):
         out = r["recompute"]
         assert out["checkpointed"] == 2 * 2 // out["pp"]  # 2 micro-batches x the stage's layers (of 2)
         _close(out["logp"] * ref["mask"], ref["logp"] * ref["mask"], "log-probs")
+        for key in METRICS:
+            assert out["metrics"][key] == pytest.approx(ref["metrics"][key], rel=1e-5, abs=1e-6), key
+        _same_step(out["weights"], out["exp_avg"], ref)
+
+
+def test_token_budget_micro_batches_take_the_same_first_step(ranks, reference):
+    ref = reference[RECOMPUTE_MODEL]
+    for r in ranks[0]:
+        out = r["budget"]
+        assert out["checkpointed"] == 0  # no recompute here
         for key in METRICS:
             assert out["metrics"][key] == pytest.approx(ref["metrics"][key], rel=1e-5, abs=1e-6), key
         _same_step(out["weights"], out["exp_avg"], ref)
