@@ -89,16 +89,20 @@ class TorchTrainingEngine(TrainingEngine):
         """The layout every DP rank uses for this forward (they must call the model alike); one process: its own."""
         return pack
 
+    def _packed_response(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor,
+                         width: int) -> tuple[TokenOutputs, bool]:
+        """``response_fn`` packed or through the shared-prompt pass, whichever costs less (``logprobs.packs``; the
+        DP ranks agree), and whether it packed."""
+        pack = self._agree(packs(model, ids, mask, width))
+        return self.response_fn(model, ids, mask, width, pack=pack), pack
+
     def _response(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, width: int) -> TokenOutputs:
-        """``response_fn`` packed or through the shared-prompt pass, whichever costs less (``logprobs.packs``)."""
-        return self.response_fn(model, ids, mask, width, pack=self._agree(packs(model, ids, mask, width)))
+        return self._packed_response(model, ids, mask, width)[0]
 
     def _forward(self, batch: TensorDict) -> tuple[TokenOutputs, bool]:
         """The micro-batch's outputs, and whether it went through packed."""
         ids, mask = batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
-        width = batch["responses"].shape[1]
-        pack = self._agree(packs(self.model, ids, mask, width))
-        return self.response_fn(self.model, ids, mask, width, pack=pack), pack
+        return self._packed_response(self.model, ids, mask, batch["responses"].shape[1])
 
     def infer(self, batch: TensorDict) -> torch.Tensor:
         return batched_response_outputs(self.model, batch, self.infer_batch_size, self._response)

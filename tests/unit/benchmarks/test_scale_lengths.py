@@ -31,4 +31,10 @@ def test_both_parts_run_small_cases(tmp_path):
     main(["--part", "long-tail", "--rows", "4", "--longest", "64", "--budget", "128", "--vocab", "500",
           "--out", str(tmp_path / "b.json")])
     main(["--part", "lengths", "--widths", "8,16", "--vocab", "500", "--out", str(tmp_path / "c.json")])
-    assert (tmp_path / "b.json").is_file() and (tmp_path / "c.json").is_file()
+    import json
+
+    long_tail = json.loads((tmp_path / "b.json").read_text())["results"]
+    assert [r["way"] for r in long_tail] == ["before", "samples", "tokens", "tokens+packing"]
+    assert all(r["tokens_per_s"] > 0 and r["peak_growth_mb"] >= 0 for r in long_tail), long_tail
+    lengths = json.loads((tmp_path / "c.json").read_text())["results"]
+    assert [r["width"] for r in lengths] == [8, 16] and all(r["iteration_s"] > 0 for r in lengths), lengths
