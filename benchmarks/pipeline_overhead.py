@@ -1,7 +1,7 @@
 """What the Kubeflow pipeline costs over the CLI loop, side by side: the demo config, the same iterations,
 through ``dockflow train`` and through the pipeline under ``kfp.local``, repeats alternating.
 
-Both drivers run the same stage loops (``dockflow.flow.streaming``); the pipeline's run in a supervisor actor
+Both drivers run the same stage loops (``dockflow.flow.stage_loops``); the pipeline's run in a supervisor actor
 while kfp.local starts the tasks, one at a time, as processes that attach to them. Seconds per iteration run
 from the first iteration's start to the last one's end (the summary's ``seconds_per_iteration``: the mean of the
 close-to-close periods the loops measure, the same code in both drivers); start-up (Ray, actors, the SFT cache

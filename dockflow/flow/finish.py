@@ -27,7 +27,7 @@ from dockflow.tracking.tags import identity_tags
 from dockflow.workers import Workers
 
 FINAL_MODEL = "final_model"
-SPLIT = "test"  # the split the run's evaluations score (flow.worker_calls.evaluate)
+SPLIT = "test"  # the split the run's evaluations score (flow.iteration: RunTasks._evaluate)
 
 
 def finish(cfg: Config, run_dir: Path, workers: Workers, store: Any, tracker: Tracker, state: RunRecord, *,

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 from dockflow.config import Config
-from dockflow.flow import worker_calls
 from dockflow.flow.run_record import ACCURACY, RunRecord
 from dockflow.flow.waiting import wait_stages
 from dockflow.workers import Workers
@@ -29,8 +28,8 @@ def stateful(workers: Workers) -> dict[str, Any]:
     """Workers whose state a checkpoint holds (each writes its own part; the actor ranks, and the critic ranks, save
     and load together: rank 0 writes the "actor" ("critic") part, every rank reads it)."""
     named = {"actor": workers.actor, "critic": workers.critic}
-    named.update({f"actor-{k}": a for k, a in enumerate(worker_calls.actor_ranks(workers)) if k > 0})
-    named.update({f"critic-{k}": c for k, c in enumerate(worker_calls.critic_ranks(workers)) if k > 0})
+    named.update({f"actor-{k}": a for k, a in enumerate(workers.actors) if k > 0})
+    named.update({f"critic-{k}": c for k, c in enumerate(workers.critics) if k > 0})
     return {k: v for k, v in named.items() if v is not None}
 
 

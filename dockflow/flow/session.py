@@ -25,7 +25,7 @@ from dockflow.flow import record
 from dockflow.flow.finish import finish
 from dockflow.flow.iteration import ProgressFn, RunParts, RunTasks
 from dockflow.flow.run_record import RunRecord
-from dockflow.flow.streaming import Schedule, StageLoops
+from dockflow.flow.stage_loops import Schedule, StageLoops
 from dockflow.flow.waiting import StageError, wait_stages
 from dockflow.tracking import Tracker
 from dockflow.workers import Workers, create_workers, kill_workers

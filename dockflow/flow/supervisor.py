@@ -83,7 +83,7 @@ class RunSupervisor:
 
     def _main(self, restart_reason: str | None) -> None:
         from dockflow.flow.run_setup import write_run_config
-        from dockflow.flow.streaming import RunStopped
+        from dockflow.flow.stage_loops import RunStopped
 
         try:
             if restart_reason is not None:

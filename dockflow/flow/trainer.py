@@ -3,8 +3,8 @@
     summary = train(load_config("configs/grpo_arith.yaml"), resume=False)
 
 It checks that the user's reward functions import, stages the initial model (SFT warm start, cached), starts
-(or joins) Ray, and runs the run's session (``dockflow.flow.session``: dock, workers, the stage loops of
-``dockflow.flow.streaming``), then finishes it: final model, ``summary.json``, MLflow, registry. A pipeline
+(or joins) Ray, and runs the run's session (``dockflow.flow.session``: dock, workers, and every iteration's
+phases, ``dockflow.flow.iteration``, run by ``dockflow.flow.stage_loops``), then finishes it: final model, ``summary.json``, MLflow, registry. A pipeline
 run does the same in its supervisor actor; what both drivers share is in ``dockflow.flow.run_setup``. The
 driver only ever handles prompt indices and scalar metrics.
 """

@@ -2,8 +2,8 @@
 
 It samples responses into the dock with whatever weights it holds, tagging every sample with their policy
 version; each generation names the published policy it must use (the reshard stage publishes one per update),
-and the stage loops decide when it may start, which bounds how stale its samples can get
-(``dockflow.flow.streaming``).
+and the generate stage's gate decides when it may start, which bounds how stale its samples can get
+(``dockflow.flow.iteration: waits_for``).
 """
 
 from __future__ import annotations

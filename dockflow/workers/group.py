@@ -40,25 +40,27 @@ WORKER_CLASSES: dict[str, type] = {
 
 @dataclass
 class Workers:
-    """Handles of the run's Ray actors; a worker the algorithm does not use is None."""
+    """Handles of the run's Ray actors; a role the run does not have is None (or an empty list)."""
 
-    actor: Any
+    actors: list[Any]  # every actor rank (train.actor_ranks: dp x tp x pp); rank 0 evaluates and publishes
     reward: Any | None = None  # algorithms that sample (not offline ones)
     reference: Any | None = None  # offline algorithms (DPO), or a KL penalty
-    critic: Any | None = None  # PPO, PF-PPO
+    critics: list[Any] = field(default_factory=list)  # every critic rank (train.critic_ranks): PPO, PF-PPO
     reward_model: Any | None = None  # with reward.models: scores rollouts into rm_scores (workers/reward_model.py)
     pairs: Any | None = None  # offline algorithms: the preference pairs' source
     generators: list[Any] = field(default_factory=list)  # placement.mode=disaggregated
     rollout_queue: Any | None = None  # several generators: the chunks they draw from (workers/rollout_queue.py)
     prefix: str = ""  # the actors are named "<prefix>-<role>"
-    actors: list[Any] = field(default_factory=list)  # every actor rank (train.actor_ranks); actors[0] is ``actor``
-    critics: list[Any] = field(default_factory=list)  # every critic rank (train.critic_ranks); critics[0] is ``critic``
 
-    def __post_init__(self) -> None:
-        if not self.actors:
-            self.actors = [self.actor]
-        if not self.critics and self.critic is not None:
-            self.critics = [self.critic]
+    @property
+    def actor(self) -> Any:
+        """Actor rank 0: the one that evaluates, publishes weights and saves the final model."""
+        return self.actors[0]
+
+    @property
+    def critic(self) -> Any | None:
+        """Critic rank 0 (None without a critic)."""
+        return self.critics[0] if self.critics else None
 
     def all(self) -> dict[str, Any]:
         named = {"actor": self.actor, "reward": self.reward, "reference": self.reference, "critic": self.critic,
@@ -115,9 +117,8 @@ def _workers(started: dict[str, list[Any]], prefix: str) -> Workers:
     def one(role: str) -> Any | None:
         return started[role][0] if started.get(role) else None
 
-    return Workers(actor=started["actor"][0], actors=started["actor"], reward=one("reward"),
-                   reference=one("reference"), critic=one("critic"), critics=started.get("critic", []),
-                   reward_model=one("reward_model"),
+    return Workers(actors=started["actor"], reward=one("reward"), reference=one("reference"),
+                   critics=started.get("critic", []), reward_model=one("reward_model"),
                    pairs=one("pairs"), generators=started.get("generator", []), rollout_queue=one("rollout_queue"),
                    prefix=prefix)
 

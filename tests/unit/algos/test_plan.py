@@ -10,7 +10,7 @@ import pytest
 from dockflow.algos.plan import REWARD_MODEL_CONSUMER, SNAPSHOT_CONSUMER
 from dockflow.algos.recipe import CriticSection, PreferenceSection
 from dockflow.config import Config, load_config
-from dockflow.flow import worker_calls
+from dockflow.flow.iteration import RunParts, RunTasks
 from dockflow.flow.record import stateful
 from dockflow.workers import Workers
 from dockflow.workers.cluster import local_inputs
@@ -188,10 +188,15 @@ def test_megatron_gives_the_critic_tp_x_pp_ranks_and_the_stages_call_each():
             return SimpleNamespace(remote=lambda *args: (self.k, method, args))
 
     critics = [Rank(k) for k in range(4)]
-    workers = Workers(actor=Rank(0), critic=critics[0], critics=critics)
+    workers = Workers(actors=[Rank(0)], critics=critics)
     assert stateful(workers).keys() == {"actor", "critic", "critic-1", "critic-2", "critic-3"}
-    refs = worker_calls.update(workers, 3)
+
+    def asked(stage: str, on: Workers) -> dict:  # the refs a stage's work sends first
+        parts = RunParts(cfg=cfg, workers=on, dock=None, sampler=None, store=None, tracker=None, state=None)
+        return next(RunTasks(parts, 0).stage(stage, 3))
+
+    refs = asked("update", workers)
     assert {k: v for k, v in refs.items() if k.startswith("critic")} == {
         "critic_update": (0, "update", (3,)), **{f"critic_update/{k}": (k, "update", (3,)) for k in (1, 2, 3)}}
-    assert worker_calls.infer(workers, 3)["values/2"] == (2, "compute_values", (3,))
-    assert "values" not in worker_calls.infer(Workers(actor=Rank(0)), 3)  # no critic, no critic calls
+    assert asked("infer", workers)["values/2"] == (2, "compute_values", (3,))
+    assert "values" not in asked("infer", Workers(actors=[Rank(0)]))  # no critic, no critic calls

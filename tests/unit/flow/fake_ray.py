@@ -133,7 +133,7 @@ class World:
         self.run_until(list(refs.values()))
         return {k: r.value for k, r in refs.items()}
 
-    # ``dockflow.flow.streaming.Waiter``: the stage loops wait through these.
+    # ``dockflow.flow.stage_loops.Waiter``: the stage loops wait through these.
     def ready(self, refs: list[Ref], timeout_s: float) -> list[Ref]:
         """Run actors until one of ``refs`` is done; the done ones."""
         while not any(r.done for r in refs):

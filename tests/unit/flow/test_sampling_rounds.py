@@ -9,6 +9,7 @@ from dockflow.config import load_config
 from dockflow.data.prompt_order import PromptSampler
 from dockflow.flow.iteration import RunParts, RunTasks
 from dockflow.flow.run_record import RunRecord
+from dockflow.workers import Workers
 from dockflow.workers.advantage import RoundAdvantages
 
 G, N = 4, 2
@@ -31,8 +32,7 @@ def _tasks(config: str, *extra: str) -> tuple[RunTasks, list]:
     calls: list = []
     methods = ("generate", "compute_rewards", "compute_advantages", "compute_old_log_prob")
     handle = SimpleNamespace(**{m: Handle(calls, m) for m in methods})
-    workers = SimpleNamespace(actor=handle, reward=handle, reward_model=None, reference=None, critic=None,
-                              generators=[], pairs=None)
+    workers = Workers(actors=[handle], reward=handle)
     dock = SimpleNamespace(reset=lambda window: calls.append(("reset", window)))
     tracker = SimpleNamespace(log_metrics_or_defer=lambda metrics, step: True)
     sampler = PromptSampler(100, G * cfg.plan.sampling.rounds, 0)

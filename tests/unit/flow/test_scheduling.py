@@ -5,7 +5,7 @@ from tensordict import TensorDict
 from dockflow.config import ConfigError, load_config
 from dockflow.flow.idle import IdleTracker
 from dockflow.flow.metrics import pop_generated, rollout_summary
-from dockflow.flow.worker_calls import shares
+from dockflow.flow.iteration import shares
 from dockflow.workers.rollout import clipped_rows, rollout_metrics
 
 

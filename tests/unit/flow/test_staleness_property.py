@@ -18,7 +18,8 @@ from dockflow.config import Config, load_config
 from dockflow.data.prompt_order import PromptSampler
 from dockflow.flow.iteration import RunParts, RunTasks
 from dockflow.flow.run_record import RunRecord
-from dockflow.flow.streaming import Schedule, StageLoops
+from dockflow.flow.stage_loops import Schedule, StageLoops
+from dockflow.workers import Workers
 from dockflow.workers.rollout_queue import QueueSettings, RolloutQueue
 from dockflow.workers.staleness import StalenessCounter
 
@@ -114,8 +115,8 @@ def run_case(
     trainer = FakeTrainer(cfg, dock)
     speed = lambda: rng.lognormvariate(0.0, 1.5)  # noqa: E731 - per-actor relative speed
     gens = [FakeGenerator(cfg, dock, k) for k in range(generators)]
-    workers = SimpleNamespace(
-        actor=FakeActor(world, trainer, speed()), reward=None, reference=None, critic=None,
+    workers = Workers(
+        actors=[FakeActor(world, trainer, speed())],
         generators=[FakeActor(world, g, speeds[k] if speeds else speed()) for k, g in enumerate(gens)],
         rollout_queue=FakeActor(world, RolloutQueue(QueueSettings(1)), 1.0),
     )

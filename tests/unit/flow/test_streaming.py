@@ -9,7 +9,8 @@ import time
 import pytest
 from fake_ray import FakeActor, World
 
-from dockflow.flow.streaming import EVAL_SECONDS, RunStopped, Schedule, StageLoops
+from dockflow.flow.iteration import waits_for
+from dockflow.flow.stage_loops import EVAL_SECONDS, RunStopped, Schedule, StageLoops
 from dockflow.flow.waiting import StageError
 
 
@@ -30,6 +31,8 @@ class ActorTasks:
         self.closed: list = []
         self.actor = FakeActor(world, Recorder(self.calls))
         self.fail = fail
+
+    waits_for = staticmethod(waits_for)  # the run's gates
 
     def stage(self, stage: str, index: int):
         results = yield {stage: self.actor.run.remote(stage, index)}

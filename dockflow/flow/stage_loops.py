@@ -1,30 +1,18 @@
-"""The run's stage loops: generate, infer, update, reshard and evaluate, each over every iteration, streaming.
+"""The stage loops: the scheduler that runs every stage of every iteration as soon as its gate opens.
 
 One scheduler for both drivers: ``dockflow train`` runs it in its own process, a pipeline run in the run's
-supervisor actor on the Ray cluster (``dockflow.flow.supervisor``). Each stage has its own cursor over the
-iterations, and stage ``S`` of iteration ``i`` starts as soon as its gate opens (``s = train.max_staleness``):
+supervisor actor on the Ray cluster (``dockflow.flow.supervisor``). What the stages are, their order, their gates
+and what each sends to the workers is written in one place, phase by phase: ``dockflow.flow.iteration``. This
+module only runs them: each stage has its own cursor over the iterations, and stage ``S`` of iteration ``i``
+starts as soon as ``tasks.waits_for(S, i, progress)`` is empty.
 
-    generate(i)  reshard(i-1-s) is done: the policy is at version >= i - s (the staleness bound), and the
-                 checkpoint of step i - s, when one is due, is written; evaluate(i - s) was sent
-    infer(i)     generate(i) was sent (done, when it scores rounds), reshard(i-1) and evaluate(i) were sent, and
-                 the checkpoint of step i, when one is due, is written
-    update(i)    infer(i) was sent
-    reshard(i)   update(i) was sent
-    evaluate(k)  reshard(k-1) was sent (step 0, before RL: at the start)
-
-"Sent" is enough where two stages share a worker: Ray runs one caller's calls to an actor in the order they
-were sent, and every call comes from this one thread, so each worker sees the same order in every run (a run
-is reproducible bit for bit). Across workers the dock orders the data: a get blocks until its columns are
-ready, so scoring and inference stream behind generation. When reshard(i) is done and the stages of ``i`` are
-done, the iteration closes (``record``: metrics, MLflow, progress; its seconds leave out the held-out evaluations
-done meanwhile, ``EVAL_SECONDS``, as verl and TRL time evaluation apart) and a due checkpoint is written; it holds
-the generations already done ahead (checkpoint part ``inflight``: ``GeneratorWorker.save_inflight`` in
-``dockflow.workers.generator``), so a resumed run repeats and loses no sample.
-
-A stage's work is a coroutine (``dockflow.flow.iteration``): it yields ``{name: ObjectRef}`` and receives the
-results, so the sampling rounds of the run plan (DAPO's dynamic sampling) are one generate task. Every running
-task has a deadline (``train.stage_timeout_s``); a failure stops every loop and raises ``StageError`` naming the
-stage, the iteration and the cause.
+A stage's work is a generator: it yields ``{name: ObjectRef}``, receives the results, and ``return``s its metrics
+(Python hands a generator's return value over as ``StopIteration.value``: ``StageLoops._step`` reads it there), so
+that the sampling rounds of the run plan (DAPO's dynamic sampling) are one generate task. When the stages of
+iteration ``i`` are done, the iteration closes (``tasks.close``: metrics, MLflow, progress; its seconds leave out
+the held-out evaluations done meanwhile, ``EVAL_SECONDS``, as verl and TRL time evaluation apart) and a due
+checkpoint is written (``tasks.checkpoint``). Every running task has a deadline (``train.stage_timeout_s``); a
+failure stops every loop and raises ``StageError`` naming the stage, the iteration and the cause.
 """
 
 from __future__ import annotations
@@ -42,7 +30,7 @@ AWAIT_ONLY = "@"  # a ref named "@..." is waited for but not fetched (e.g. publi
 Refs = dict[str, Any]
 StageTask = Generator[Refs, dict[str, Any], dict[str, float]]
 EVAL_SECONDS = "timing/eval_s"  # an evaluate task's own seconds, as the evaluating worker measured them
-POLL_S = 0.5  # longest wait between checks of the stop flag and the deadlines
+LOOP_TICK_S = 0.5  # longest wait between checks of the stop flag and the deadlines
 
 
 class RunStopped(RuntimeError):
@@ -75,7 +63,10 @@ class RayWaiter:
 
 
 class Tasks(Protocol):
-    """What the loops run: one coroutine per stage and iteration, the close of an iteration, checkpoints."""
+    """What the loops run: each stage's gate and its work per iteration, the close of an iteration, checkpoints
+    (``dockflow.flow.iteration.RunTasks``)."""
+
+    def waits_for(self, stage: str, index: int, progress: Progress) -> list[str]: ...
 
     def stage(self, stage: str, index: int) -> StageTask: ...
 
@@ -96,6 +87,21 @@ class Schedule:
     generated: dict[int, dict[str, float]] = field(default_factory=dict)  # restored in-flight generations
     in_rounds: bool = False  # the run plan's sampling is in rounds, scored by generate: infer(i) waits for all of it
     publish_first: bool = False  # disaggregated: reshard(start - 1) publishes the restored policy first
+
+
+@dataclass
+class Progress:
+    """What the loops have sent and finished, by stage (and ``checkpoint``): what the gates read."""
+
+    schedule: Schedule
+    sent: dict[str, set[int]]
+    done: dict[str, set[int]]
+
+    def eval_due(self, step: int) -> bool:
+        return step in self.schedule.eval_steps
+
+    def checkpoint_due(self, step: int) -> bool:
+        return step in self.schedule.checkpoint_steps
 
 
 @dataclass
@@ -123,6 +129,7 @@ class StageLoops:
         start = schedule.start
         self.sent: dict[str, set[int]] = {s: set() for s in (*STAGES, "checkpoint")}
         self.done: dict[str, set[int]] = {s: set() for s in (*STAGES, "checkpoint")}
+        self.progress = Progress(schedule, self.sent, self.done)
         self.results: dict[tuple[str, int], dict[str, float]] = {}
         self.next = {s: start for s in STAGES}
         self.next["evaluate"] = 0  # an index into schedule.eval_steps
@@ -142,33 +149,6 @@ class StageLoops:
         self.ready: set[Any] = set()  # refs known done, of tasks still waiting for others
         self.completed: set[str] = set()
 
-    # ---- gates ----
-
-    def _due(self, step: int) -> bool:
-        return step in self.schedule.eval_steps
-
-    def _waits_for(self, stage: str, i: int) -> list[str]:
-        """What stage ``stage`` of iteration ``i`` still waits for (empty: it may start)."""
-        s, sent, done = self.schedule.max_staleness, self.sent, self.done
-        need: list[tuple[bool, str]] = []
-        if stage == "generate":
-            version = max(i - 1 - s, self.schedule.start - 1)  # before the start: the policy the run starts from
-            need = [(version in done["reshard"], f"reshard {version} done"),
-                    (i - s not in self.schedule.checkpoint_steps or i - s in done["checkpoint"], f"checkpoint {i - s}"),
-                    (not self._due(i - s) or i - s in sent["evaluate"], f"evaluate {i - s} sent")]
-        elif stage == "infer":
-            gen = done if self.schedule.in_rounds else sent
-            need = [(i in gen["generate"], f"generate {i}"), (i - 1 in sent["reshard"], f"reshard {i - 1} sent"),
-                    (not self._due(i) or i in sent["evaluate"], f"evaluate {i} sent"),
-                    (i not in self.schedule.checkpoint_steps or i in done["checkpoint"], f"checkpoint {i}")]
-        elif stage == "update":
-            need = [(i in sent["infer"], f"infer {i} sent")]
-        elif stage == "reshard":
-            need = [(i in sent["update"], f"update {i} sent")]
-        elif stage == "evaluate":
-            need = [(i == self.schedule.start or i - 1 in sent["reshard"], f"reshard {i - 1} sent")]
-        return [what for ok, what in need if not ok]
-
     # ---- the loop ----
 
     def run(self) -> None:
@@ -182,10 +162,13 @@ class StageLoops:
             if self._finished():
                 break
             if not self.running:
-                blocked = {s: self._waits_for(s, self._cursor_index(s)) for s in STAGES if not self._stage_ended(s)}
+                blocked = {s: self._waits_for(s) for s in STAGES if not self._stage_ended(s)}
                 raise StageError(f"the stage loops cannot go on (a bug): waiting for {blocked}")
             self._advance()
         self._report_complete()
+
+    def _waits_for(self, stage: str) -> list[str]:
+        return self.tasks.waits_for(stage, self._cursor_index(stage), self.progress)
 
     def _cursor_index(self, stage: str) -> int:
         return self.schedule.eval_steps[self.next[stage]] if stage == "evaluate" else self.next[stage]
@@ -203,7 +186,7 @@ class StageLoops:
         while progress:
             progress = False
             for stage in STAGES:
-                if not self._stage_ended(stage) and not self._waits_for(stage, self._cursor_index(stage)):
+                if not self._stage_ended(stage) and not self._waits_for(stage):
                     index = self._cursor_index(stage)
                     self.next[stage] += 1
                     self._launch(stage, index)
@@ -216,7 +199,7 @@ class StageLoops:
         i = self.closed
         if i >= self.schedule.end or any(i not in self.done[s] for s in ("generate", "infer", "update", "reshard")):
             return False
-        if self._due(i + 1) and i + 1 not in self.done["evaluate"]:
+        if self.progress.eval_due(i + 1) and i + 1 not in self.done["evaluate"]:
             return False
         if i + 1 in self.schedule.checkpoint_steps and i + 1 not in self.sent["checkpoint"]:
             # in-flight generations must be done: the checkpoint holds their samples
@@ -225,7 +208,7 @@ class StageLoops:
                 return False
         now = time.monotonic()
         parts = {s: self.results.get((s, i), {}) for s in ("generate", "infer", "update", "reshard")}
-        if self._due(i + 1):
+        if self.progress.eval_due(i + 1):
             parts["evaluate"] = self.results[("evaluate", i + 1)]
         self.tasks.close(i, parts, max(now - self.last_close - self.evaluating_s, 0.0))
         self.last_close, self.evaluating_s = now, 0.0
@@ -272,7 +255,7 @@ class StageLoops:
         deadlines."""
         pending = [r for t in self.running for r in t.refs.values() if r not in self.ready]
         now = time.monotonic()
-        wait = max(0.0, min([POLL_S, *(t.deadline - now for t in self.running)]))
+        wait = max(0.0, min([LOOP_TICK_S, *(t.deadline - now for t in self.running)]))
         if pending:
             self.ready.update(self.waiter.ready(pending, wait))
         for task in list(self.running):
