@@ -30,7 +30,7 @@ from dockflow.flow.supervisor import HEADLINES, supervisor_name
 log = logging.getLogger(__name__)
 
 RPC_TIMEOUT_S = 120.0  # bound on calls that do no stage work (status, restart, close)
-POLL_S = 5.0  # a stage task's long poll (also its heartbeat)
+FOLLOW_POLL_S = 5.0  # a stage task's long poll (also its heartbeat)
 
 
 class PipelineError(RuntimeError):
@@ -245,7 +245,7 @@ def follow_stage(stage: str, namespace: str, run_name: str, address: str | None)
         cursor, epoch, first = 0, None, True
         while True:
             try:
-                out = _get(sup.follow.remote(stage, cursor, True, POLL_S), f"follow({stage})", POLL_S + RPC_TIMEOUT_S)
+                out = _get(sup.follow.remote(stage, cursor, True, FOLLOW_POLL_S), f"follow({stage})", FOLLOW_POLL_S + RPC_TIMEOUT_S)
             except SupervisorLost as exc:
                 sup = _reattach(run_name, namespace, exc)
                 cursor, epoch = 0, None

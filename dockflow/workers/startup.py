@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from dockflow.algos.plan import RunPlan
 
-POLL_S = 0.5  # how often the wait looks at the pending workers' phase
+PHASE_CHECK_S = 0.5  # how often the wait looks at the pending workers' phase
 
 
 class WorkerStartError(RuntimeError):
@@ -157,7 +157,7 @@ def wait_ready(handles: dict[str, Any], limits: StartLimits, need: dict[str, flo
     since = dict.fromkeys(refs, start)  # submission, then placement
     phase: dict[str, bool | None] = dict.fromkeys(refs, False)
     while refs:
-        done, _ = ray.wait(list(refs.values()), num_returns=1, timeout=POLL_S)
+        done, _ = ray.wait(list(refs.values()), num_returns=1, timeout=PHASE_CHECK_S)
         for label in [w for w, r in refs.items() if r in done]:
             try:
                 ray.get(refs.pop(label))
