@@ -4,8 +4,8 @@ from tensordict import TensorDict
 
 from dockflow.config import ConfigError, load_config
 from dockflow.flow.idle import IdleTracker
-from dockflow.flow.metrics import pop_generated, rollout_summary
 from dockflow.flow.iteration import shares
+from dockflow.flow.metrics import pop_generated, rollout_summary
 from dockflow.workers.rollout import clipped_rows, rollout_metrics
 
 
