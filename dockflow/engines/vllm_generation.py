@@ -42,9 +42,9 @@ from tensordict import TensorDict
 from torch import nn
 
 from dockflow.config.engine import kv_cache_gb, sleep_level
-from dockflow.engines.base import EngineInputs, GenerationEngine, LossFn, SamplingParams, TrainingEngine
 from dockflow.engines.devices import empty_device_cache
-from dockflow.engines.rollout_layout import decode_responses, left_pad_prompts, rollout_batch
+from dockflow.engines.interfaces import EngineInputs, GenerationEngine, LossFn, SamplingParams, TrainingEngine
+from dockflow.engines.layout import decode_responses, left_pad_prompts, rollout_batch
 from dockflow.engines.sync_check import WeightSyncError
 from dockflow.engines.vllm_convert import (
     checkpoint_weights,

@@ -27,11 +27,11 @@ from dockflow.flow.iteration import ProgressFn, RunParts, RunTasks
 from dockflow.flow.run_record import RunRecord
 from dockflow.flow.streaming import Schedule, StageLoops
 from dockflow.flow.waiting import StageError, wait_stages
+from dockflow.rollout.prompts import iteration_sampler, overlong_train_prompts
 from dockflow.tracking import Tracker
 from dockflow.workers import Workers, create_workers, kill_workers
 from dockflow.workers.cluster import run_namespace
 from dockflow.workers.run_dock import create_run_dock
-from dockflow.workers.run_prompts import iteration_sampler, overlong_train_prompts
 
 log = logging.getLogger(__name__)
 

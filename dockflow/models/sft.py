@@ -31,13 +31,13 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from dockflow.agents import tool_spec
 from dockflow.config.data import DataConfig
 from dockflow.config.sections import CheckpointConfig, ModelConfig, SFTConfig
 from dockflow.config.tools import ToolsConfig
 from dockflow.data import Example, PromptFormat, load_task
-from dockflow.engines.tool_rollouts import tool_spec
 from dockflow.eval.greedy import greedy_accuracy
-from dockflow.eval.tools import tool_scores
+from dockflow.eval.tool_scores import tool_scores
 from dockflow.models.chat_template import TINY_CHAT_VERSION
 from dockflow.models.factory import build_tiny_model, load_model_and_tokenizer, save_pretrained_dir
 from dockflow.models.tokenizer import build_char_tokenizer, build_task_tokenizer, with_chat_template

@@ -38,16 +38,17 @@ from dockflow.engines.sync_check import SYNC_CHECK, LogProbDrift, SyncChecker
 from dockflow.eval import EvalInputs, evaluate_policy
 from dockflow.eval.identity import EvalIdentity, eval_identity
 from dockflow.models import load_model_and_tokenizer
+from dockflow.rollout.multi_turn import ToolTable, generate_tools_into_dock
+from dockflow.rollout.plain import generate_into_dock
+from dockflow.rollout.prompts import PromptTable
+from dockflow.rollout.queue import staleness_bound
 from dockflow.storage.objects import fetch_model
 from dockflow.workers.consume import WaitClock, consume
 from dockflow.workers.dp_group import join_dp_group
 from dockflow.workers.model_parallel import ModelReplica, from_readers, model_group, shared_stream
 from dockflow.workers.peak_memory import peak_memory_metrics
-from dockflow.workers.rollout import PromptTable, generate_into_dock
-from dockflow.workers.rollout_queue import staleness_bound
 from dockflow.workers.runtime import ModelWorker
 from dockflow.workers.staleness import StalenessCounter
-from dockflow.workers.tool_rollout import ToolTable, generate_tools_into_dock
 from dockflow.workers.training import length_sorted, train_epochs
 
 T = TypeVar("T")

@@ -36,6 +36,9 @@ def room(name: str) -> list[Path]:
 @pytest.mark.parametrize(("importer", "imported", "instead"), [
     ("reshard", "dockflow.engines", "dockflow.reshard.accelerator"),
     ("config", "dockflow.rewards", "dockflow.flow.run_setup.check_reward_functions, at run start"),
+    ("rollout", "dockflow.workers", "what the workers pass in: dockflow.rollout sits below them"),
+    ("rollout", "dockflow.flow", "what the driver passes in: dockflow.rollout sits below it"),
+    ("engines", "dockflow.agents", "dockflow.rollout.multi_turn (tool rollouts over an engine)"),
 ])
 def test_a_lower_room_does_not_import_a_higher_one(importer: str, imported: str, instead: str) -> None:
     assert offenders(room(importer), imported) == [], f"use {instead}"
@@ -46,10 +49,10 @@ def test_only_the_cli_imports_the_cli_driver() -> None:
     assert offenders(files, "dockflow.flow.trainer") == [], "shared run set-up lives in dockflow.flow.run_setup"
 
 
-def test_workers_import_no_generation_backend() -> None:
+def test_workers_and_rollouts_import_no_generation_backend() -> None:
     backends = ("dockflow.engines.hf_generation", "dockflow.engines.vllm_generation", "dockflow.engines.cost_model")
-    found = [o for b in backends for o in offenders(room("workers"), b)]
-    assert found == [], "workers use the engine interfaces and dockflow.engines.rollout_layout"
+    found = [o for b in backends for room_name in ("workers", "rollout") for o in offenders(room(room_name), b)]
+    assert found == [], "workers use the engine interfaces and dockflow.engines.layout"
 
 
 def test_no_module_imports_another_modules_private_name() -> None:
