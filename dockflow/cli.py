@@ -160,7 +160,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 
     import torch
 
-    from dockflow.models.sft import SFTInputs, sft_report
+    from dockflow.flow.sft import SFTInputs, sft_report
 
     torch.set_num_threads(min(2, torch.get_num_threads()))
     inputs = SFTInputs(cfg.model, cfg.data, cfg.sft, cfg.checkpoint, cfg.run.seed, cfg.rollout.max_new_tokens,

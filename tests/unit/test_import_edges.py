@@ -39,6 +39,8 @@ def room(name: str) -> list[Path]:
     ("rollout", "dockflow.workers", "what the workers pass in: dockflow.rollout sits below them"),
     ("rollout", "dockflow.flow", "what the driver passes in: dockflow.rollout sits below it"),
     ("engines", "dockflow.agents", "dockflow.rollout.multi_turn (tool rollouts over an engine)"),
+    ("models", "dockflow.eval", "dockflow.flow.sft (the SFT warm start validates through eval, above models)"),
+    ("models", "dockflow.rewards", "dockflow.flow.sft (the SFT warm start scores with the task verifier)"),
 ])
 def test_a_lower_room_does_not_import_a_higher_one(importer: str, imported: str, instead: str) -> None:
     assert offenders(room(importer), imported) == [], f"use {instead}"
@@ -70,7 +72,7 @@ def test_the_formerly_cyclic_modules_import_first_in_a_fresh_process() -> None:
         "load_config('configs/grpo_arith.yaml')\n"
         "assert not [m for m in sys.modules if m.startswith('dockflow.rewards')], 'the config imported rewards'\n"
         "import dockflow.reshard.ledger, dockflow.engines.fsdp_training\n"
-        "import dockflow.rewards.sequence_classifier, dockflow.models.sft\n"
+        "import dockflow.rewards.sequence_classifier, dockflow.flow.sft\n"
         "import dockflow.flow.pipeline_tasks, dockflow.flow.supervisor\n"
         "assert 'dockflow.flow.trainer' not in sys.modules, 'a pipeline driver imported the CLI driver'\n"
     )
