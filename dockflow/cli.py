@@ -126,7 +126,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from dockflow.eval import EvalInputs
-    from dockflow.eval.run import EvalRun, run_eval
+    from dockflow.eval.command import EvalRun, run_eval
 
     overrides = list(args.overrides)
     if args.k is not None:

@@ -19,7 +19,7 @@ from dockflow.agents.environments import (
     with_observation,
 )
 from dockflow.agents.parse import Malformed, ParsedTurn, ToolCall, parse_tool_calls
-from dockflow.agents.tools import ToolError, ToolHost, ToolOutcome, import_tool, tool_schema
+from dockflow.agents.tool_host import ToolError, ToolHost, ToolOutcome, import_tool, tool_schema
 from dockflow.agents.trajectory import (
     Trajectory,
     TrajectoryMetrics,

@@ -30,7 +30,7 @@ from typing import Any
 
 from dockflow.agents.environments import pick_factory, with_observation
 from dockflow.agents.parking import ParkedTrajectory, resumed_host
-from dockflow.agents.tools import ToolHost, import_tool
+from dockflow.agents.tool_host import ToolHost, import_tool
 from dockflow.agents.trajectory import (
     Generate,
     Step,

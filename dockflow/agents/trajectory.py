@@ -23,7 +23,7 @@ from functools import partial
 from typing import Any
 
 from dockflow.agents.parse import ParsedTurn, parse_tool_calls
-from dockflow.agents.tools import ToolHost, ToolOutcome, error_text
+from dockflow.agents.tool_host import ToolHost, ToolOutcome, error_text
 from dockflow.config.tools import ToolsConfig
 
 Generate = Callable[[list[int], int], Sequence[int]]  # (token ids so far, max new tokens) -> new token ids

@@ -14,9 +14,9 @@ from tensordict import TensorDict
 from torch import nn
 
 from dockflow.engines.interfaces import GenerationEngine, SamplingParams
-from dockflow.engines.layout import decode_responses, first_eos_mask, left_pad_prompts, rollout_batch
 from dockflow.engines.sampled_log_probs import SampledLogProbs
 from dockflow.engines.sync_check import reference_log_probs
+from dockflow.engines.token_layout import decode_responses, first_eos_mask, left_pad_prompts, rollout_batch
 
 
 class HFGenerationEngine(GenerationEngine):

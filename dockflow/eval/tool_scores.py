@@ -23,7 +23,7 @@ from dockflow.data import Example, PromptFormat
 from dockflow.engines import HFGenerationEngine, SamplingParams
 from dockflow.engines.turn_sampler import BatchSampler
 from dockflow.eval.greedy import rng_guard
-from dockflow.eval.metrics import sample_scores
+from dockflow.eval.pass_at_k import sample_scores
 from dockflow.rewards.verifier import Verifier
 
 

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from dockflow.config import Config
 from dockflow.data.prompt_order import PromptSampler
 from dockflow.dock import TransferDock
-from dockflow.flow import record, worker_calls
+from dockflow.flow import run_checkpoint as record
+from dockflow.flow import worker_calls
 from dockflow.flow.idle import IdleTracker
 from dockflow.flow.metrics import iteration_throughput, merge_results, pop_generated, rollout_summary
 from dockflow.flow.run_record import RunRecord

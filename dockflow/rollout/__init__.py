@@ -11,6 +11,6 @@ and the generator workers (disaggregated).
 Layering: this package may import ``Config``, ``dockflow.engines``, ``dockflow.agents``, ``dockflow.dock``,
 ``dockflow.data`` and ``dockflow.eval``; none of those imports it, and it imports neither ``dockflow.workers``
 nor ``dockflow.flow`` (``tests/unit/test_layers.py``, ``tests/unit/test_import_edges.py``). What the lower rooms
-share with it stays there: the rollout layout's builders (``dockflow.engines.layout``), the turn sampler over an
-engine (``dockflow.engines.turn_sampler``) and the batched tool loop (``dockflow.agents.batch_loop``).
+share with it stays there: the rollout layout's builders (``dockflow.engines.token_layout``), the turn sampler
+over an engine (``dockflow.engines.turn_sampler``) and the batched tool loop (``dockflow.agents.batch_loop``).
 """

@@ -25,7 +25,7 @@ from tensordict import TensorDict
 from dockflow.config import Config
 from dockflow.dock import TransferDock
 from dockflow.engines import GenerationEngine, SamplingParams
-from dockflow.engines.layout import first_eos_mask, left_pad_prompts, rollout_batch
+from dockflow.engines.token_layout import first_eos_mask, left_pad_prompts, rollout_batch
 from dockflow.rollout.multi_turn import ToolGroups
 from dockflow.rollout.plain import clipped_rows, dock_columns, generation_seed, rollout_metrics
 from dockflow.rollout.prompts import PromptTable

@@ -54,7 +54,7 @@ def test_only_the_cli_imports_the_cli_driver() -> None:
 def test_workers_and_rollouts_import_no_generation_backend() -> None:
     backends = ("dockflow.engines.hf_generation", "dockflow.engines.vllm_generation", "dockflow.engines.cost_model")
     found = [o for b in backends for room_name in ("workers", "rollout") for o in offenders(room(room_name), b)]
-    assert found == [], "workers use the engine interfaces and dockflow.engines.layout"
+    assert found == [], "workers use the engine interfaces and dockflow.engines.token_layout"
 
 
 def test_no_module_imports_another_modules_private_name() -> None:

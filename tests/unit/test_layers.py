@@ -76,7 +76,7 @@ def test_lower_layers_import_neither_the_whole_config_nor_the_layers_above() -> 
         ("from dockflow.rollout.plain import dock_columns", True),
         ("from dockflow import rollout", True),
         ("import dockflow.cli", True),
-        ("from ..flow import record", True),
+        ("from ..flow import run_checkpoint", True),
         ("from dockflow.config import CheckpointConfig, flatten_dict", False),
         ("from dockflow.config.sections import DataConfig", False),
         ("from dockflow.config.engine import EngineConfig", False),
@@ -87,4 +87,4 @@ def test_lower_layers_import_neither_the_whole_config_nor_the_layers_above() -> 
 )
 def test_the_check_tells_whole_config_and_upper_imports_apart(line: str, bad: bool) -> None:
     source = f"from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    {line}\n"
-    assert bool(violations(source, PACKAGE / "eval" / "run.py")) is bad
+    assert bool(violations(source, PACKAGE / "eval" / "command.py")) is bad

@@ -4,8 +4,8 @@ import torch
 
 from dockflow.config import Config
 from dockflow.engines import EngineInputs, SamplingParams, create_engines
-from dockflow.engines.layout import left_pad_prompts
 from dockflow.engines.logprobs import batched_log_probs
+from dockflow.engines.token_layout import left_pad_prompts
 from dockflow.models import build_char_tokenizer, build_tiny_model
 from dockflow.rollout.partial import continue_rollouts, empty_rollouts, unfinished
 

@@ -1,6 +1,6 @@
 """The rollout layout of ``dockflow.engines.interfaces`` built from tokens and text, for every generation backend
-(``hf_generation``, ``vllm_generation``, ``cost_model``, ``partial``) and the workers that pad prompts, score
-fixed responses or decode them. Nothing here depends on a backend.
+(``hf_generation``, ``vllm_generation``, ``cost_model``), partial rollout (``dockflow.rollout.partial``) and the
+workers that pad prompts, score fixed responses or decode them. Nothing here depends on a backend.
 """
 
 from __future__ import annotations
