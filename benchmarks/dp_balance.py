@@ -41,7 +41,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from benchmarks.results_file import write_results
 from dockflow.dock.controller import ControllerState
-from dockflow.workers.training import length_sorted
+from dockflow.workers.update_loop import length_sorted
 
 WORLD = 2
 MODES = ("index", "index_sorted", "balanced_shares", "balanced_sorted")

@@ -34,7 +34,7 @@ class Engines:
 
     def generate(self, k: int) -> TensorDict:
         """Round ``k``'s rollouts in the dock's columns."""
-        from dockflow.workers.rollout import dock_columns
+        from dockflow.rollout.plain import dock_columns
 
         g = self.cfg.rollout.prompts_per_iter
         out = self.gen.generate(self.prompts[k * g:(k + 1) * g], self.params, seed=k, prompt_width=self.width)

@@ -29,7 +29,7 @@ from dockflow.data import PromptFormat, load_task
 from dockflow.eval import EvalInputs, evaluate_policy
 from dockflow.models import load_model_and_tokenizer
 from dockflow.rewards import verify
-from dockflow.workers.run_prompts import iteration_sampler
+from dockflow.rollout.prompts import iteration_sampler
 
 
 @dataclass

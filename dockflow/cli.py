@@ -126,7 +126,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from dockflow.eval import EvalInputs
-    from dockflow.eval.run import EvalRun, run_eval
+    from dockflow.eval.command import EvalRun, run_eval
 
     overrides = list(args.overrides)
     if args.k is not None:
@@ -160,7 +160,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 
     import torch
 
-    from dockflow.models.sft import SFTInputs, sft_report
+    from dockflow.flow.sft import SFTInputs, sft_report
 
     torch.set_num_threads(min(2, torch.get_num_threads()))
     inputs = SFTInputs(cfg.model, cfg.data, cfg.sft, cfg.checkpoint, cfg.run.seed, cfg.rollout.max_new_tokens,

@@ -1,8 +1,17 @@
 """Multi-turn tool use: tools and TRL-style environments, tool-call parsing, the tool loop (docs/agents.md).
 
-Run by ``dockflow.engines.tool_rollouts`` when a run configures ``tools:``.
+Run by ``dockflow.rollout.multi_turn`` when a run configures ``tools:``, by held-out evaluation
+(``dockflow.eval.tool_scores``) and by tool-use SFT (``dockflow.flow.tool_sft``).
 """
 
+from dockflow.agents.batch_loop import (
+    Rollout,
+    ToolSpec,
+    run_rollout,
+    run_rollouts,
+    run_trajectories,
+    tool_spec,
+)
 from dockflow.agents.environments import (
     EnvironmentSpecError,
     environment_methods,
@@ -10,8 +19,7 @@ from dockflow.agents.environments import (
     with_observation,
 )
 from dockflow.agents.parse import Malformed, ParsedTurn, ToolCall, parse_tool_calls
-from dockflow.agents.rollouts import Rollout, run_rollout, run_rollouts, run_trajectories
-from dockflow.agents.tools import ToolError, ToolHost, ToolOutcome, import_tool, tool_schema
+from dockflow.agents.tool_host import ToolError, ToolHost, ToolOutcome, import_tool, tool_schema
 from dockflow.agents.trajectory import (
     Trajectory,
     TrajectoryMetrics,
@@ -30,6 +38,7 @@ __all__ = [
     "ToolError",
     "ToolHost",
     "ToolOutcome",
+    "ToolSpec",
     "Trajectory",
     "TrajectoryMetrics",
     "environment_methods",
@@ -42,6 +51,7 @@ __all__ = [
     "run_trajectories",
     "run_trajectory",
     "tool_schema",
+    "tool_spec",
     "tool_suffix_ids",
     "trajectory_steps",
     "with_observation",

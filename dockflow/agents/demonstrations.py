@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
 
-from dockflow.agents.tools import ToolOutcome
+from dockflow.agents.tool_host import ToolOutcome
 from dockflow.agents.trajectory import Trajectory, chat_ids, run_trajectory
 from dockflow.config.tools import ToolsConfig
 

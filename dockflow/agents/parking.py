@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dockflow.agents.environments import EnvironmentSpecError
-from dockflow.agents.tools import ToolHost
+from dockflow.agents.tool_host import ToolHost
 from dockflow.agents.trajectory import Trajectory
 
 

@@ -23,7 +23,7 @@ from functools import partial
 from typing import Any
 
 from dockflow.agents.parse import ParsedTurn, parse_tool_calls
-from dockflow.agents.tools import ToolHost, ToolOutcome, error_text
+from dockflow.agents.tool_host import ToolHost, ToolOutcome, error_text
 from dockflow.config.tools import ToolsConfig
 
 Generate = Callable[[list[int], int], Sequence[int]]  # (token ids so far, max new tokens) -> new token ids
@@ -172,7 +172,7 @@ def trajectory_steps(
 ) -> Generator[Step, Sequence[int], Trajectory]:
     """The loop of ``run_trajectory`` as a generator: it yields each turn's ``(ids, max_new_tokens)``, is sent the
     turn's new ids, and returns the trajectory; so one sampler can drive many trajectories a turn at a time
-    (``dockflow.agents.rollouts``). ``start``: go on with this trajectory (``open_trajectory``, or one parked
+    (``dockflow.agents.batch_loop``). ``start``: go on with this trajectory (``open_trajectory``, or one parked
     before its next turn: ``dockflow.agents.parking``) instead of rendering ``messages``; it is updated in place,
     so whoever holds it sees every finished turn (the generator waits at a ``yield`` with the trajectory exactly as
     it was before the turn it asks for)."""

@@ -10,7 +10,7 @@
       record_bytes: 16384
 
 ``Config.tools``; with functions or an environment set, the HF generation engine runs the tool loop
-(``dockflow.engines.tool_rollouts``) instead of one response per prompt (docs/agents.md).
+(``dockflow.rollout.multi_turn``) instead of one response per prompt (docs/agents.md).
 """
 
 from __future__ import annotations

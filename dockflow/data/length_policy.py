@@ -3,7 +3,7 @@ first, or left out of the prompt order with the count logged: ``data.overlong_pr
 plus ``rollout.max_new_tokens`` within the model's context (``max_position_embeddings``).
 
 The driver works out which prompts are left out before any worker starts
-(``workers/run_prompts.py: overlong_train_prompts``: the prompt order and the rollout queue are built from it); each
+(``rollout/prompts.py: overlong_train_prompts``: the prompt order and the rollout queue are built from it); each
 worker that holds the prompts checks them again as it starts (:func:`check_prompt_lengths`), so a tokenizer that
 differs from the driver's cannot slip a prompt through.
 """

@@ -2,7 +2,7 @@
 
 Entries come from ``reasoning_gym.create_dataset(name, seed=..., size=..., **options)``. Each becomes an
 ``Example`` whose answer is a reference solution and whose ``fields["metadata"]`` is the entry's metadata
-(plain JSON types), which reasoning-gym's scorer needs (``dockflow.rewards.reasoning_gym``).
+(plain JSON types), which reasoning-gym's scorer needs (``dockflow.rewards.reasoning_gym_scorer``).
 
 Countdown gets a compact prompt for a tiny model's short context ("Make 24 from 2 3 4.", about 20 characters
 instead of reasoning-gym's 400-character question) and, as the SFT label, the first solution that takes the

@@ -15,11 +15,11 @@ from typing import Any
 from torch import nn
 
 from dockflow.algos.recipe import CriticSection
-from dockflow.engines.base import EngineInputs, GenerationEngine, LossFn, SamplingParams, TrainingEngine
 from dockflow.engines.devices import DeviceError, check_worker_device
 from dockflow.engines.hf_generation import HFGenerationEngine
+from dockflow.engines.interfaces import EngineInputs, GenerationEngine, LossFn, SamplingParams, TrainingEngine
 from dockflow.engines.logprobs import batched_log_probs, response_log_probs, response_values
-from dockflow.engines.rollout_layout import decode_responses, encode_rollouts, first_eos_mask, response_ids
+from dockflow.engines.token_layout import decode_responses, encode_rollouts, first_eos_mask, response_ids
 from dockflow.engines.torch_training import TorchTrainingEngine
 
 __all__ = [

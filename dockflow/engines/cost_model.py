@@ -26,8 +26,8 @@ import torch
 from tensordict import TensorDict
 
 from dockflow.config import CostModelConfig
-from dockflow.engines.base import GenerationEngine, LossFn, SamplingParams, TrainingEngine
-from dockflow.engines.rollout_layout import decode_responses, left_pad_prompts, rollout_batch
+from dockflow.engines.interfaces import GenerationEngine, LossFn, SamplingParams, TrainingEngine
+from dockflow.engines.token_layout import decode_responses, left_pad_prompts, rollout_batch
 
 
 def _cpus(cpus: float, per_token: dict[str, float]) -> float:

@@ -37,7 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.utils._pytree import tree_map_only
 
-from dockflow.engines.base import LossFn
+from dockflow.engines.interfaces import LossFn
 from dockflow.engines.swapped_generation import SwappedGeneration
 from dockflow.engines.torch_training import TorchTrainingEngine
 from dockflow.reshard import (

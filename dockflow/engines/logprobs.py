@@ -1,4 +1,4 @@
-"""Response log-probs from a causal LM, given the rollout layout of ``dockflow.engines.base``.
+"""Response log-probs from a causal LM, given the rollout layout of ``dockflow.engines.interfaces``.
 
 Rollouts are stored at a fixed width (prompt width P + ``max_new_tokens``); before a forward pass the
 columns that are padding in every row of the batch are cut off (left of the prompts, right of the

@@ -15,7 +15,7 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from dockflow.engines.base import LossFn, TrainingEngine
+from dockflow.engines.interfaces import LossFn, TrainingEngine
 from dockflow.engines.logprobs import (
     ResponseFn,
     TokenOutputs,

@@ -1,5 +1,5 @@
 """The vLLM engine's pure parts: DockFlow's sampling parameters as vLLM ``SamplingParams`` keyword arguments,
-vLLM's outputs as rows of the rollout layout (``engines/base.py``), and the training model's weights as the
+vLLM's outputs as rows of the rollout layout (``engines/interfaces.py``), and the training model's weights as the
 names and tensors vLLM's model loaders take. Plain values in and out, no ``vllm`` import, so all of it is
 tested on a CPU machine (``tests/unit/engines/test_vllm_convert.py``).
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from dockflow.engines.base import SamplingParams
+from dockflow.engines.interfaces import SamplingParams
 
 FINISHED = ("stop", "length")  # vLLM's finish reasons of a completed row; abort / error / repetition are failures
 

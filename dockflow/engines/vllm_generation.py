@@ -42,10 +42,10 @@ from tensordict import TensorDict
 from torch import nn
 
 from dockflow.config.engine import kv_cache_gb, sleep_level
-from dockflow.engines.base import EngineInputs, GenerationEngine, LossFn, SamplingParams, TrainingEngine
 from dockflow.engines.devices import empty_device_cache
-from dockflow.engines.rollout_layout import decode_responses, left_pad_prompts, rollout_batch
+from dockflow.engines.interfaces import EngineInputs, GenerationEngine, LossFn, SamplingParams, TrainingEngine
 from dockflow.engines.sync_check import WeightSyncError
+from dockflow.engines.token_layout import decode_responses, left_pad_prompts, rollout_batch
 from dockflow.engines.vllm_convert import (
     checkpoint_weights,
     completions_in_order,

@@ -4,11 +4,11 @@
     inputs = EvalInputs(cfg.eval, cfg.data, cfg.rollout.max_new_tokens, cfg.run.seed, cfg.tools)
     evaluate_policy(model, tok, task.test[:500], inputs)   # {"eval/test_accuracy": .., "eval/test_pass_at_8": ..}
 
-``dockflow.eval.run`` (the ``dockflow eval`` command) is not imported here: it pulls in the checkpoint store
+``dockflow.eval.command`` (the ``dockflow eval`` command) is not imported here: it pulls in the checkpoint store
 and MLflow (``dockflow.storage``, ``dockflow.tracking``), which the workers that score a policy do not need.
 """
 
-from dockflow.eval.metrics import avg_at_k, pass_at_k, sample_scores
+from dockflow.eval.pass_at_k import avg_at_k, pass_at_k, sample_scores
 from dockflow.eval.policy import EvalInputs, evaluate_policy, metric_key, score_examples
 from dockflow.eval.sampling import sampled_scores
 

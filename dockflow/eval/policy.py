@@ -32,7 +32,7 @@ from dockflow.rewards.verifier import task_verifier
 class EvalInputs:
     """What scoring a policy reads of a run's config: the ``eval`` and ``data`` sections, the response length
     (``rollout.max_new_tokens``), the seed of the pass@k samples (``run.seed``) and the ``tools`` section (with
-    tools, the policy is scored through the tool loop: ``dockflow.eval.tools``)."""
+    tools, the policy is scored through the tool loop: ``dockflow.eval.tool_scores``)."""
 
     eval: EvalConfig
     data: DataConfig
@@ -45,7 +45,7 @@ def score_examples(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, examples: Sequence[Example], inputs: EvalInputs
 ) -> dict[str, float]:
     """``{"accuracy"}`` (greedy), plus ``{"pass@<k>", "avg@<k>"}`` when ``eval.pass_k > 1``; with tools also
-    ``{"tool_calls", "tool_errors"}`` per greedy trajectory (``dockflow.eval.tools``).
+    ``{"tool_calls", "tool_errors"}`` per greedy trajectory (``dockflow.eval.tool_scores``).
 
     Uses ``eval.batch_size``, ``max_new_tokens``, the prompt format of ``data``, ``eval.temperature``,
     ``eval.top_p`` and ``seed`` (the samples are the same at every evaluation of the same weights); the
@@ -54,8 +54,8 @@ def score_examples(
     ev = inputs.eval
     max_new, fmt, verifier = inputs.max_new_tokens, PromptFormat.of(inputs.data), task_verifier(inputs.data)
     if inputs.tools.enabled:
-        from dockflow.engines.tool_rollouts import tool_spec
-        from dockflow.eval.tools import tool_scores
+        from dockflow.agents import tool_spec
+        from dockflow.eval.tool_scores import tool_scores
 
         sampled = (ev.pass_k, ev.temperature, ev.top_p, inputs.seed) if ev.pass_k > 1 else None
         return tool_scores(

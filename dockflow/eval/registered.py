@@ -21,7 +21,7 @@ import torch
 
 from dockflow.config.sections import RegistryConfig
 from dockflow.data import Example
-from dockflow.eval.identity import eval_identity
+from dockflow.eval.fingerprint import eval_identity
 from dockflow.eval.policy import EvalInputs, evaluate_policy
 from dockflow.models import load_model_and_tokenizer
 from dockflow.tracking.registry import fetch_model_version

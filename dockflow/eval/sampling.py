@@ -16,7 +16,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from dockflow.data import Example, PromptFormat
 from dockflow.engines import SamplingParams
 from dockflow.eval.greedy import generate_responses
-from dockflow.eval.metrics import sample_scores
+from dockflow.eval.pass_at_k import sample_scores
 from dockflow.rewards.verifier import Verifier, verify_answer
 
 

@@ -34,7 +34,7 @@ def prepare_initial_model(cfg: Config, store: Any, work_dir: Path, tracking_uri:
             stage_model(got.local_dir, dest, cfg.checkpoint)
         return dest, {"registry/start_version": float(got.version), "registry/start_score": _number(got.score)}
     if cfg.sft.enabled:
-        from dockflow.models.sft import SFTInputs, sft_warm_start
+        from dockflow.flow.sft import SFTInputs, sft_warm_start
 
         inputs = SFTInputs(cfg.model, cfg.data, cfg.sft, cfg.checkpoint, cfg.run.seed, cfg.rollout.max_new_tokens,
                            cfg.eval.batch_size, cfg.tools)

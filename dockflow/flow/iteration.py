@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from dockflow.config import Config
 from dockflow.data.prompt_order import PromptSampler
 from dockflow.dock import TransferDock
-from dockflow.flow import record
+from dockflow.flow import run_checkpoint
 from dockflow.flow.idle import IdleTracker
 from dockflow.flow.metrics import iteration_throughput, merge_results, pop_generated, rollout_summary
 from dockflow.flow.run_record import RunRecord
@@ -266,14 +266,14 @@ class RunTasks:
     def checkpoint(self, step: int) -> StageTask:
         """Save the workers, the generations already done ahead (their samples and metrics) and the record."""
         started = time.perf_counter()
-        refs = {f"checkpoint_{k}": w.save.remote(self.store, step) for k, w in record.stateful(self.workers).items()}
+        refs = {f"checkpoint_{k}": w.save.remote(self.store, step) for k, w in run_checkpoint.stateful(self.workers).items()}
         ahead = [j for j in sorted(self.generated) if j >= step]
         if self.workers.generators:
             refs["inflight"] = self.workers.generators[0].save_inflight.remote(
                 self.store, step, ahead, self.workers.rollout_queue)
         yield refs
         saved = self.state.checkpoint_copy({j: self.generated[j] for j in ahead})
-        record.commit_checkpoint(self.store, step, saved, self.cfg)
+        run_checkpoint.commit_checkpoint(self.store, step, saved, self.cfg)
         metrics = {"timing/checkpoint_s": time.perf_counter() - started}
         self.tracker.log_metrics_or_defer(metrics, step=step)  # after its iteration closed: logged on its own
         self.tracker.flush()  # what a resumed run does not repeat is in MLflow once its checkpoint is committed

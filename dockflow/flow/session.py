@@ -21,21 +21,33 @@ from pathlib import Path
 from typing import Any
 
 from dockflow.config import Config
-from dockflow.flow import record
-from dockflow.flow.finish import finish
+from dockflow.flow import run_checkpoint
+from dockflow.flow.final_model import finish
 from dockflow.flow.iteration import ProgressFn, RunParts, RunTasks
 from dockflow.flow.run_record import RunRecord
 from dockflow.flow.stage_loops import Schedule, StageLoops
 from dockflow.flow.waiting import StageError, wait_stages
+from dockflow.rollout.prompts import iteration_sampler, overlong_train_prompts
 from dockflow.tracking import Tracker
 from dockflow.workers import Workers, create_workers, kill_workers
 from dockflow.workers.cluster import run_namespace
 from dockflow.workers.run_dock import create_run_dock
-from dockflow.workers.run_prompts import iteration_sampler, overlong_train_prompts
 
 log = logging.getLogger(__name__)
 
 StageFn = Callable[[str, int, dict[str, float], float], None]
+
+
+def eval_due(cfg: Config, step: int) -> bool:
+    """Whether the run evaluates at ``step`` (every ``eval.every`` iterations, and at the last)."""
+    every = cfg.eval.every
+    return step == cfg.train.iterations or (every > 0 and step % every == 0)
+
+
+def ckpt_due(cfg: Config, step: int) -> bool:
+    """Whether the run checkpoints at ``step`` (every ``checkpoint.every`` iterations, and at the last)."""
+    every = cfg.checkpoint.every
+    return step == cfg.train.iterations or (every > 0 and step % every == 0)
 
 
 class RunSession:
@@ -60,7 +72,7 @@ class RunSession:
         self.workers = create_workers(cfg, self.model_uri, self.dock, cfg.run.name, self.excluded)
         generated: dict[int, dict[str, float]] = {}
         if step is not None:
-            record.restore_workers(self.store, self.workers, step, cfg)
+            run_checkpoint.restore_workers(self.store, self.workers, step, cfg)
             if self.workers.generators:  # their checkpoints always hold the part, empty when nothing was ahead
                 ref = self.workers.generators[0].load_inflight.remote(self.store, step, self.workers.rollout_queue)
                 wait_stages({"restore_inflight": ref}, cfg.train.stage_timeout_s, step)
@@ -74,8 +86,8 @@ class RunSession:
         steps = range(start, end + 1)
         return Schedule(
             start=start, end=end, max_staleness=cfg.train.max_staleness,
-            eval_steps=[k for k in steps if (k == 0 or record.eval_due(cfg, k)) and k not in evaluated],
-            checkpoint_steps={k for k in steps if k > start and record.ckpt_due(cfg, k)},
+            eval_steps=[k for k in steps if (k == 0 or eval_due(cfg, k)) and k not in evaluated],
+            checkpoint_steps={k for k in steps if k > start and ckpt_due(cfg, k)},
             generated=generated, in_rounds=cfg.plan.sampling.in_rounds,
             publish_first=bool(self.workers.generators) and start > 0,
         )
@@ -108,7 +120,7 @@ class RunSession:
         evaluation before RL) and start again; iterations after it run again and are counted once."""
         self.close()
         step = self.store.latest()
-        self.state = self.state.restarted(record.read_record(self.store, step) if step is not None else None)
+        self.state = self.state.restarted(run_checkpoint.read_record(self.store, step) if step is not None else None)
         log.warning("%s; restarting the run from %s", reason, f"checkpoint {step}" if step else "the initial model")
         self.start()
         self.tracker.log_metrics_or_defer({"fault/restarts": self.state.restarts}, step=self.schedule.start)

@@ -112,7 +112,7 @@ class RunSupervisor:
         die with it, and their names must be free before this one creates its own."""
         import ray
 
-        from dockflow.flow import record
+        from dockflow.flow import run_checkpoint
         from dockflow.flow.run_record import RunRecord
         from dockflow.flow.session import RunSession
         from dockflow.workers.cluster import run_namespace
@@ -123,7 +123,7 @@ class RunSupervisor:
             warnings.simplefilter("ignore")
             reconstructed = bool(ray.get_runtime_context().was_current_actor_reconstructed)
         step = self.store.latest()
-        state = RunRecord(init_metrics=dict(self.init_metrics)) if step is None else record.read_record(self.store, step)
+        state = RunRecord(init_metrics=dict(self.init_metrics)) if step is None else run_checkpoint.read_record(self.store, step)
         state.mlflow_run_id = self.tracker.run_id
         if reconstructed:
             state.restarts += 1
@@ -213,7 +213,7 @@ class RunSupervisor:
         return self.status()
 
     def finish(self) -> dict[str, Any]:
-        """Once every loop is done: the final model, summary and registry (``dockflow.flow.finish``). Idempotent."""
+        """Once every loop is done: the final model, summary and registry (``dockflow.flow.final_model``). Idempotent."""
         with self.lock:
             self.attached_at = time.monotonic()
             self.followed = True  # a finish task is attached too: a supervisor Ray restarted runs what is left

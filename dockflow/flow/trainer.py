@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dockflow.config import Config, ConfigError
-from dockflow.flow import record
+from dockflow.flow import run_checkpoint
 from dockflow.flow.initial_model import prepare_initial_model
 from dockflow.flow.iteration import ProgressFn
 from dockflow.flow.run_record import RunRecord
@@ -53,7 +53,7 @@ def start_state(store: Any, resume: bool, run_name: str) -> RunRecord | None:
             f"run '{run_name}' already has checkpoints at {store.location()} (latest: iteration {step}): pass "
             "--resume to continue it, or set another run.name"
         )
-    return record.read_record(store, step)
+    return run_checkpoint.read_record(store, step)
 
 
 def check_cluster(cfg: Config) -> None:

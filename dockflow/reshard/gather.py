@@ -16,7 +16,7 @@ from dockflow.reshard.blocks import BlockMap, copy_overlap
 from dockflow.reshard.groups import ReshardGroups
 from dockflow.reshard.layout import ParallelLayout
 from dockflow.reshard.ledger import MemoryLedger
-from dockflow.reshard.plan import Bucket, Route, plan_buckets, plan_routes
+from dockflow.reshard.routes import Bucket, Route, plan_buckets, plan_routes
 from dockflow.reshard.rules import ModelPartition
 from dockflow.reshard.swap import HostSwap
 

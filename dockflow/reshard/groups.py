@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from dockflow.reshard.layout import ParallelLayout
-from dockflow.reshard.plan import KIND_ORDER
+from dockflow.reshard.routes import KIND_ORDER
 
 
 class ReshardGroups:

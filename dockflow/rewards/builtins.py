@@ -16,7 +16,7 @@ from dockflow.rewards.math_verify import verify
 BUILTINS: dict[str, str] = {
     "math_verify": "dockflow.rewards.builtins:math_verify",  # the arithmetic and file tasks' verifier
     "code_tests": "dockflow.rewards.code_tests:code_tests",  # the row's tests run in a sandbox (docs/sandbox.md)
-    "reasoning_gym": "dockflow.rewards.reasoning_gym:reasoning_gym_score",  # reasoning-gym's own scorer
+    "reasoning_gym": "dockflow.rewards.reasoning_gym_scorer:reasoning_gym_score",  # reasoning-gym's own scorer
 }
 
 

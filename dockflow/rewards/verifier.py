@@ -36,7 +36,7 @@ def verifier_name(data: DataConfig) -> str:
 def task_verifier(data: DataConfig) -> Verifier:
     """The verifier of ``data.source``: reasoning-gym's own scorer for its tasks, else the math verifier."""
     if data.source == "reasoning_gym":
-        from dockflow.rewards.reasoning_gym import verify_example
+        from dockflow.rewards.reasoning_gym_scorer import verify_example
 
         return verify_example
     return verify_answer

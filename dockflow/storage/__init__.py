@@ -11,8 +11,8 @@ Models and input files (``objects.py``): ``stage_model`` copies a model director
 (manifest last); ``fetch_model``/``fetch_file`` give a checked local copy of a path or ``s3://`` URI.
 """
 
-from dockflow.storage.base import CheckpointStore
-from dockflow.storage.factory import open_store, run_store
+from dockflow.storage.backends import open_store, run_store
+from dockflow.storage.checkpoint_store import CheckpointStore
 from dockflow.storage.local import LocalCheckpointStore
 from dockflow.storage.manifest import CheckpointError, Manifest, PartInfo
 from dockflow.storage.objects import (

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import torch
 
-from dockflow.storage.base import CheckpointStore, Fetched
+from dockflow.storage.checkpoint_store import CheckpointStore, Fetched
 from dockflow.storage.manifest import (
     MANIFEST_NAME,
     CheckpointError,

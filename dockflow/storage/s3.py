@@ -38,7 +38,7 @@ from minio import Minio
 from minio.deleteobjects import DeleteObject
 
 from dockflow.config import CheckpointConfig
-from dockflow.storage.base import CheckpointStore, Fetched
+from dockflow.storage.checkpoint_store import CheckpointStore, Fetched
 from dockflow.storage.manifest import (
     MANIFEST_NAME,
     CheckpointError,

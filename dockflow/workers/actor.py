@@ -29,26 +29,27 @@ from dockflow.algos.recipes.dpo import MARGIN
 from dockflow.config import Config
 from dockflow.config.engine import sync_tolerance
 from dockflow.data import PromptFormat, load_task
-from dockflow.data.identity import task_identity
 from dockflow.data.length_policy import check_prompt_lengths
+from dockflow.data.task_identity import task_identity
 from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import EngineInputs, create_engines
 from dockflow.engines.devices import process_group_backend
 from dockflow.engines.sync_check import SYNC_CHECK, LogProbDrift, SyncChecker
 from dockflow.eval import EvalInputs, evaluate_policy
-from dockflow.eval.identity import EvalIdentity, eval_identity
+from dockflow.eval.fingerprint import EvalIdentity, eval_identity
 from dockflow.models import load_model_and_tokenizer
+from dockflow.rollout.multi_turn import ToolTable, generate_tools_into_dock
+from dockflow.rollout.plain import generate_into_dock
+from dockflow.rollout.prompts import PromptTable
+from dockflow.rollout.queue import staleness_bound
 from dockflow.storage.objects import fetch_model
 from dockflow.workers.consume import WaitClock, consume
 from dockflow.workers.dp_group import join_dp_group
 from dockflow.workers.model_parallel import ModelReplica, from_readers, model_group, shared_stream
 from dockflow.workers.peak_memory import peak_memory_metrics
-from dockflow.workers.rollout import PromptTable, generate_into_dock
-from dockflow.workers.rollout_queue import staleness_bound
 from dockflow.workers.runtime import ModelWorker
 from dockflow.workers.staleness import StalenessCounter
-from dockflow.workers.tool_rollout import ToolTable, generate_tools_into_dock
-from dockflow.workers.training import length_sorted, train_epochs
+from dockflow.workers.update_loop import length_sorted, train_epochs
 
 T = TypeVar("T")
 
@@ -236,7 +237,7 @@ class ActorWorker(ModelWorker):
         return out
 
     def identity(self, split: str = "test", limit: int | None = None) -> tuple[EvalIdentity, str]:
-        """(the identity of ``evaluate(split, limit)``'s evaluation, the task's: ``dockflow.data.identity``)."""
+        """(the identity of ``evaluate(split, limit)``'s evaluation, the task's: ``dockflow.data.task_identity``)."""
         examples = getattr(self.task, split)[: limit or None]
         task = task_identity(self.cfg.data, self.task.val + self.task.train)
         return eval_identity(examples, self._scoring(), self.tokenizer), task

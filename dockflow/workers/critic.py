@@ -27,7 +27,7 @@ from dockflow.workers.consume import consume
 from dockflow.workers.dp_group import join_dp_group
 from dockflow.workers.model_parallel import ModelReplica, shared_stream
 from dockflow.workers.runtime import ModelWorker
-from dockflow.workers.training import length_sorted, train_epochs
+from dockflow.workers.update_loop import length_sorted, train_epochs
 
 T = TypeVar("T")
 

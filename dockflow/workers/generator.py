@@ -19,12 +19,13 @@ from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import EngineInputs, create_generation_engine
 from dockflow.engines.sync_check import SYNC_CHECK
 from dockflow.models import load_model_and_tokenizer
+from dockflow.rollout.multi_turn import ToolTable, generate_tools_into_dock
+from dockflow.rollout.partial import generate_partial_into_dock
+from dockflow.rollout.plain import generate_into_dock
+from dockflow.rollout.prompts import PromptTable
+from dockflow.rollout.queue import QueueClient, RolloutQueue, rollout_queue
 from dockflow.storage.objects import fetch_model
-from dockflow.workers.partial_rollout import generate_partial_into_dock
-from dockflow.workers.rollout import PromptTable, QueueClient, generate_into_dock
-from dockflow.workers.rollout_queue import RolloutQueue, rollout_queue
 from dockflow.workers.runtime import init_worker_process
-from dockflow.workers.tool_rollout import ToolTable, generate_tools_into_dock
 
 
 class GeneratorWorker:

@@ -13,6 +13,7 @@ from dockflow.algos.plan import Role
 from dockflow.config import Config
 from dockflow.dock import TransferDock
 from dockflow.engines.devices import check_cluster_devices, device_resources
+from dockflow.rollout.queue import RolloutQueue, queue_settings
 from dockflow.workers.actor import ActorWorker
 from dockflow.workers.critic import CriticWorker
 from dockflow.workers.generator import GeneratorWorker
@@ -20,7 +21,6 @@ from dockflow.workers.pairs import PairSource
 from dockflow.workers.reference import ReferenceWorker
 from dockflow.workers.reward import RewardWorker
 from dockflow.workers.reward_model import RewardModelWorker
-from dockflow.workers.rollout_queue import RolloutQueue, queue_settings
 from dockflow.workers.run_dock import run_dock_name
 from dockflow.workers.startup import (
     StartLimits,
@@ -49,7 +49,7 @@ class Workers:
     reward_model: Any | None = None  # with reward.models: scores rollouts into rm_scores (workers/reward_model.py)
     pairs: Any | None = None  # offline algorithms: the preference pairs' source
     generators: list[Any] = field(default_factory=list)  # placement.mode=disaggregated
-    rollout_queue: Any | None = None  # several generators: the chunks they draw from (workers/rollout_queue.py)
+    rollout_queue: Any | None = None  # several generators: the chunks they draw from (rollout/queue.py)
     prefix: str = ""  # the actors are named "<prefix>-<role>"
 
     @property

@@ -21,8 +21,8 @@ from dockflow.data.preferences import PreferencePair, preference_splits
 from dockflow.dock import TransferDock
 from dockflow.engines import encode_rollouts
 from dockflow.models import load_tokenizer
+from dockflow.rollout.plain import clipped_rows, rollout_metrics
 from dockflow.storage.objects import fetch_model
-from dockflow.workers.rollout import clipped_rows, rollout_metrics
 
 
 class PairSource:

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
+from dockflow.agents import tool_spec
 from dockflow.agents.environments import reward_environments
 from dockflow.agents.records import TrajectoryRecord, unpack_record
 from dockflow.background import run_in_background
@@ -29,7 +30,6 @@ from dockflow.config import Config
 from dockflow.data import Example, columns_of, load_task
 from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import decode_responses, response_ids
-from dockflow.engines.tool_rollouts import tool_spec
 from dockflow.models import load_tokenizer
 from dockflow.rewards.functions import combine, completion_text, function_path, trl_completions
 from dockflow.rewards.runner import RewardBatch, RewardRunner, RunState

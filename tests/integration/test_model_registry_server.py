@@ -79,9 +79,9 @@ def test_the_gate_compares_like_with_like(mlflow_server: str, tmp_path: Path) ->
     from dockflow.config import load_config
     from dockflow.data import Example
     from dockflow.eval import EvalInputs
-    from dockflow.eval.identity import eval_identity
+    from dockflow.eval.fingerprint import eval_identity
     from dockflow.eval.registered import RegisteredScorer
-    from dockflow.flow.finish import register
+    from dockflow.flow.final_model import register
 
     name = f"gate-{uuid.uuid4().hex[:8]}"
     cfg = load_config("configs/grpo_arith.yaml", [

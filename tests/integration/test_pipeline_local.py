@@ -34,7 +34,7 @@ from safetensors.torch import load_file
 from dockflow.config import load_config
 from dockflow.data import load_task
 from dockflow.eval import EvalInputs, evaluate_policy
-from dockflow.flow.record import read_record
+from dockflow.flow.run_checkpoint import read_record
 from dockflow.models import load_model_and_tokenizer
 from dockflow.storage import run_store
 from dockflow.storage.objects import fetch_model, stage_model

@@ -117,7 +117,7 @@ def test_a_conversational_dataset_with_a_calculator_tool_trains_with_trls_think_
     only in the test's temporary directory (shipped to the Ray workers as reward modules are), and the
     per-trajectory tool metrics reach MLflow every iteration; held-out evaluation runs the same tool loop. Two
     iterations teach the tiny model nothing: this
-    checks the wiring; ``tests/unit/agents/test_tool_rollouts.py`` checks the mask."""
+    checks the wiring; ``tests/unit/rollout/test_tool_rollouts.py`` checks the mask."""
     import json
 
     where = tmp_path / "user_code"

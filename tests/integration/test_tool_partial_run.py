@@ -17,10 +17,10 @@ from dockflow.agents.demonstrations import assistant_turn_ids
 from dockflow.agents.parking import ParkedTrajectory
 from dockflow.config import Config
 from dockflow.data import load_task
+from dockflow.flow.sft import SFTInputs, sft_warm_start
+from dockflow.flow.tool_sft import ToolDemonstrations
 from dockflow.flow.trainer import train
 from dockflow.models import load_tokenizer
-from dockflow.models.sft import SFTInputs, sft_warm_start
-from dockflow.models.tool_sft import ToolDemonstrations
 from dockflow.storage import run_store
 from dockflow.tracking import read_metric_history, resolve_tracking_uri
 

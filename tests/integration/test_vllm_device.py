@@ -9,9 +9,9 @@ import torch
 from dockflow.config import Config
 from dockflow.engines import EngineInputs, SamplingParams, create_engines
 from dockflow.engines.devices import accelerator_module
-from dockflow.engines.partial import continue_rollouts, unfinished
 from dockflow.flow.trainer import train
 from dockflow.models import build_char_tokenizer, build_tiny_model
+from dockflow.rollout.partial import continue_rollouts, unfinished
 
 DEVICES = [pytest.param("cuda", marks=pytest.mark.gpu), pytest.param("npu", marks=pytest.mark.npu)]
 PROMPTS = ["What is 12 + 7?\nAnswer: ", "What is 3 - 45?\nAnswer: ", "What is 1 + 1?\nAnswer: "]

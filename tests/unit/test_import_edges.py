@@ -36,6 +36,11 @@ def room(name: str) -> list[Path]:
 @pytest.mark.parametrize(("importer", "imported", "instead"), [
     ("reshard", "dockflow.engines", "dockflow.reshard.accelerator"),
     ("config", "dockflow.rewards", "dockflow.flow.run_setup.check_reward_functions, at run start"),
+    ("rollout", "dockflow.workers", "what the workers pass in: dockflow.rollout sits below them"),
+    ("rollout", "dockflow.flow", "what the driver passes in: dockflow.rollout sits below it"),
+    ("engines", "dockflow.agents", "dockflow.rollout.multi_turn (tool rollouts over an engine)"),
+    ("models", "dockflow.eval", "dockflow.flow.sft (the SFT warm start validates through eval, above models)"),
+    ("models", "dockflow.rewards", "dockflow.flow.sft (the SFT warm start scores with the task verifier)"),
 ])
 def test_a_lower_room_does_not_import_a_higher_one(importer: str, imported: str, instead: str) -> None:
     assert offenders(room(importer), imported) == [], f"use {instead}"
@@ -46,10 +51,10 @@ def test_only_the_cli_imports_the_cli_driver() -> None:
     assert offenders(files, "dockflow.flow.trainer") == [], "shared run set-up lives in dockflow.flow.run_setup"
 
 
-def test_workers_import_no_generation_backend() -> None:
+def test_workers_and_rollouts_import_no_generation_backend() -> None:
     backends = ("dockflow.engines.hf_generation", "dockflow.engines.vllm_generation", "dockflow.engines.cost_model")
-    found = [o for b in backends for o in offenders(room("workers"), b)]
-    assert found == [], "workers use the engine interfaces and dockflow.engines.rollout_layout"
+    found = [o for b in backends for room_name in ("workers", "rollout") for o in offenders(room(room_name), b)]
+    assert found == [], "workers use the engine interfaces and dockflow.engines.token_layout"
 
 
 def test_no_module_imports_another_modules_private_name() -> None:
@@ -67,7 +72,7 @@ def test_the_formerly_cyclic_modules_import_first_in_a_fresh_process() -> None:
         "load_config('configs/grpo_arith.yaml')\n"
         "assert not [m for m in sys.modules if m.startswith('dockflow.rewards')], 'the config imported rewards'\n"
         "import dockflow.reshard.ledger, dockflow.engines.fsdp_training\n"
-        "import dockflow.rewards.sequence_classifier, dockflow.models.sft\n"
+        "import dockflow.rewards.sequence_classifier, dockflow.flow.sft\n"
         "import dockflow.flow.pipeline_tasks, dockflow.flow.supervisor\n"
         "assert 'dockflow.flow.trainer' not in sys.modules, 'a pipeline driver imported the CLI driver'\n"
     )

@@ -1,6 +1,7 @@
 """The lower layers take the config section they read, never the whole run: no module under storage, data,
 models, rewards, tracking, eval, engines, reshard, dock or agents imports ``Config`` (nor anything else of
-``dockflow.config.run``), nor the layers above them (``dockflow.flow``, ``dockflow.workers``, ``dockflow.cli``)."""
+``dockflow.config.run``), nor the layers above them (``dockflow.rollout``, ``dockflow.workers``, ``dockflow.flow``,
+``dockflow.cli``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from dockflow.config import _EXPORTS as CONFIG_EXPORTS
 PACKAGE = Path(__file__).resolve().parents[2] / "dockflow"
 LOWER = ("storage", "data", "models", "rewards", "tracking", "eval", "engines", "reshard", "dock", "agents")
 RUN_MODULE = "dockflow.config.run"
-UPPER = ("dockflow.flow", "dockflow.workers", "dockflow.cli")
+UPPER = ("dockflow.rollout", "dockflow.flow", "dockflow.workers", "dockflow.cli")
 
 
 def _absolute(module: str | None, level: int, path: Path) -> str:
@@ -72,8 +73,10 @@ def test_lower_layers_import_neither_the_whole_config_nor_the_layers_above() -> 
         ("from dockflow.config import run", True),
         ("from dockflow.flow.trainer import train", True),
         ("from dockflow import workers", True),
+        ("from dockflow.rollout.plain import dock_columns", True),
+        ("from dockflow import rollout", True),
         ("import dockflow.cli", True),
-        ("from ..flow import record", True),
+        ("from ..flow import run_checkpoint", True),
         ("from dockflow.config import CheckpointConfig, flatten_dict", False),
         ("from dockflow.config.sections import DataConfig", False),
         ("from dockflow.config.engine import EngineConfig", False),
@@ -84,4 +87,4 @@ def test_lower_layers_import_neither_the_whole_config_nor_the_layers_above() -> 
 )
 def test_the_check_tells_whole_config_and_upper_imports_apart(line: str, bad: bool) -> None:
     source = f"from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    {line}\n"
-    assert bool(violations(source, PACKAGE / "eval" / "run.py")) is bad
+    assert bool(violations(source, PACKAGE / "eval" / "command.py")) is bad

@@ -2,7 +2,7 @@
 
 One iteration, stage by stage (``dockflow/flow/iteration.py``):
 
-1. generate: N responses for each of G prompts into the iteration's dock window (``workers/rollout.py``).
+1. generate: N responses for each of G prompts into the iteration's dock window (``rollout/plain.py``).
 2. infer: the reward worker scores every response with the task's verifier (``workers/reward.py``) and its
    advantage state (``workers/advantage.py``) computes advantages group by group: reward minus the group mean, divided by the group std
    (``advantages`` below, ``algos/grpo.py: grpo_advantages``); the actor recomputes the old log-probs, and the

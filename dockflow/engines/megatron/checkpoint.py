@@ -8,7 +8,7 @@ TP/PP loads into a model and optimizer built at another.
 Every rank saves with ``dist_checkpointing.save`` into its OWN temporary directory (no shared file system is
 needed), then writes each file it produced as a part of the store's step (``mcore.<file>``: the file's bytes as a
 uint8 tensor, streamed, with its size and sha256 recorded); rank 0 adds the index part ``mcore`` (every rank's
-files, the layout) and ``commit``s the step, which writes the manifest last (``dockflow.storage.base``), locally
+files, the layout) and ``commit``s the step, which writes the manifest last (``dockflow.storage.checkpoint_store``), locally
 or on S3/MinIO. A save interrupted before the commit leaves no manifest: ``store.latest()`` is still the previous
 checkpoint, and retention deletes the leftover parts after the next commit. To load, every rank rebuilds the
 directory from the checked parts in a temporary directory and calls ``dist_checkpointing.load``.
@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dockflow.storage.base import CheckpointStore
+from dockflow.storage.checkpoint_store import CheckpointStore
 from dockflow.storage.manifest import CheckpointError
 
 INDEX_PART = "mcore"  # the part that lists every rank's files; file parts are "mcore.<file name>"

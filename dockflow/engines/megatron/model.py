@@ -199,7 +199,7 @@ def response_log_probs(
     model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int, vocab_size: int,
     temperature: float = 1.0,
 ) -> torch.Tensor:
-    """Log-prob of each response token [B, R] in the rollout layout (``dockflow.engines.base``), as
+    """Log-prob of each response token [B, R] in the rollout layout (``dockflow.engines.interfaces``), as
     ``dockflow.engines.logprobs.response_log_probs`` computes it with a Hugging Face model (PP=1)."""
     ids, mask, keep_r = trimmed_rollout(input_ids, attention_mask, response_width)
     logp = response_outputs(model, forward_rollout(model, ids, mask), ids, keep_r, vocab_size,

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from tensordict import TensorDict
 from torch import nn
 
-from dockflow.engines.base import LossFn, TrainingEngine
+from dockflow.engines.interfaces import LossFn, TrainingEngine
 from dockflow.engines.logprobs import TokenOutputs, trim_columns
 from dockflow.engines.megatron import model as mg
 from dockflow.engines.megatron.convert import DecoderSpec, hf_to_megatron, megatron_to_hf, spec_from_hf

@@ -9,7 +9,7 @@ import torch
 from transformers import PreTrainedTokenizerFast
 from trl.chat_template_utils import qwen2_5_chat_template
 
-from dockflow.engines.base import GenerationEngine
+from dockflow.engines.interfaces import GenerationEngine
 
 
 def qwen_style(tokenizer: PreTrainedTokenizerFast) -> PreTrainedTokenizerFast:

@@ -9,8 +9,8 @@ from dockflow.agents import ToolHost, run_trajectory, tool_schema
 from dockflow.agents.calculator import calculator, demonstration
 from dockflow.agents.demonstrations import DemonstrationError, assistant_turn_ids, demonstration_trajectory
 from dockflow.config.tools import ToolsConfig
+from dockflow.flow.tool_sft import encode_trajectories
 from dockflow.models.tokenizer import build_char_tokenizer, with_chat_template
-from dockflow.models.tool_sft import encode_trajectories
 
 PROMPT = [{"role": "user", "content": "What is 347 - 582?"}]
 

@@ -9,7 +9,7 @@ from dockflow.agents import (
     run_rollout,
     with_observation,
 )
-from dockflow.agents.tools import ToolHost
+from dockflow.agents.tool_host import ToolHost
 from dockflow.config.tools import ToolsConfig
 from tests.unit.agents.chat import call, scripted
 from tests.unit.agents.tools_for_tests import Counter, Doubler, add

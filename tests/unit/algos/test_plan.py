@@ -11,7 +11,7 @@ from dockflow.algos.plan import REWARD_MODEL_CONSUMER, SNAPSHOT_CONSUMER
 from dockflow.algos.recipe import CriticSection, PreferenceSection
 from dockflow.config import Config, load_config
 from dockflow.flow.iteration import RunParts, RunTasks
-from dockflow.flow.record import stateful
+from dockflow.flow.run_checkpoint import stateful
 from dockflow.workers import Workers
 from dockflow.workers.cluster import local_inputs
 from dockflow.workers.group import worker_cpus, worker_label

@@ -11,8 +11,8 @@ import pytest
 
 from dockflow.config import load_config
 from dockflow.data import Example, PromptFormat, TemplateError, load_task
-from dockflow.data.identity import examples_hash
 from dockflow.data.loaders import DatasetError, load_examples
+from dockflow.data.task_identity import examples_hash
 from dockflow.models.tokenizer import build_task_tokenizer
 
 SYSTEM = {"role": "system", "content": "Think first."}

@@ -11,7 +11,7 @@ from dockflow.config.data import DataConfig
 from dockflow.data.length_policy import LengthPolicyError, check_prompt_lengths
 from dockflow.data.prompt_order import PromptSampler
 from dockflow.models import build_char_tokenizer, build_tiny_model, save_pretrained_dir
-from dockflow.workers.run_prompts import overlong_train_prompts
+from dockflow.rollout.prompts import overlong_train_prompts
 
 PROMPTS = ["What is 1 + 1?", "What is 12 + 345?", "Hi"]  # 14, 17 and 2 characters: one token each
 

@@ -23,7 +23,7 @@ def test_batch_larger_than_dataset_wraps_epochs():
 
 def test_recurring_runs_draw_prompts_in_their_own_order_and_a_resumed_run_in_the_same():
     from dockflow.config import load_config
-    from dockflow.workers.run_prompts import shuffle_seed
+    from dockflow.rollout.prompts import shuffle_seed
 
     base = load_config("configs/grpo_arith.yaml")
     assert shuffle_seed(base) == base.run.seed

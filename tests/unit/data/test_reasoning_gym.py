@@ -13,7 +13,7 @@ from dockflow.config import DataConfig, load_config
 from dockflow.config.data import ReasoningGymConfig
 from dockflow.data import apply_template, load_task
 from dockflow.data.reasoning_gym import generate_reasoning_gym, left_to_right_solution
-from dockflow.rewards.reasoning_gym import verify_example
+from dockflow.rewards.reasoning_gym_scorer import verify_example
 
 ROOT = Path(__file__).resolve().parents[3]
 PROMPT = re.compile(r"Make (\d+) from (\d+(?: \d+)*)\.")

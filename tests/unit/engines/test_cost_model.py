@@ -51,8 +51,8 @@ def test_cost_model_training_runs_the_real_loss_on_zero_log_probs():
 
 
 def test_cost_model_continues_partial_rollouts_from_the_conditional_length_tail():
-    from dockflow.engines.partial import continue_rollouts, empty_rollouts, unfinished
-    from dockflow.engines.rollout_layout import left_pad_prompts
+    from dockflow.engines.token_layout import left_pad_prompts
+    from dockflow.rollout.partial import continue_rollouts, empty_rollouts, unfinished
 
     _, gen, tok = cost_engines(length_mu=2.0, length_sigma=0.8)
     params = SamplingParams(max_new_tokens=32, n=1)

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from dockflow.config import Config, TinyModelConfig
 from dockflow.engines import HFGenerationEngine, SamplingParams
-from dockflow.engines.rollout_layout import rollout_batch
+from dockflow.engines.token_layout import rollout_batch
 from dockflow.engines.vllm_convert import (
     Completion,
     VLLMOutputError,

@@ -1,4 +1,4 @@
-"""Held-out scores with tools (``dockflow.eval.tools``): the verifier scores each trajectory's final answer turn,
+"""Held-out scores with tools (``dockflow.eval.tool_scores``): the verifier scores each trajectory's final answer turn,
 tool calls and errors are per greedy trajectory, pass@k comes from the sampled trajectories."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from dockflow.agents import Rollout, Trajectory, TrajectoryMetrics
 from dockflow.data import Example, PromptFormat
-from dockflow.eval import tools as eval_tools
+from dockflow.eval import tool_scores as eval_tools
 from dockflow.rewards.verifier import verify_answer
 
 EXAMPLES = [Example("What is 1 + 2?", "3"), Example("What is 5 - 9?", "-4")]

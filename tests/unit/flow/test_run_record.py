@@ -9,8 +9,7 @@ import pytest
 from fixtures.old_record import OLD_PART_DIR, old_driver_dict, rewrite_driver_part
 
 from dockflow.config import load_config
-from dockflow.flow import record
-from dockflow.flow.finish import final_score
+from dockflow.flow.final_model import final_score, summary
 from dockflow.flow.run_record import RECORD_FORMAT, RunRecord
 from dockflow.storage.local import LocalCheckpointStore
 
@@ -128,7 +127,7 @@ def test_a_restart_goes_on_from_the_checkpoint_or_keeps_the_evaluation_before_rl
 def test_summary_of_an_old_record_is_what_the_old_code_wrote():
     """The expected dict is what ``summary`` at 92f1559 returned for the fixture (same keys, values and order)."""
     cfg = load_config("configs/grpo_arith.yaml", ["run.name=old"])
-    out = record.summary(cfg, RunRecord.from_dict(old_part()), "run-id", 12.5)
+    out = summary(cfg, RunRecord.from_dict(old_part()), "run-id", 12.5)
     expected = {
         "run_name": "old", "algorithm": "grpo", "samples_trained": 48, "restarts": 1, "resumed_from": 0,
         "accuracy_before": 0.25, "accuracy_after": 0.375, "iterations": 3, "throughput_tps": (101.5 + 98.25 + 103.0) / 3,
@@ -138,7 +137,7 @@ def test_summary_of_an_old_record_is_what_the_old_code_wrote():
         "sft/val_accuracy": 0.3125, "sft/cached": 1.0,
     }
     assert out == expected and list(out) == list(expected)
-    empty = record.summary(cfg, RunRecord(), "r", 1.0)
+    empty = summary(cfg, RunRecord(), "r", 1.0)
     assert empty["accuracy_before"] is None and empty["accuracy_after"] is None and empty["evals"] == []
 
 

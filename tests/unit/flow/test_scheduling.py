@@ -6,7 +6,7 @@ from dockflow.config import ConfigError, load_config
 from dockflow.flow.idle import IdleTracker
 from dockflow.flow.iteration import shares
 from dockflow.flow.metrics import pop_generated, rollout_summary
-from dockflow.workers.rollout import clipped_rows, rollout_metrics
+from dockflow.rollout.plain import clipped_rows, rollout_metrics
 
 
 def test_shares_split_prompts_contiguously_and_nearly_evenly():

@@ -19,8 +19,8 @@ from dockflow.data.prompt_order import PromptSampler
 from dockflow.flow.iteration import RunParts, RunTasks
 from dockflow.flow.run_record import RunRecord
 from dockflow.flow.stage_loops import Schedule, StageLoops
+from dockflow.rollout.queue import QueueSettings, RolloutQueue
 from dockflow.workers import Workers
-from dockflow.workers.rollout_queue import QueueSettings, RolloutQueue
 from dockflow.workers.staleness import StalenessCounter
 
 G, N = 8, 2

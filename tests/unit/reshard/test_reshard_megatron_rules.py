@@ -90,7 +90,7 @@ def test_eq3_counts_split_weights_and_vocab_padding(tp, pp):
 @pytest.mark.parametrize(("tp", "pp"), LAYOUTS, ids=["tp2", "pp2", "tp2pp2"])
 def test_plan_moves_megatron_shards_to_tp1(tp, pp, bucket_bytes):
     """Every rank ends with the full, unpadded megatron state (emulated allgathers, members agree on buckets)."""
-    from test_reshard_plan import emulate
+    from test_reshard_routes import emulate
 
     _, _, partition = _megatron("qwen3")
     update = ParallelLayout(tp=tp, pp=pp, dp=2, vocab_multiple=MEGATRON_VOCAB_MULTIPLE)

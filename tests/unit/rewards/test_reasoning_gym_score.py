@@ -11,7 +11,12 @@ from dockflow.config.reward import RewardFunctionConfig
 from dockflow.data import Example
 from dockflow.data.reasoning_gym import countdown_prompt, generate_reasoning_gym
 from dockflow.rewards.functions import function_path, import_function
-from dockflow.rewards.reasoning_gym import extract_answer, reasoning_gym_score, safe_answer, verify_example
+from dockflow.rewards.reasoning_gym_scorer import (
+    extract_answer,
+    reasoning_gym_score,
+    safe_answer,
+    verify_example,
+)
 
 META = {"source_dataset": "countdown", "source_index": 0, "numbers": [4, 10, 7], "target": 47,
         "expression": "10*4 + 7"}

@@ -6,7 +6,7 @@ import torch
 
 from dockflow.config import ConfigError, load_config
 from dockflow.dock import DockBatch, DockRequest
-from dockflow.engines.rollout_layout import encode_rollouts
+from dockflow.engines.token_layout import encode_rollouts
 from dockflow.models import build_char_tokenizer
 from dockflow.models.tiny_reward_model import build_tiny_reward_model
 from dockflow.rewards.sequence_classifier import RewardModel

@@ -1,15 +1,21 @@
-"""The run's prompt order: the ``PromptSampler`` of a config (``dockflow.data.prompt_order``), shared by the
-session (which prompts each iteration generates) and the rollout queue (the next iteration's prompts)."""
+"""The run's prompts: their order, the ``PromptSampler`` of a config (``dockflow.data.prompt_order``), shared by the
+session (which prompts each iteration generates) and the rollout queue (the next iteration's prompts); the train
+prompts the length policy leaves out; and each worker's ``PromptTable`` (the prompts formatted, one width)."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
 from collections.abc import Sequence
+from functools import cached_property
+from typing import TYPE_CHECKING
 
 from dockflow.config import Config
 from dockflow.data.length_policy import LengthPolicyError, check_prompt_lengths
 from dockflow.data.prompt_order import PromptSampler
+
+if TYPE_CHECKING:
+    from dockflow.engines import GenerationEngine
 
 log = logging.getLogger(__name__)
 
@@ -61,3 +67,17 @@ def overlong_train_prompts(cfg: Config, model_dir: str) -> list[int]:
     log.warning("data.overlong_prompts=filter: %d of %d train prompts are over data.max_prompt_tokens=%d and are "
                 "left out", len(over), len(prompts), cfg.data.max_prompt_tokens)
     return over
+
+
+class PromptTable:
+    """The train prompts, formatted (``PromptFormat``), and one prompt width for the run, measured at first use.
+    The dock fixes a column's per-sample shape until it is fully reset, and parked groups join later iterations,
+    so every rollout is padded alike. One per worker."""
+
+    def __init__(self, templated: list[str], engine: GenerationEngine) -> None:
+        self.templated = templated
+        self._engine = engine
+
+    @cached_property
+    def width(self) -> int:
+        return self._engine.prompt_width(self.templated)

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from dockflow.config import load_config
+from dockflow.flow import sft as sft_module
+from dockflow.flow.sft import SFTInputs, sft_cache_key, sft_warm_start
+from dockflow.flow.tool_sft import DemonstrationsError, ToolDemonstrations
 from dockflow.models import load_model_and_tokenizer
-from dockflow.models import sft as sft_module
-from dockflow.models.sft import SFTInputs, sft_cache_key, sft_warm_start
 from dockflow.models.tokenizer import build_task_tokenizer
-from dockflow.models.tool_sft import DemonstrationsError, ToolDemonstrations
 
 CALCULATOR = "dockflow.agents.calculator"
 TOOL_RUN = [
@@ -57,7 +57,7 @@ def test_the_warm_start_trains_on_demonstrations_and_validates_with_the_tool(
 def test_the_cache_key_covers_the_tools_and_the_demonstrations(tmp_path: Path) -> None:
     base = sft_cache_key(_inputs(tmp_path))
     assert sft_cache_key(_inputs(tmp_path, "tools.record_bytes=1024")) == base  # transport only
-    for change in ("tools.max_turns=2", "sft.demonstrations=tests.unit.models.test_tool_sft:rows_own"):
+    for change in ("tools.max_turns=2", "sft.demonstrations=tests.unit.flow.test_tool_sft:rows_own"):
         assert sft_cache_key(_inputs(tmp_path, change)) != base, change
 
 

@@ -11,8 +11,8 @@ import torch
 from dockflow.config import Config, load_config
 from dockflow.data import Example, PromptFormat, apply_template
 from dockflow.eval.greedy import greedy_accuracy, greedy_responses
+from dockflow.flow.sft import SFTInputs, encode_sft_batch, sft_cache_key, sft_warm_start, train_sft
 from dockflow.models import build_tiny_model, load_model_and_tokenizer
-from dockflow.models.sft import SFTInputs, encode_sft_batch, sft_cache_key, sft_warm_start, train_sft
 
 SMALL = [
     "model.tiny.hidden_size=32",
@@ -126,8 +126,8 @@ def test_cache_key_and_initial_model_from_s3(
     import io
 
     from dockflow.config import CheckpointConfig
+    from dockflow.flow.sft import _initial_model
     from dockflow.models import save_pretrained_dir
-    from dockflow.models.sft import _initial_model
     from dockflow.storage import stage_model
     from dockflow.storage.s3_bucket import S3Bucket
     from dockflow.storage.s3_client import S3Options

@@ -5,7 +5,7 @@ from fixtures.tiny_models import tiny_qwen2
 from tensordict import TensorDict
 
 from dockflow.engines import TorchTrainingEngine
-from dockflow.workers.training import length_sorted
+from dockflow.workers.update_loop import length_sorted
 
 P, R = 3, 6
 

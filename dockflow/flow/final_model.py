@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dockflow.config import Config
-from dockflow.flow import record
-from dockflow.flow.run_record import RunRecord
+from dockflow.flow.run_record import ACCURACY, RunRecord
 from dockflow.flow.waiting import wait_stages
 from dockflow.tracking import Tracker, plot_curves
 from dockflow.tracking.champion import Rescorer, decide_champion, decision_metrics
@@ -41,7 +40,7 @@ def finish(cfg: Config, run_dir: Path, workers: Workers, store: Any, tracker: Tr
     base = base_model(cfg, state, tracker.tracking_uri)
     tags = identity_tags(ident.fingerprint, ident.fields(), task, base)
     tracker.set_tags(tags)
-    out = record.summary(cfg, state, tracker.run_id, wall_s)
+    out = summary(cfg, state, tracker.run_id, wall_s)
     out.update({"final_model": final, "initial_model": model_uri, "checkpoints": store.location(),
                 "evaluation": {"fingerprint": ident.fingerprint, **ident.fields()},
                 "lineage": {"task": task, "base_model": base}})
@@ -63,9 +62,9 @@ def final_score(cfg: Config, state: RunRecord) -> float:
 
 
 def base_model(cfg: Config, state: RunRecord, tracking_uri: str) -> str:
-    """The run's base model (``dockflow.models.identity``); a run that started from a registered version takes
+    """The run's base model (``dockflow.models.base_model_identity``); a run that started from a registered version takes
     that version's own, so a chain of recurring runs keeps one lineage."""
-    from dockflow.models.identity import base_model_identity
+    from dockflow.models.base_model_identity import base_model_identity
 
     if cfg.model.continue_from == "base":
         return base_model_identity(cfg.model)
@@ -124,3 +123,29 @@ def log_artifacts(tracker: Tracker, run_dir: Path, state: RunRecord) -> None:
     for path in (run_dir / "summary.json", run_dir / "config.yaml", plot):
         if Path(path).is_file():
             tracker.log_artifact(path)
+
+
+def summary(cfg: Config, rec: RunRecord, run_id: str, wall: float) -> dict[str, Any]:
+    """What ``summary.json`` holds: scores before and after, samples trained, throughput, per-iteration rewards."""
+    hist = rec.history
+    tps = [h["perf/throughput_tps"] for h in hist]
+    accuracies = rec.accuracies
+    extra = cfg.algorithm.recipe.summary(rec.evals)  # e.g. DPO's held-out margins
+    return {
+        "run_name": cfg.run.name,
+        "algorithm": cfg.algorithm.name,
+        "samples_trained": rec.samples,
+        "restarts": rec.restarts,
+        "resumed_from": rec.resumed_from,
+        "accuracy_before": accuracies[0][1] if accuracies and accuracies[0][0] == 0 else None,
+        "accuracy_after": rec.last_accuracy,
+        "iterations": rec.iteration,
+        "throughput_tps": sum(tps) / len(tps) if tps else 0.0,
+        "wall_seconds": wall,
+        "mlflow_run_id": run_id,
+        "evals": [{"iteration": i, "accuracy": sc[ACCURACY], **sc} for i, sc in rec.evals],
+        "reward_per_iteration": [h["reward/mean"] for h in hist if "reward/mean" in h],
+        "seconds_per_iteration": sum(h["timing/iteration_s"] for h in hist) / len(hist) if hist else 0.0,
+        **extra,
+        **rec.init_metrics,
+    }

@@ -18,12 +18,12 @@ from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from dockflow.agents import Rollout, run_rollouts
+from dockflow.agents import Rollout, ToolSpec, run_rollouts
 from dockflow.data import Example, PromptFormat
 from dockflow.engines import HFGenerationEngine, SamplingParams
-from dockflow.engines.tool_rollouts import BatchSampler, ToolSpec
+from dockflow.engines.turn_sampler import BatchSampler
 from dockflow.eval.greedy import rng_guard
-from dockflow.eval.metrics import sample_scores
+from dockflow.eval.pass_at_k import sample_scores
 from dockflow.rewards.verifier import Verifier
 
 

@@ -5,9 +5,6 @@ and put into the iteration's dock window as soon as it is done, so scoring strea
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from functools import cached_property
-from typing import Any
 
 import torch
 from tensordict import TensorDict
@@ -15,21 +12,8 @@ from tensordict import TensorDict
 from dockflow.config import Config
 from dockflow.dock import TransferDock
 from dockflow.engines import GenerationEngine, SamplingParams
-from dockflow.workers.rollout_queue import FinishedWork, Grant, ParkedGroup, QueueSettings, RolloutQueue, Work
-
-
-class PromptTable:
-    """The train prompts, formatted (``PromptFormat``), and one prompt width for the run, measured at first use.
-    The dock fixes a column's per-sample shape until it is fully reset, and parked groups join later iterations,
-    so every rollout is padded alike. One per worker."""
-
-    def __init__(self, templated: list[str], engine: GenerationEngine) -> None:
-        self.templated = templated
-        self._engine = engine
-
-    @cached_property
-    def width(self) -> int:
-        return self._engine.prompt_width(self.templated)
+from dockflow.rollout.prompts import PromptTable
+from dockflow.rollout.queue import QueueClient, QueueSettings, RolloutQueue
 
 
 def generation_seed(run_seed: int, iteration: int) -> int:
@@ -70,52 +54,6 @@ def rollout_metrics(prompt_tokens: int, response_tokens: int, samples: int, star
     }
     out["rollout/clipped_ratio"] = clipped / samples
     return out
-
-
-class RolloutQueueTimeout(RuntimeError):
-    """The generators' shared rollout queue did not answer in time."""
-
-
-class QueueClient:
-    """A :class:`RolloutQueue` in this process, or its Ray actor (several generators), called alike; an actor that
-    does not answer within ``timeout_s`` (``train.stage_timeout_s``) raises :class:`RolloutQueueTimeout`."""
-
-    def __init__(self, queue: Any, timeout_s: float = 60.0) -> None:
-        self.queue, self.timeout_s = queue, timeout_s
-
-    def take(self, iteration: int, rank: int) -> Work | None:
-        return self._call(self.queue.take, iteration, rank, iteration=iteration)
-
-    def finish(self, done: FinishedWork) -> Grant:
-        return Grant(*self._call(self.queue.finish, done, iteration=done.iteration))
-
-    def park(self, groups: list[ParkedGroup]) -> None:
-        self._call(self.queue.park, groups)
-
-    def stats(self, iteration: int) -> dict[str, Any]:
-        return self._call(self.queue.stats, iteration, iteration=iteration)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self._call(self.queue.state_dict)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._call(self.queue.load_state_dict, state)
-
-    def _call(self, method: Callable[..., Any] | Any, *args: Any, iteration: int | None = None) -> Any:
-        """``method(*args)`` on the local queue, or ``method.remote(*args)`` on the actor, waited for."""
-        if not hasattr(method, "remote"):
-            return method(*args)
-        import ray
-
-        try:
-            return ray.get(method.remote(*args), timeout=self.timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            name = getattr(method, "_method_name", "a call")  # Ray's ActorMethod keeps its method's name there
-            which = "" if iteration is None else f" for iteration {iteration}"
-            raise RolloutQueueTimeout(
-                f"the rollout queue actor did not answer '{name}'{which} within {self.timeout_s:.0f}s "
-                "(train.stage_timeout_s); is the '<run>-rollout-queue' actor alive?"
-            ) from None
 
 
 def generate_into_dock(

@@ -6,10 +6,10 @@ from dockflow.config import load_config
 from dockflow.config.data import DataConfig
 from dockflow.config.sections import EvalConfig, ModelConfig
 from dockflow.data import Example, load_task
-from dockflow.data.identity import examples_hash, task_identity
+from dockflow.data.task_identity import examples_hash, task_identity
 from dockflow.eval import EvalInputs
-from dockflow.eval.identity import eval_identity
-from dockflow.models.identity import base_model_identity
+from dockflow.eval.fingerprint import eval_identity
+from dockflow.models.base_model_identity import base_model_identity
 from dockflow.models.tokenizer import build_char_tokenizer
 
 CONFIG = "configs/grpo_arith.yaml"

@@ -6,7 +6,7 @@ called as ``fn(prompt=messages, answer=..., **columns)``) or else the row's own 
 the trajectory the RL tool loop would build had the model written those turns
 (``dockflow.agents.demonstrations``), and the loss runs on the tokens of its mask: the assistant turns (their
 EOS included), never the prompt or the tool results (the same rule as RL's ``response_mask``). Validation scores
-the model through the tool loop with the real tools (``dockflow.eval.tools``).
+the model through the tool loop with the real tools (``dockflow.eval.tool_scores``).
 
     demos = ToolDemonstrations(inputs, task.labeled)
     tokenizer = build_task_tokenizer(..., extra_corpus=demos.corpus())     # merges also learned from them
@@ -21,13 +21,12 @@ from typing import Any
 
 import torch
 
-from dockflow.agents import ToolHost, pick_factory, with_observation
+from dockflow.agents import ToolHost, ToolSpec, pick_factory, tool_spec, with_observation
 from dockflow.agents.demonstrations import DemonstrationError, check_completion, demonstration_trajectory
 from dockflow.agents.trajectory import Trajectory
 from dockflow.config.tools import ToolsConfig
 from dockflow.data import Example, PromptFormat
-from dockflow.engines.tool_rollouts import ToolSpec, tool_spec
-from dockflow.eval.tools import tool_rows
+from dockflow.eval.tool_scores import tool_rows
 from dockflow.user_code import import_user_callable
 
 

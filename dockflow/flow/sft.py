@@ -3,7 +3,7 @@
 Teacher forcing on ``task.labeled`` (loss on the answer tokens and EOS only), greedy accuracy on
 ``task.val`` every ``sft.eval_every_epochs`` epochs, early stop after ``sft.patience`` validations
 without a new best (or at 100%), keep the best weights. With ``tools:`` the labeled rows' tool-use
-demonstrations are trained on their model tokens and validated through the tool loop (``dockflow.models.tool_sft``).
+demonstrations are trained on their model tokens and validated through the tool loop (``dockflow.flow.tool_sft``).
 The result is an HF model directory in ``sft.cache_dir/<key>``, where the key hashes everything the result depends
 on (model, data, template, SFT settings, seed, response length, file contents; the tools, their limits and the
 code of the tools and demonstrations); a later call with the same inputs returns it at
@@ -31,17 +31,17 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from dockflow.agents import tool_spec
 from dockflow.config.data import DataConfig
 from dockflow.config.sections import CheckpointConfig, ModelConfig, SFTConfig
 from dockflow.config.tools import ToolsConfig
 from dockflow.data import Example, PromptFormat, load_task
-from dockflow.engines.tool_rollouts import tool_spec
 from dockflow.eval.greedy import greedy_accuracy
-from dockflow.eval.tools import tool_scores
+from dockflow.eval.tool_scores import tool_scores
+from dockflow.flow.tool_sft import ToolDemonstrations, encode_trajectories
 from dockflow.models.chat_template import TINY_CHAT_VERSION
 from dockflow.models.factory import build_tiny_model, load_model_and_tokenizer, save_pretrained_dir
 from dockflow.models.tokenizer import build_char_tokenizer, build_task_tokenizer, with_chat_template
-from dockflow.models.tool_sft import ToolDemonstrations, encode_trajectories
 from dockflow.rewards.verifier import task_verifier
 from dockflow.storage.objects import fetch_model, file_fingerprint, is_s3_uri, model_fingerprint
 
@@ -55,7 +55,7 @@ class SFTInputs:
     """What the warm start reads of a run's config: the model, data and SFT sections, the S3 settings of their
     files (``checkpoint``), the seed (``run.seed``), the response length (``rollout.max_new_tokens``), the
     validation's batch size (``eval.batch_size``) and the ``tools`` section (with tools: SFT on tool-use
-    demonstrations, validated through the tool loop: ``dockflow.models.tool_sft``)."""
+    demonstrations, validated through the tool loop: ``dockflow.flow.tool_sft``)."""
 
     model: ModelConfig
     data: DataConfig
@@ -214,7 +214,7 @@ def train_sft(
     demos: ToolDemonstrations | None = None,
 ) -> tuple[float, list[dict[str, Any]]]:
     """Train ``model`` in place with early stopping; leaves it holding the best weights. With tool-use ``demos``
-    it trains on them (``dockflow.models.tool_sft``) and validates through the tool loop.
+    it trains on them (``dockflow.flow.tool_sft``) and validates through the tool loop.
 
     Returns (best validation accuracy, history of ``{epoch, loss, val_accuracy, seconds}`` per validation).
     """

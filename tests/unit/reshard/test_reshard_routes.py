@@ -6,7 +6,7 @@ import torch
 
 from dockflow.reshard import ModelPartition, ParallelLayout, ParamMeta, PartitionRules
 from dockflow.reshard.gather import allocate_generation, copy_local, pack_bucket, unpack_bucket
-from dockflow.reshard.plan import plan_buckets, plan_routes
+from dockflow.reshard.routes import plan_buckets, plan_routes
 
 F32 = torch.float32
 

@@ -1,6 +1,6 @@
-"""The rollout layout of ``dockflow.engines.base`` built from tokens and text, for every generation backend
-(``hf_generation``, ``vllm_generation``, ``cost_model``, ``partial``) and the workers that pad prompts, score
-fixed responses or decode them. Nothing here depends on a backend.
+"""The rollout layout of ``dockflow.engines.interfaces`` built from tokens and text, for every generation backend
+(``hf_generation``, ``vllm_generation``, ``cost_model``), partial rollout (``dockflow.rollout.partial``) and the
+workers that pad prompts, score fixed responses or decode them. Nothing here depends on a backend.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def left_pad_prompts(tokenizer, prompts: list[str], width: int | None) -> tuple[
 
 
 def encode_rollouts(tokenizer, prompts: list[str], responses: list[str], response_width: int) -> TensorDict:
-    """Given (prompt, response text) pairs in the rollout layout of ``dockflow.engines.base``, as if generated:
+    """Given (prompt, response text) pairs in the rollout layout of ``dockflow.engines.interfaces``, as if generated:
     each response is its tokens plus EOS, cut at ``response_width`` (then it has no EOS, like a truncated
     generation). Used to score fixed responses, e.g. DPO's chosen and rejected answers."""
     prompt_ids, prompt_mask = left_pad_prompts(tokenizer, prompts, None)
@@ -66,7 +66,7 @@ def encode_rollouts(tokenizer, prompts: list[str], responses: list[str], respons
 def rollout_batch(
     prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, responses: torch.Tensor, response_mask: torch.Tensor
 ) -> TensorDict:
-    """The rollout layout of ``dockflow.engines.base`` from left-padded prompts and right-padded responses."""
+    """The rollout layout of ``dockflow.engines.interfaces`` from left-padded prompts and right-padded responses."""
     return TensorDict(
         {
             "input_ids": torch.cat([prompt_ids, responses], dim=1),

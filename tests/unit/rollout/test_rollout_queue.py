@@ -6,13 +6,14 @@ import random
 import pytest
 
 from dockflow.config import load_config
-from dockflow.workers.rollout import QueueClient, RolloutQueueTimeout
-from dockflow.workers.rollout_queue import (
+from dockflow.rollout.queue import (
     FinishedWork,
     Grant,
     ParkedGroup,
+    QueueClient,
     QueueSettings,
     RolloutQueue,
+    RolloutQueueTimeout,
     queue_settings,
 )
 

@@ -1,17 +1,17 @@
-"""Tool rollouts in the rollout layout (``dockflow.engines.tool_rollouts``): the trajectory mask is the dock's
+"""Tool rollouts in the rollout layout (``dockflow.rollout.multi_turn``): the trajectory mask is the dock's
 ``response_mask``, so the losses never train on tool tokens."""
 
 from __future__ import annotations
 
 import torch
 
+from dockflow.agents import ToolSpec
 from dockflow.agents.records import unpack_record
 from dockflow.algos.grpo import clipped_policy_loss
 from dockflow.algos.ppo import gae_advantages
 from dockflow.config.tools import ToolsConfig
-from dockflow.engines.base import SamplingParams
-from dockflow.engines.tool_rollouts import (
-    ToolSpec,
+from dockflow.engines.interfaces import SamplingParams
+from dockflow.rollout.multi_turn import (
     lay_out,
     sample_tool_rollouts,
     tool_rollouts,

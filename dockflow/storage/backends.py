@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dockflow.config.sections import CheckpointConfig, RunConfig
-from dockflow.storage.base import CheckpointStore
+from dockflow.storage.checkpoint_store import CheckpointStore
 from dockflow.storage.local import LocalCheckpointStore
 from dockflow.storage.manifest import CheckpointError
 from dockflow.storage.s3 import S3CheckpointStore

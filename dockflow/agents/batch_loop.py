@@ -30,13 +30,43 @@ from typing import Any
 
 from dockflow.agents.environments import pick_factory, with_observation
 from dockflow.agents.parking import ParkedTrajectory, resumed_host
-from dockflow.agents.tools import ToolHost
-from dockflow.agents.trajectory import Generate, Step, Trajectory, open_trajectory, trajectory_steps
+from dockflow.agents.tool_host import ToolHost, import_tool
+from dockflow.agents.trajectory import (
+    Generate,
+    Step,
+    Trajectory,
+    loop_template,
+    open_trajectory,
+    trajectory_steps,
+)
 from dockflow.config.tools import ToolsConfig
 
 Request = tuple[int, list[int], int]  # (trajectory index, token ids so far, max new tokens)
 GenerateBatch = Callable[[list[Request]], Sequence[Sequence[int]]]
 Steps = Generator[Step, Sequence[int], Trajectory]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """What the tool loop needs besides the engine: the tools, the environment factories, the limits and the
+    chat template it renders with (``loop_template``)."""
+
+    tools: Sequence[Callable[..., Any]]
+    factories: Any
+    limits: ToolsConfig
+    chat_template: str | None = None
+
+
+def tool_spec(tc: ToolsConfig, tokenizer: Any) -> ToolSpec:
+    """The ``tools:`` section's tools and environment factories imported (a ToolError naming a path that does not
+    import), and the chat template the loop renders with for ``tokenizer`` (None: the tools only)."""
+    factories: Any = None
+    if tc.environment:
+        factories = import_tool(tc.environment)
+    elif tc.environments:
+        factories = {name: import_tool(path) for name, path in tc.environments.items()}
+    template = loop_template(tokenizer) if tokenizer is not None else None
+    return ToolSpec([import_tool(p) for p in tc.functions], factories, tc, template)
 
 
 def run_trajectories(steps: Sequence[Steps], generate: GenerateBatch) -> list[Trajectory]:

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from transformers import PreTrainedTokenizerBase
 
 from dockflow.data import Example
-from dockflow.data.identity import examples_hash, short_hash
+from dockflow.data.task_identity import examples_hash, short_hash
 from dockflow.eval.policy import EvalInputs
 from dockflow.rewards.verifier import verifier_name
 

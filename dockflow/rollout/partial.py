@@ -5,13 +5,13 @@ Each work item is either new prompts or parked groups; every unfinished rollout 
 without budget runs to the end); finished rollouts are not decoded again. Groups whose N rollouts all finished
 claim the next slots of the window and are written (those the full window has no slot for wait, ready, in the
 queue); the others go back to the queue, parked, with their oldest policy version and one more park. Which
-work comes when (over-provisioning included) is the queue's policy: ``dockflow.workers.rollout_queue``.
+work comes when (over-provisioning included) is the queue's policy: ``dockflow.rollout.queue``.
 The parked groups live in memory (the generator's own queue, or the queue actor with several generators), and a
 checkpoint holds them (``GeneratorWorker.save_inflight``).
 
 What a group's rollouts are is the sampler's (``GroupSampler``): single-turn, N rows of the rollout layout
 continued by ``continue_rollouts`` (``TokenGroups``); with tools, N multi-turn trajectories, each parked mid-turn
-or between turns with its environment and resumed in that turn (``workers/tool_rollout.py: ToolGroups``).
+or between turns with its environment and resumed in that turn (``rollout/multi_turn.py: ToolGroups``).
 """
 
 from __future__ import annotations
@@ -24,22 +24,63 @@ from tensordict import TensorDict
 
 from dockflow.config import Config
 from dockflow.dock import TransferDock
-from dockflow.engines import SamplingParams
-from dockflow.engines.partial import continue_rollouts, empty_rollouts, unfinished
-from dockflow.engines.rollout_layout import left_pad_prompts
-from dockflow.workers.rollout import (
-    PromptTable,
-    QueueClient,
-    clipped_rows,
-    dock_columns,
-    generation_seed,
-    rollout_metrics,
-)
-from dockflow.workers.rollout_queue import FinishedWork, ParkedGroup
-from dockflow.workers.tool_rollout import ToolGroups
+from dockflow.engines import GenerationEngine, SamplingParams
+from dockflow.engines.token_layout import first_eos_mask, left_pad_prompts, rollout_batch
+from dockflow.rollout.multi_turn import ToolGroups
+from dockflow.rollout.plain import clipped_rows, dock_columns, generation_seed, rollout_metrics
+from dockflow.rollout.prompts import PromptTable
+from dockflow.rollout.queue import FinishedWork, ParkedGroup, QueueClient
 
 COLUMNS = ("input_ids", "attention_mask", "responses", "response_mask", "prompt_length", "response_length",
            "rollout_log_prob")
+
+
+def empty_rollouts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, width_r: int, pad: int) -> TensorDict:
+    """Rollouts of left-padded prompts with no response tokens yet."""
+    responses = torch.full((prompt_ids.shape[0], width_r), pad, dtype=torch.long)
+    out = rollout_batch(prompt_ids, prompt_mask, responses, torch.zeros_like(responses))
+    out["rollout_log_prob"] = torch.zeros(responses.shape, dtype=torch.float32)
+    return out
+
+
+def unfinished(data: TensorDict, eos: int) -> torch.Tensor:
+    """[B] bool: rows without EOS that still have room for tokens."""
+    mask = data["response_mask"].bool()
+    has_eos = ((data["responses"] == eos) & mask).any(-1)
+    return ~has_eos & (data["response_length"] < data["responses"].shape[1])
+
+
+def continue_rollouts(
+    engine: GenerationEngine, data: TensorDict, params: SamplingParams, seed: int, budget: int | None, pad: int, eos: int
+) -> TensorDict:
+    """``data`` with each unfinished row continued by up to ``budget`` (None: until EOS or R) sampled tokens."""
+    out = data.clone()
+    rows = unfinished(data, eos).nonzero().flatten()
+    if len(rows) == 0:
+        return out
+    width_r = data["responses"].shape[1]
+    lengths = data["response_length"][rows]
+    room = width_r - lengths  # tokens each row may still take
+    cap = room.clamp(max=budget) if budget is not None else room
+    # Left-pad prompt + response-so-far of each row into one block.
+    seqs = [data["input_ids"][r][data["attention_mask"][r].bool()] for r in rows.tolist()]
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for k, s in enumerate(seqs):
+        ids[k, width - len(s):], mask[k, width - len(s):] = s, 1
+    tokens, logp = engine.sample(ids, mask, int(cap.max()), params, seed, generated=lengths, row_caps=cap)
+    new_mask = first_eos_mask(tokens, eos) * (torch.arange(tokens.shape[1]) < cap.unsqueeze(1)).long()
+    prompt_w = data["input_ids"].shape[1] - width_r
+    for k, r in enumerate(rows.tolist()):
+        n, at = int(new_mask[k].sum()), int(lengths[k])
+        out["responses"][r, at : at + n] = tokens[k, :n]
+        out["response_mask"][r, at : at + n] = 1
+        out["rollout_log_prob"][r, at : at + n] = logp[k, :n]
+        out["input_ids"][r, prompt_w + at : prompt_w + at + n] = tokens[k, :n]
+        out["attention_mask"][r, prompt_w + at : prompt_w + at + n] = 1
+        out["response_length"][r] = at + n
+    return out
 
 
 class GroupSampler(Protocol):

@@ -5,9 +5,9 @@ import torch
 from dockflow.config import Config
 from dockflow.engines import EngineInputs, SamplingParams, create_engines
 from dockflow.engines.logprobs import batched_log_probs
-from dockflow.engines.partial import continue_rollouts, empty_rollouts, unfinished
-from dockflow.engines.rollout_layout import left_pad_prompts
+from dockflow.engines.token_layout import left_pad_prompts
 from dockflow.models import build_char_tokenizer, build_tiny_model
+from dockflow.rollout.partial import continue_rollouts, empty_rollouts, unfinished
 
 PROMPTS = ["What is 12 + 7?\nAnswer: ", "What is 3 - 45?\nAnswer: ", "What is 1 + 1?\nAnswer: "]
 R = 9

@@ -82,7 +82,7 @@ class GenerationEngine(ABC):
         """Continue left-padded token rows by up to ``max_new_tokens`` tokens: (tokens, log-probs), [B, T] each.
         ``generated`` [B] counts the response tokens each row already holds, ``row_caps`` [B] how many more each
         may take (<= ``max_new_tokens``; the caller masks past them, so a backend may ignore both, or stop each
-        row at its cap). What partial rollouts need (``dockflow.engines.partial``); a backend without it cannot
+        row at its cap). What partial rollouts need (``dockflow.rollout.partial``); a backend without it cannot
         resume."""
         raise NotImplementedError(f"{type(self).__name__} cannot continue partial rollouts")
 

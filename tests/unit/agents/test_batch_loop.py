@@ -1,4 +1,4 @@
-"""Many trajectories a turn at a time (``dockflow.agents.rollouts``): the batch changes how turns are sampled,
+"""Many trajectories a turn at a time (``dockflow.agents.batch_loop``): the batch changes how turns are sampled,
 never what a trajectory holds; and the engine sampler that serves a batch's turns (``BatchSampler``)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import torch
 
 from dockflow.agents import run_rollout, run_rollouts
 from dockflow.config.tools import ToolsConfig
-from dockflow.engines.base import SamplingParams
-from dockflow.engines.tool_rollouts import BatchSampler
+from dockflow.engines.interfaces import SamplingParams
+from dockflow.engines.turn_sampler import BatchSampler
 from tests.unit.agents.chat import call
 from tests.unit.agents.tools_for_tests import Counter, add
 

@@ -1,8 +1,8 @@
 """Work for the generators of one iteration, handed out on demand: a faster generator takes more chunks.
 
-Pure logic (no Ray, no torch): with one generator it lives in that generator's process; with several, in a
-small ``num_cpus=0`` Ray actor (``ray.remote(RolloutQueue)``, named ``<run>-rollout-queue``) that all of them
-draw from.
+Pure logic (no torch; Ray only in ``QueueClient``, imported when it calls an actor): with one generator it lives
+in that generator's process; with several, in a small ``num_cpus=0`` Ray actor (``ray.remote(RolloutQueue)``,
+named ``<run>-rollout-queue``) that all of them draw from, each through a ``QueueClient``.
 
 Without partial rollout the iteration's G prompts are cut into chunks of ``chunk_groups`` prompts; chunk ``k``
 always holds prompts ``[k*c, (k+1)*c)`` and writes group slots ``[k*c, (k+1)*c)`` of the window, so the result
@@ -286,6 +286,52 @@ class RolloutQueue:
                 "regenerated": self.regenerated, "overflow": self.overflow}
 
 
+class RolloutQueueTimeout(RuntimeError):
+    """The generators' shared rollout queue did not answer in time."""
+
+
+class QueueClient:
+    """A :class:`RolloutQueue` in this process, or its Ray actor (several generators), called alike; an actor that
+    does not answer within ``timeout_s`` (``train.stage_timeout_s``) raises :class:`RolloutQueueTimeout`."""
+
+    def __init__(self, queue: Any, timeout_s: float = 60.0) -> None:
+        self.queue, self.timeout_s = queue, timeout_s
+
+    def take(self, iteration: int, rank: int) -> Work | None:
+        return self._call(self.queue.take, iteration, rank, iteration=iteration)
+
+    def finish(self, done: FinishedWork) -> Grant:
+        return Grant(*self._call(self.queue.finish, done, iteration=done.iteration))
+
+    def park(self, groups: list[ParkedGroup]) -> None:
+        self._call(self.queue.park, groups)
+
+    def stats(self, iteration: int) -> dict[str, Any]:
+        return self._call(self.queue.stats, iteration, iteration=iteration)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._call(self.queue.state_dict)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._call(self.queue.load_state_dict, state)
+
+    def _call(self, method: Callable[..., Any] | Any, *args: Any, iteration: int | None = None) -> Any:
+        """``method(*args)`` on the local queue, or ``method.remote(*args)`` on the actor, waited for."""
+        if not hasattr(method, "remote"):
+            return method(*args)
+        import ray
+
+        try:
+            return ray.get(method.remote(*args), timeout=self.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            name = getattr(method, "_method_name", "a call")  # Ray's ActorMethod keeps its method's name there
+            which = "" if iteration is None else f" for iteration {iteration}"
+            raise RolloutQueueTimeout(
+                f"the rollout queue actor did not answer '{name}'{which} within {self.timeout_s:.0f}s "
+                "(train.stage_timeout_s); is the '<run>-rollout-queue' actor alive?"
+            ) from None
+
+
 def rollout_queue(cfg: Config, excluded: Sequence[int] = ()) -> RolloutQueue:
     """The queue of this config: chunks of ``rollout.batch_size`` sequences; partial rollout's budget and ages.
     A parked group may be ``train.max_staleness + partial.max_age`` versions old when trained (each park can
@@ -296,7 +342,7 @@ def rollout_queue(cfg: Config, excluded: Sequence[int] = ()) -> RolloutQueue:
 def queue_settings(cfg: Config, excluded: Sequence[int] = ()) -> QueueSettings:
     """:class:`RolloutQueue`'s settings for this config (the prompt sampler as look-ahead with partial rollout; the
     train prompts ``excluded`` by the length policy left out)."""
-    from dockflow.workers.run_prompts import iteration_sampler
+    from dockflow.rollout.prompts import iteration_sampler  # lazily: the queue actor stays light
 
     ro, partial = cfg.rollout, cfg.rollout.partial
     chunk = max(1, ro.batch_size // ro.group_size)

@@ -6,7 +6,7 @@ import torch
 from tensordict import TensorDict
 
 from dockflow.config import ConfigError, load_config
-from dockflow.workers.rollout import dock_columns
+from dockflow.rollout.plain import dock_columns
 
 
 def _rollout() -> TensorDict:

@@ -4,7 +4,7 @@ Greedy accuracy always; pass@k and avg@k when ``eval.pass_k`` (``--k``) is above
 scores are also logged to that run (``tracking.uri`` of the config) as ``eval/<name>_accuracy``,
 ``eval/<name>_pass_at_<k>``, ``eval/<name>_avg_at_<k>``, where ``<name>`` is the split or the file's stem, at
 the run's ``train.iterations`` step (the final model's iteration), with the evaluation's fingerprint
-(``dockflow.eval.identity``) as the run's tag ``dockflow.eval.<name>_fingerprint``; the printed result has it too.
+(``dockflow.eval.fingerprint``) as the run's tag ``dockflow.eval.<name>_fingerprint``; the printed result has it too.
 
     scoring = EvalInputs(cfg.eval, cfg.data, cfg.rollout.max_new_tokens, cfg.run.seed, cfg.tools)
     setup = EvalRun(scoring, cfg.checkpoint, cfg.run, cfg.tracking, cfg.model.dtype)
@@ -20,7 +20,7 @@ from typing import Any
 from dockflow.config.sections import CheckpointConfig, RunConfig, TrackingConfig
 from dockflow.data import check_prompts, load_task
 from dockflow.data.loaders import Columns, load_examples
-from dockflow.eval.identity import eval_identity
+from dockflow.eval.fingerprint import eval_identity
 from dockflow.eval.policy import EvalInputs, metric_key, score_examples
 from dockflow.models import load_model_and_tokenizer
 from dockflow.storage import run_store

@@ -16,11 +16,10 @@ from dockflow.config import load_config
 from dockflow.data import PromptFormat, load_task
 from dockflow.engines import HFGenerationEngine
 from dockflow.models import build_char_tokenizer, build_tiny_model
-from dockflow.workers.partial_rollout import generate_partial_into_dock
-from dockflow.workers.rollout import PromptTable, QueueClient
-from dockflow.workers.rollout_queue import RolloutQueue, queue_settings
-from dockflow.workers.run_prompts import iteration_sampler
-from dockflow.workers.tool_rollout import ToolTable
+from dockflow.rollout.multi_turn import ToolTable
+from dockflow.rollout.partial import generate_partial_into_dock
+from dockflow.rollout.prompts import PromptTable, iteration_sampler
+from dockflow.rollout.queue import QueueClient, RolloutQueue, queue_settings
 from tests.unit.agents.chat import PrefixEngine, call, qwen_style
 
 RUN = ["placement.mode=disaggregated", "rollout.prompts_per_iter=3", "rollout.group_size=2", "rollout.batch_size=4",

@@ -1,0 +1,18 @@
+"""Shared fixtures for the SFT warm start tests: a very small tiny-model config so tests stay fast."""
+
+from __future__ import annotations
+
+import pytest
+
+from dockflow.config import TinyModelConfig
+from dockflow.models import build_char_tokenizer
+
+
+@pytest.fixture(scope="session")
+def micro_cfg() -> TinyModelConfig:
+    return TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
+
+
+@pytest.fixture(scope="session")
+def char_tok():  # noqa: ANN201 - a PreTrainedTokenizerFast
+    return build_char_tokenizer()
