@@ -222,15 +222,15 @@ def run_flow(backend: str, samples: int, seq: int, nodes: list[str], workers: li
              nic_mbps: float | None = None, micro: int | None = None) -> dict[str, Any]:
     """One GRPO iteration's flow through ``backend``; ``micro``: samples per get and put (default: by size)."""
     from dockflow.dock import DockSpec, create_dock
+    from dockflow.dock.netmodel import LinkSpec
 
     dock = None
     if backend in MODELLED_BACKENDS:
         spec = DockSpec(columns=DTYPES, capacity=samples, group_size=GROUP, warehouse_nodes=nodes,
                         backend="centralized" if backend == "centralized" else "distributed",
                         name=f"bench-{backend}-{samples}-{seq}", get_timeout_s=600,
-                        shard_block=samples // len(nodes),  # warehouse k holds the share node k generates
-                        nic_mib_per_s=nic_mbps)
-        dock = create_dock(spec)
+                        shard_block=samples // len(nodes))  # warehouse k holds the share node k generates
+        dock = create_dock(spec, link=LinkSpec(nic_mbps) if nic_mbps is not None else None)
         for k, (consumer, reads, _, _) in enumerate(STAGES):
             dock.register_consumer(consumer, reads, node_id=nodes[k % len(nodes)])  # next to one of its ranks
     mb = micro or micro_batch(samples)

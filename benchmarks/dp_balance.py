@@ -9,7 +9,7 @@ which rows a rank gets and in what order it cuts them into micro-batches:
 - ``index_sorted``: the same halves, each sorted by length before it is cut into micro-batches.
 - ``balanced_shares``: the dock's controller splits the mini-batch by response length (``ControllerState.take``
   with ``dp_share``, Karmarkar-Karp on metadata); micro-batches in index order.
-- ``balanced_sorted``: the same shares, each sorted by length before it is cut (``workers/training.length_sorted``):
+- ``balanced_sorted``: the same shares, each sorted by length before it is cut (``workers/update_loop.length_sorted``):
   what ``train.seqlen_balance: true`` does.
 
 Reported per mode: the update step's wall time (median over steps; FSDP's collectives make every rank wait for

@@ -9,7 +9,6 @@ from dockflow.agents.batch_loop import (
     ToolSpec,
     run_rollout,
     run_rollouts,
-    run_trajectories,
     tool_spec,
 )
 from dockflow.agents.environments import (
@@ -48,7 +47,6 @@ __all__ = [
     "pick_factory",
     "run_rollout",
     "run_rollouts",
-    "run_trajectories",
     "run_trajectory",
     "tool_schema",
     "tool_spec",

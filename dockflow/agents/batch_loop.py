@@ -1,11 +1,13 @@
-"""Many trajectories a turn at a time, and rollouts of dataset rows as TRL runs them (environments included).
+"""Many trajectories a turn at a time, and rollouts of dataset rows as TRL runs them (environments included); the
+``ToolSpec`` they run with (``tool_spec``: the ``tools:`` section imported).
 
     outs = run_rollouts(rows, generate_batch, tokenizer, [add], Counter, limits, chat_template=template)
     outs[k].trajectory, outs[k].reward, outs[k].environment, outs[k].state   # state: the instance, for environments=
 
 ``generate_batch(requests)`` takes ``[(k, ids, max_new_tokens)]``, one request per trajectory ``k`` that wants its
 next turn, and returns the new ids of each, in order: one sampler call per turn for the whole batch (the
-trajectories that stopped drop out), where a ``generate`` per trajectory would run the model once per row. Each
+trajectories that stopped drop out), where a ``generate`` per trajectory would run the model once per row
+(over a generation engine: ``dockflow.engines.turn_sampler.BatchSampler``). Each
 trajectory is ``trajectory_steps`` (the same loop as ``run_trajectory``), so the batch changes how the turns
 are sampled, never what a trajectory holds.
 
@@ -69,12 +71,6 @@ def tool_spec(tc: ToolsConfig, tokenizer: Any) -> ToolSpec:
     return ToolSpec([import_tool(p) for p in tc.functions], factories, tc, template)
 
 
-def run_trajectories(steps: Sequence[Steps], generate: GenerateBatch) -> list[Trajectory]:
-    """Drive every trajectory turn by turn: each round asks ``generate`` once for the turns of all that go on."""
-    done, _ = drive_trajectories(steps, generate, ())
-    return [t for t in done if t is not None]
-
-
 def drive_trajectories(
     steps: Sequence[Steps],
     generate: GenerateBatch,
@@ -83,9 +79,9 @@ def drive_trajectories(
     budget: int | None = None,
     turns: dict[int, list[int]] | None = None,
 ) -> tuple[list[Trajectory | None], dict[int, list[int]]]:
-    """``run_trajectories`` under a token budget: each trajectory gets at most ``budget`` model tokens (None: no
-    limit); ``turns[k]``: ids trajectory ``k`` already has of the turn it asks for (a parked turn going on).
-    Returns the finished trajectories (None where one stopped) and, for each one the budget stopped, the ids of
+    """Drive every trajectory turn by turn, each round asking ``generate`` once for the turns of all that go on,
+    under a token budget: each trajectory gets at most ``budget`` model tokens (None: no limit); ``turns[k]``: ids
+    trajectory ``k`` already has of the turn it asks for (a parked turn going on). Returns the finished trajectories (None where one stopped) and, for each one the budget stopped, the ids of
     its turn in progress ([] between turns). A turn is complete when it ends with a stop id (``stops``), reaches
     the loop's limit, or the sampler gives fewer tokens than asked (it stopped at EOS or the response width)."""
     done: list[Trajectory | None] = [None] * len(steps)

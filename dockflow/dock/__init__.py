@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         DockUnavailable,
         TransferDock,
     )
+    from dockflow.dock.netmodel import LinkSpec
     from dockflow.dock.partition import balanced_partitions
     from dockflow.dock.request import DockRequest
 
@@ -48,15 +49,17 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'dockflow.dock' has no attribute {name!r}")
 
 
-def create_dock(spec: DockSpec) -> TransferDock:
-    """Start the dock's actors on the current Ray cluster (``ray.init`` first) and return its client."""
+def create_dock(spec: DockSpec, link: LinkSpec | None = None) -> TransferDock:
+    """Start the dock's actors on the current Ray cluster (``ray.init`` first) and return its client.
+    ``link``: benchmarks only, the paper's bandwidth model (``netmodel.py``: one modelled link per node, shared by
+    the node's dock processes); None (what a run passes) = off, the dock as it runs for real."""
     if spec.backend == "centralized":
         from dockflow.dock.centralized import CentralizedDock
 
-        return CentralizedDock.create(spec)
+        return CentralizedDock.create(spec, link)
     from dockflow.dock.distributed import DistributedDock
 
-    return DistributedDock.create(spec)
+    return DistributedDock.create(spec, link)
 
 
 __all__ = [

@@ -1,7 +1,9 @@
 """The transfer dock's client API: the only thing workers and stages import from ``dockflow.dock``.
 
-A dock holds one global batch of samples (G prompts x N responses, ``capacity`` samples). Each sample
-has a global index in ``[0, capacity)``; the samples of prompt ``g`` are the group ``[g*N, (g+1)*N)``.
+A dock holds ``capacity`` samples: 1 + ``train.max_staleness`` windows, one per iteration in flight (the one being
+trained and those generated ahead of it), each the iteration's global batch of G prompts x N responses (times
+the sampling rounds); ``Config.dock_capacity`` and ``Config.dock_window`` size and place them. Each sample has a
+global index in ``[0, capacity)``; the N samples of a prompt are one group ``[g*N, (g+1)*N)``.
 Producers ``put`` column data for some indices; consumers (worker states such as ``actor_update``)
 ``get`` indices whose requested columns are ready and that they have not consumed yet. The backends
 (distributed warehouses + controllers, or one centralized buffer) sit behind this interface.
@@ -51,7 +53,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class DockSpec:
-    """What a dock holds: its column schema and the shape of the global batch."""
+    """What a dock holds: its column schema, its size (``capacity``: every window) and the group size."""
 
     columns: Mapping[str, torch.dtype]
     capacity: int
@@ -67,9 +69,6 @@ class DockSpec:
     start_timeout_s: float = 180.0  # bound on actor start-up (a new Python process per actor)
     shard_block: int | None = None  # samples per block dealt round-robin to warehouses; None: group_size
     detached: bool = False  # actors outlive their creator (the KFP setup task); shutdown() must be called
-    # Benchmarks only: the paper's bandwidth model, one modelled link of this many MiB/s per node shared by the
-    # node's dock processes (``netmodel.py``); None (the default) = off, the dock as it runs for real.
-    nic_mib_per_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.capacity <= 0 or self.group_size <= 0 or self.capacity % self.group_size:
@@ -89,8 +88,6 @@ class DockSpec:
             raise DockInvalid(f"shard_block ({self.shard_block}) must be a positive multiple of group_size")
         if self.warehouse_nodes is not None and self.num_warehouses not in (None, len(self.warehouse_nodes)):
             raise DockInvalid("num_warehouses and len(warehouse_nodes) disagree")
-        if self.nic_mib_per_s is not None and not self.nic_mib_per_s > 0:
-            raise DockInvalid(f"nic_mib_per_s must be positive (or None: no network model), not {self.nic_mib_per_s}")
 
 
 @dataclass

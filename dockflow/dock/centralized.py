@@ -36,12 +36,11 @@ class CentralizedDock(TransferDock):
         self._columns: dict[str, tuple[str, ...]] = {}  # consumer -> registered columns (never change)
 
     @classmethod
-    def create(cls, spec: DockSpec) -> CentralizedDock:
+    def create(cls, spec: DockSpec, link: LinkSpec | None = None) -> CentralizedDock:
         node = spec.warehouse_nodes[0] if spec.warehouse_nodes else placement.alive_nodes()[0]
         placement.require_alive([node], f"the buffer of dock {spec.name!r}")
         name = f"{spec.name}/buffer"
         placement.refuse_existing(name, spec.namespace)
-        link = LinkSpec(spec.nic_mib_per_s) if spec.nic_mib_per_s is not None else None
         extra = (link,) if link is not None else ()
         buffer = CentralBufferActor.options(**placement.pinned(node, name, spec.namespace, spec.detached)).remote(
             wire_dtypes(spec.columns), spec.capacity, spec.group_size, *extra

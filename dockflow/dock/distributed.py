@@ -55,14 +55,13 @@ class DistributedDock(TransferDock):
 
     # ---- creation -------------------------------------------------------------------------------
     @classmethod
-    def create(cls, spec: DockSpec) -> DistributedDock:
+    def create(cls, spec: DockSpec, link: LinkSpec | None = None) -> DistributedDock:
         nodes = list(spec.warehouse_nodes) if spec.warehouse_nodes else placement.alive_nodes()
         placement.require_alive(nodes, f"the warehouses of dock {spec.name!r}")
         count = spec.num_warehouses or len(nodes)
         nodes = [nodes[i % len(nodes)] for i in range(count)]
         placement.refuse_existing(cls._host_name(spec, nodes[0]), spec.namespace)
         shard_map = ShardMap(spec.capacity, spec.group_size, count, spec.shard_block or 0)
-        link = LinkSpec(spec.nic_mib_per_s) if spec.nic_mib_per_s is not None else None
         hosts: dict[str, Any] = {}
         for node in dict.fromkeys(nodes):  # warehouse 0's node first: it keeps the shapes for the others
             shards = [i for i, n in enumerate(nodes) if n == node]

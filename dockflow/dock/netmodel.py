@@ -1,6 +1,7 @@
 """A model of the network, for benchmarks: the paper's bandwidth model (MindSpeed RL, Table 1's T100/T1K).
 
-Off by default (``DockSpec.nic_mib_per_s = None``): then nothing here runs and the dock behaves and performs as
+Off by default (``create_dock(spec)``, what a run calls; a benchmark passes ``create_dock(spec,
+link=LinkSpec(mib_per_s))``): then nothing here runs and the dock behaves and performs as
 without it. When on, every node has one modelled link of ``mib_per_s`` MiB/s, shared by all dock processes
 on that node (warehouses, controllers, the central buffer). Each transfer into or out of a dock process that
 crosses nodes takes ``bytes / bandwidth`` of wall time on that process's node link; transfers on one link are
@@ -29,6 +30,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dockflow.dock.errors import DockInvalid
+
 MIB = 2**20
 _DOUBLE = struct.Struct("d")
 
@@ -39,6 +42,10 @@ class LinkSpec:
 
     mib_per_s: float
     key: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def __post_init__(self) -> None:
+        if not self.mib_per_s > 0:
+            raise DockInvalid(f"a modelled link's mib_per_s must be positive, not {self.mib_per_s}")
 
     def seconds(self, nbytes: int) -> float:
         """How long ``nbytes`` hold a link."""

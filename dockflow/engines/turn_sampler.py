@@ -11,7 +11,8 @@ import torch
 
 from dockflow.engines.interfaces import GenerationEngine, SamplingParams
 
-Request = tuple[int, list[int], int]  # (trajectory index, token ids so far, max new tokens): agents' GenerateBatch
+# one turn asked for, as ``dockflow.agents.batch_loop.GenerateBatch`` passes it (engines do not import agents):
+Request = tuple[int, list[int], int]  # (trajectory index, token ids so far, max new tokens)
 
 
 class BatchSampler:

@@ -10,12 +10,10 @@ One field per fact: the held-out evaluations are one list of ``(step, scores)``;
 (``accuracies``) is derived from it. Light (no torch): the supervisor's status reads it.
 
 The "driver" part of a checkpoint is ``to_dict()``: plain dicts, lists and numbers, with ``"record_format": 2``.
-``from_dict`` also reads the format written before (no ``record_format``): ``evals`` as ``[(step, accuracy)]``
-beside ``eval_scores`` as ``[(step, scores)]``, both with tuples; records older still lack ``eval_scores``,
-``resumed_from`` and ``inflight`` (and may lack ``restarts``, ``init_metrics``, ``mlflow_run_id``). An evaluation
-found only in ``evals`` becomes ``{"eval/test_accuracy": accuracy}``. Keys that neither format has (a newer
-DockFlow's) are dropped with a warning: nothing but the driver reads this part, and a field this version does not
-know cannot change what it does.
+``from_dict`` reads that format only: a part of another format (one written before ``record_format`` existed has
+none) raises ``RecordFormatError``, one line naming the format and what to do. Keys the format does not have (a
+newer DockFlow's) are dropped with a warning: nothing but the driver reads this part, and a field this version
+does not know cannot change what it does.
 """
 
 from __future__ import annotations
@@ -31,7 +29,10 @@ HISTORY_KEYS = ("reward/mean", "perf/throughput_tps", "timing/iteration_s")  # w
 RECORD_FORMAT = 2  # the "driver" part's format; the one before it had no "record_format" key
 _FIELDS = ("iteration", "history", "evals", "samples", "restarts", "init_metrics", "mlflow_run_id", "resumed_from",
            "inflight")
-_LEGACY_FIELDS = ("eval_scores",)
+
+
+class RecordFormatError(ValueError):
+    """A checkpoint's driver part in a format this DockFlow does not read."""
 
 Scores = dict[str, float]
 
@@ -113,15 +114,18 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunRecord:
-        """A record from a "driver" part: this format or the one before (module docstring)."""
+        """A record from a "driver" part of this format (module docstring)."""
         fmt = data.get("record_format")
-        if fmt not in (None, RECORD_FORMAT):
-            raise ValueError(f"driver record format {fmt!r} is not one this DockFlow reads (it writes {RECORD_FORMAT})")
-        known = {"record_format", *_FIELDS, *(_LEGACY_FIELDS if fmt is None else ())}
+        if fmt != RECORD_FORMAT:
+            written = "none: written before DockFlow's record format 2" if fmt is None else repr(fmt)
+            raise RecordFormatError(
+                f"the checkpoint's driver record has format {written}; this DockFlow reads format {RECORD_FORMAT} "
+                "only: resume it with the DockFlow that wrote it, or start a new run")
+        known = {"record_format", *_FIELDS}
         unknown = sorted(set(data) - known)
         if unknown:
             log.warning("the checkpoint's driver record has keys this DockFlow does not know, dropped: %s", unknown)
-        evals = [(int(s), dict(sc)) for s, sc in data.get("evals", [])] if fmt else _legacy_evals(data)
+        evals = [(int(s), dict(sc)) for s, sc in data.get("evals", [])]
         return cls(
             iteration=int(data.get("iteration", 0)), history=[dict(h) for h in data.get("history", [])], evals=evals,
             samples=int(data.get("samples", 0)), restarts=int(data.get("restarts", 0)),
@@ -129,10 +133,3 @@ class RunRecord:
             resumed_from=int(data.get("resumed_from", 0)),
             inflight={int(j): dict(m) for j, m in (data.get("inflight") or {}).items()},
         )
-
-
-def _legacy_evals(data: dict[str, Any]) -> list[tuple[int, Scores]]:
-    """The format before ``record_format``: ``evals`` [(step, accuracy)] is every evaluation; ``eval_scores``
-    [(step, scores)], where present, has their full scores (it is missing in records older still)."""
-    scores = {int(s): dict(sc) for s, sc in data.get("eval_scores") or []}
-    return [(int(s), scores.get(int(s), {ACCURACY: float(a)})) for s, a in data.get("evals", [])]

@@ -1,6 +1,6 @@
 """Models: the locally built tokenizer (characters, plus BPE merges for the tiny model), the tiny Qwen2
-factory, HF directory load/save and the SFT warm start (``models.sft``; greedy accuracy is
-``dockflow.eval.greedy``). Nothing here downloads anything.
+factory, HF directory load/save, a base model's identity (the SFT warm start that trains them is
+``dockflow.flow.sft``; greedy accuracy is ``dockflow.eval.greedy``). Nothing here downloads anything.
 
     from dockflow.models import build_char_tokenizer, build_tiny_model, load_model_and_tokenizer
     tok = build_char_tokenizer()

@@ -12,6 +12,12 @@ checkpoint holds them (``GeneratorWorker.save_inflight``).
 What a group's rollouts are is the sampler's (``GroupSampler``): single-turn, N rows of the rollout layout
 continued by ``continue_rollouts`` (``TokenGroups``); with tools, N multi-turn trajectories, each parked mid-turn
 or between turns with its environment and resumed in that turn (``rollout/multi_turn.py: ToolGroups``).
+
+``continue_rollouts``: rows of the rollout layout of ``dockflow.engines.interfaces`` (prompt width P, response
+width R) whose unfinished rows (no EOS yet, fewer than R tokens) get up to ``budget`` more tokens per call through
+the engine's ``sample``. The new tokens and their log-probs (``rollout_log_prob``, under the weights the engine
+holds now) are appended after the row's last real token, so the finished row is exactly what one uninterrupted
+generation would have laid out.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
-"""Ray actors that hold the models: actor (policy), reference, reward, critic. They exchange samples only
-through the transfer dock; the driver sends iteration numbers and prompt indices.
+"""Ray actors, one class per role of the run plan (``group.py: WORKER_CLASSES``): actor (the policy: generate,
+infer, update, reshard), generator (disaggregated generation), rollout queue (the generators' shared work,
+``dockflow.rollout.queue``), reference, critic, reward (scores, then the advantage state), reward model, and the
+preference pair source. They exchange samples only through the transfer dock; the driver sends iteration numbers
+and prompt indices. Generation into the dock is ``dockflow.rollout``'s.
 
 Names are imported lazily (PEP 562): a pipeline task that only needs ``workers.cluster`` must not import
 torch and transformers through the worker classes.

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from fixtures.old_record import old_driver_dict, rewrite_driver_part
 from safetensors.torch import load_file
 
 from dockflow.flow.run_checkpoint import read_record
@@ -148,8 +147,7 @@ def test_partial_rollout_parks_and_resumes_groups_across_two_generators(ray_clus
 def test_a_run_resumed_with_generations_in_flight_repeats_and_loses_no_sample(ray_cluster, tiny_config):
     """max_staleness 1 with partial rollout: the checkpoint at iteration 2 holds iteration 3's samples (generated
     ahead, in the dock) and the parked groups; resumed from it, the run ends bit-identical to the uninterrupted
-    one, so no sample was lost or generated twice. The checkpoint's driver part is rewritten in the format DockFlow
-    wrote before ``RunRecord`` (``tests/fixtures/old_driver_part``): a checkpoint of an older release resumes."""
+    one, so no sample was lost or generated twice."""
     cfg = tiny_config("inflight", 4, placement__mode="disaggregated", placement__generator_cpus=0,
                       train__max_staleness=1, rollout__partial__token_budget=4, checkpoint__keep=3, eval__every=0,
                       dock__backend="centralized")
@@ -160,16 +158,15 @@ def test_a_run_resumed_with_generations_in_flight_repeats_and_loses_no_sample(ra
     assert list(inflight["windows"]) == [2] and len(inflight["windows"][2]["indices"]) == cfg.global_batch
     assert inflight["queue"]["parked"], "nothing was parked: partial rollout did not run"
     store.delete(4)
-    old = old_driver_dict(read_record(store, 2))
-    assert list(old["inflight"]) == [2] and old["evals"] == [(0, full["accuracy_before"])]
-    rewrite_driver_part(store, 2, old)
-    assert "record_format" not in store.read_part(2, "driver", weights_only=False)
+    saved = read_record(store, 2)
+    assert list(saved.inflight) == [2] and [(s, sc["eval/test_accuracy"]) for s, sc in saved.evals] == [
+        (0, full["accuracy_before"])]
     resumed = train(cfg, resume=True)
     assert resumed["resumed_from"] == 2 and resumed["samples_trained"] == 4 * cfg.train_batch
     same = ("accuracy_before", "accuracy_after", "evals", "reward_per_iteration", "iterations", "restarts",
             "mlflow_run_id", "sft/val_accuracy")
     assert {k: resumed[k] for k in same} == {k: full[k] for k in same}
-    assert read_record(store, 4).evaluated_steps == {0, 4}  # the new checkpoint: this format, every evaluation
+    assert read_record(store, 4).evaluated_steps == {0, 4}  # the new checkpoint: every evaluation
     after = load_file(str(Path(resumed["final_model"]) / "model.safetensors"))
     assert all(torch.equal(final[k], after[k]) for k in final), "the resumed run's policy differs"
 

@@ -16,6 +16,7 @@ from tensordict import TensorDict
 
 from benchmarks.dock_sim_engine import GENERATED, FlowSim, Shape, grpo_flow
 from dockflow.dock import DockRequest, DockSpec, DockUnavailable, create_dock
+from dockflow.dock.netmodel import LinkSpec
 from dockflow.dock.rpc import peer_id
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -221,7 +222,7 @@ def test_bandwidth_model_holds_the_link_only_across_nodes(nodes, workers):
     block = CAPACITY // NODES  # warehouse i owns [i*block, (i+1)*block)
     mib_per_s = 0.01  # a put of 16 rows x 16 int64 (2 KiB) holds a link 0.2 s
     dock = create_dock(DockSpec(columns=COLUMNS, capacity=CAPACITY, group_size=GROUP, warehouse_nodes=nodes,
-                                name="modelled", shard_block=block, nic_mib_per_s=mib_per_s, get_timeout_s=60))
+                                name="modelled", shard_block=block, get_timeout_s=60), link=LinkSpec(mib_per_s))
     try:
         dock.register_consumer("reward", ["responses"], node_id=nodes[1])
         writer = workers[1]

@@ -1,73 +1,48 @@
-"""The driver's record of a run (``RunRecord``): what the run records, its checkpoint part in this format and the
-one before (``tests/fixtures/old_driver_part``: a part that DockFlow at 92f1559 wrote), and ``summary.json``."""
+"""The driver's record of a run (``RunRecord``): what the run records, its checkpoint part (a part of the format
+before, ``tests/fixtures/old_driver_part``, which DockFlow at 92f1559 wrote, is refused in one line), and
+``summary.json``."""
 
 import logging
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from fixtures.old_record import OLD_PART_DIR, old_driver_dict, rewrite_driver_part
 
 from dockflow.config import load_config
 from dockflow.flow.final_model import final_score, summary
-from dockflow.flow.run_record import RECORD_FORMAT, RunRecord
+from dockflow.flow.run_record import RECORD_FORMAT, RecordFormatError, RunRecord
 from dockflow.storage.local import LocalCheckpointStore
 
-OLD_KEYS = {"iteration", "history", "evals", "samples", "restarts", "init_metrics", "mlflow_run_id", "resumed_from",
-            "eval_scores", "inflight"}
+OLD_PART_DIR = Path(__file__).parents[2] / "fixtures" / "old_driver_part"  # step-000003/, a committed checkpoint
 SCORES_0 = {"eval/test_accuracy": 0.25, "eval/test_pass_at_8": 0.625}
 SCORES_2 = {"eval/test_accuracy": 0.375, "eval/test_pass_at_8": 0.75}
 
 
-def old_part() -> dict:
-    """The fixture's driver part, read the way a resuming run reads it (size and sha256 checked)."""
-    return LocalCheckpointStore(OLD_PART_DIR, keep=3).read_part(3, "driver", weights_only=False)
+def a_record() -> RunRecord:
+    """Three iterations with an evaluation before RL and after iteration 2, a restart, iteration 3 generated ahead."""
+    return RunRecord(
+        iteration=3, samples=48, restarts=1, resumed_from=0, evals=[(0, dict(SCORES_0)), (2, dict(SCORES_2))],
+        history=[{"reward/mean": 0.25, "perf/throughput_tps": 101.5, "timing/iteration_s": 2.5},
+                 {"reward/mean": 0.5, "perf/throughput_tps": 98.25, "timing/iteration_s": 2.25},
+                 {"reward/mean": 0.4375, "perf/throughput_tps": 103.0, "timing/iteration_s": 2.75}],
+        init_metrics={"sft/val_accuracy": 0.3125, "sft/cached": 1.0}, mlflow_run_id="5f0c2a9e8b7d4c3e9a1b2c3d4e5f6a7b",
+        inflight={3: {"rollout/response_length": 4.75, "rollout/policy_version": 3.0, "timing/generate_s": 1.5}},
+    )
 
 
-def test_the_fixture_is_the_old_format_and_the_resume_test_writes_that_shape(tmp_path):
-    raw = old_part()
-    assert set(raw) == OLD_KEYS and "record_format" not in raw
-    assert raw["evals"] == [(0, 0.25), (2, 0.375)] and raw["eval_scores"] == [(0, SCORES_0), (2, SCORES_2)]
-    again = old_driver_dict(RunRecord.from_dict(raw))  # what the end-to-end resume test puts on disk
-    assert again == raw and list(again) == list(raw)
-    store = LocalCheckpointStore(tmp_path, keep=1)
-    store.write_part(3, "driver", RunRecord.from_dict(raw).to_dict())
-    store.commit(3, {"iteration": 3, "accuracy": 0.375})
-    rewrite_driver_part(store, 3, again)
-    assert store.read_part(3, "driver", weights_only=False) == raw and store.read_meta(3)["accuracy"] == 0.375
+def test_a_driver_part_of_the_format_before_is_refused_in_one_line():
+    old = LocalCheckpointStore(OLD_PART_DIR, keep=3).read_part(3, "driver", weights_only=False)
+    assert "record_format" not in old
+    with pytest.raises(RecordFormatError) as err:
+        RunRecord.from_dict(old)
+    assert "\n" not in str(err.value) and "format none" in str(err.value) and "start a new run" in str(err.value)
 
 
-def test_an_old_driver_part_loads_every_field():
-    rec = RunRecord.from_dict(old_part())
-    assert rec.iteration == 3 and rec.samples == 48 and rec.restarts == 1 and rec.resumed_from == 0
-    assert rec.history == [
-        {"reward/mean": 0.25, "perf/throughput_tps": 101.5, "timing/iteration_s": 2.5},
-        {"reward/mean": 0.5, "perf/throughput_tps": 98.25, "timing/iteration_s": 2.25},
-        {"reward/mean": 0.4375, "perf/throughput_tps": 103.0, "timing/iteration_s": 2.75},
-    ]
-    assert rec.evals == [(0, SCORES_0), (2, SCORES_2)]
-    assert rec.accuracies == [(0, 0.25), (2, 0.375)] and rec.last_accuracy == 0.375
-    assert rec.init_metrics == {"sft/val_accuracy": 0.3125, "sft/cached": 1.0}
-    assert rec.mlflow_run_id == "5f0c2a9e8b7d4c3e9a1b2c3d4e5f6a7b"
-    assert rec.inflight == {3: {"rollout/response_length": 4.75, "rollout/policy_version": 3.0,
-                                "timing/generate_s": 1.5}}
-
-
-def test_an_older_record_without_scores_restarts_or_inflight_loads_with_defaults():
-    raw = {"iteration": 2, "history": [{"reward/mean": 0.5}] * 2, "evals": [(0, 0.25), (2, 0.5)], "samples": 32}
-    rec = RunRecord.from_dict(raw)
-    assert rec.evals == [(0, {"eval/test_accuracy": 0.25}), (2, {"eval/test_accuracy": 0.5})]
-    assert (rec.restarts, rec.resumed_from, rec.init_metrics, rec.inflight, rec.mlflow_run_id) == (0, 0, {}, {}, None)
-    # eval_scores that began after an older resume: the steps it lacks keep their accuracy
-    partial = RunRecord.from_dict({**raw, "eval_scores": [(2, {"eval/test_accuracy": 0.5, "eval/x": 1.0})]})
-    assert partial.evals == [(0, {"eval/test_accuracy": 0.25}), (2, {"eval/test_accuracy": 0.5, "eval/x": 1.0})]
-
-
-def test_the_new_part_is_plain_values_and_round_trips_through_a_store(tmp_path):
-    rec = RunRecord.from_dict(old_part())
+def test_the_part_is_plain_values_and_round_trips_through_a_store(tmp_path):
+    rec = a_record()
     data = rec.to_dict()
     assert data["record_format"] == RECORD_FORMAT and data["evals"] == [[0, SCORES_0], [2, SCORES_2]]
-    assert "eval_scores" not in data
     store = LocalCheckpointStore(tmp_path, keep=1)
     store.write_part(3, "driver", data)
     store.commit(3, {"iteration": 3})
@@ -79,11 +54,8 @@ def test_unknown_keys_are_dropped_with_a_warning_and_unknown_formats_refused(cap
     with caplog.at_level(logging.WARNING, logger="dockflow.flow.run_record"):
         assert RunRecord.from_dict(data) == RunRecord(iteration=1)
     assert "future_field" in caplog.text
-    with pytest.raises(ValueError, match="format 3"):
+    with pytest.raises(RecordFormatError, match="format 3"):
         RunRecord.from_dict({**data, "record_format": 3})
-    with caplog.at_level(logging.WARNING, logger="dockflow.flow.run_record"):  # new format: eval_scores is unknown
-        RunRecord.from_dict({**RunRecord().to_dict(), "eval_scores": []})
-    assert "eval_scores" in caplog.text
 
 
 def test_iterations_and_evaluations_are_recorded():
@@ -124,10 +96,10 @@ def test_a_restart_goes_on_from_the_checkpoint_or_keeps_the_evaluation_before_rl
     assert rec.restarted(ckpt) == RunRecord(iteration=2, samples=32, restarts=2, mlflow_run_id="run")
 
 
-def test_summary_of_an_old_record_is_what_the_old_code_wrote():
-    """The expected dict is what ``summary`` at 92f1559 returned for the fixture (same keys, values and order)."""
+def test_summary_holds_the_record_in_its_order():
+    """The expected dict is what ``summary`` at 92f1559 returned for this record (same keys, values and order)."""
     cfg = load_config("configs/grpo_arith.yaml", ["run.name=old"])
-    out = summary(cfg, RunRecord.from_dict(old_part()), "run-id", 12.5)
+    out = summary(cfg, a_record(), "run-id", 12.5)
     expected = {
         "run_name": "old", "algorithm": "grpo", "samples_trained": 48, "restarts": 1, "resumed_from": 0,
         "accuracy_before": 0.25, "accuracy_after": 0.375, "iterations": 3, "throughput_tps": (101.5 + 98.25 + 103.0) / 3,
@@ -143,7 +115,7 @@ def test_summary_of_an_old_record_is_what_the_old_code_wrote():
 
 def test_the_registry_scores_the_evaluation_after_the_last_iteration():
     cfg = SimpleNamespace(registry=SimpleNamespace(score_metric="eval/test_pass_at_8"))
-    rec = RunRecord.from_dict(old_part())  # iteration 3, last evaluation after 2
+    rec = a_record()  # iteration 3, last evaluation after 2
     assert math.isnan(final_score(cfg, rec))
     rec.record_eval(3, SCORES_2)
     assert final_score(cfg, rec) == 0.75
