@@ -27,7 +27,7 @@ from dockflow.tracking import Tracker
 from dockflow.workers import Workers
 
 if TYPE_CHECKING:
-    from dockflow.algos.plan import Sampling
+    from dockflow.algos.plan import RunPlan, Sampling
     from dockflow.workers.advantage import RoundAdvantages
 
 ProgressFn = Callable[[int, dict[str, float]], None]
@@ -38,6 +38,7 @@ class RunParts:
     """What one attempt of a run works on (built by ``RunSession`` for each attempt: a restart replaces them)."""
 
     cfg: Config
+    plan: RunPlan  # the run plan, built once by the driver
     workers: Workers
     dock: TransferDock
     sampler: PromptSampler
@@ -50,12 +51,12 @@ class RunTasks:
     """The stage work of one run (``streaming.Tasks``) over its workers, dock, checkpoint store and record."""
 
     def __init__(self, parts: RunParts, start: int, on_iteration: ProgressFn | None = None) -> None:
-        cfg = parts.cfg
-        self.cfg, self.workers, self.dock, self.sampler = cfg, parts.workers, parts.dock, parts.sampler
+        cfg, plan = parts.cfg, parts.plan
+        self.cfg, self.plan, self.workers, self.dock, self.sampler = cfg, parts.workers, parts.dock, parts.sampler
         self.store, self.state, self.tracker, self.start = parts.store, parts.state, parts.tracker, start
         self.on_iteration = on_iteration
-        self.offline = cfg.plan.has("pairs")  # preference pairs, not rollouts
-        self.devices = cfg.plan.model_cpus()  # ND of Eq. (5)
+        self.offline = plan.has("pairs")  # preference pairs, not rollouts
+        self.devices = plan.model_cpus()  # ND of Eq. (5)
         self.idle = IdleTracker.for_placement(cfg)
         self.published: dict[int, Any] = {}  # policy version -> its weights in the object store (generators)
         self.generated: dict[int, dict[str, float]] = {}  # generate's metrics until the iteration closes
@@ -68,9 +69,9 @@ class RunTasks:
     def _generate(self, i: int) -> StageTask:
         """Rollouts of iteration ``i`` into its dock window, with the policy ``i - max_staleness`` at the oldest."""
         cfg = self.cfg
-        self.dock.reset(window=cfg.dock_window(i))  # the window's previous iteration was trained on
+        self.dock.reset(window=self.plan.dock_window(i))  # the window's previous iteration was trained on
         prompt_ids = self.sampler.indices(i)
-        sampling = cfg.plan.sampling
+        sampling = self.plan.sampling
         if sampling.in_rounds:
             metrics, rounds = yield from self._sampling_rounds(i, prompt_ids, sampling)
         else:
@@ -110,7 +111,7 @@ class RunTasks:
 
     def _infer(self, i: int) -> StageTask:
         """Rewards and advantages (unless generate scored them, round by round), then the model inferences."""
-        refs = {} if self.cfg.plan.sampling.in_rounds else worker_calls.score(self.workers, i)
+        refs = {} if self.plan.sampling.in_rounds else worker_calls.score(self.workers, i)
         refs.update(worker_calls.infer(self.workers, i, offline=self.offline))
         results = yield refs
         advantages: RoundAdvantages | None = results.pop("advantage", None)
@@ -152,7 +153,7 @@ class RunTasks:
         metrics["timing/iteration_s"] = seconds
         metrics["perf/throughput_tps"] = iteration_throughput(metrics, self.devices, seconds)
         metrics.update(self.idle.add(metrics, seconds))
-        self.state.record_iteration(i + 1, metrics, self.cfg.train_batch)
+        self.state.record_iteration(i + 1, metrics, self.plan.train_batch)
         self.tracker.log_metrics_or_defer(metrics, step=i + 1)  # an MLflow outage must not stop training
         if self.on_iteration is not None:
             self.on_iteration(i + 1, metrics)
