@@ -39,6 +39,7 @@ import torch  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 
 from benchmarks.results_file import write_results  # noqa: E402
+from dockflow.workers.resources import build_plan
 from dockflow.config import Config, load_config  # noqa: E402
 from dockflow.data import load_task  # noqa: E402
 from dockflow.engines import decode_responses, response_ids  # noqa: E402
@@ -82,7 +83,7 @@ def one_pass(worker: Any, dock: Any, cfg: Config, iteration: int, rollout: tuple
     """Write the rollouts into ``iteration``'s window, then score them and compute advantages; milliseconds."""
     import ray
 
-    lo, hi = cfg.dock_window(iteration)
+    lo, hi = build_plan(cfg).dock_window(iteration)
     dock.reset(window=(lo, hi))
     dock.put(list(range(lo, hi)), *rollout)
     start = time.perf_counter()

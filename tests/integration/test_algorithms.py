@@ -22,6 +22,7 @@ import torch.distributed.checkpoint as dcp
 from fixtures.old_record import old_driver_dict, rewrite_driver_part
 from safetensors.torch import load_file
 
+from dockflow.workers.resources import build_plan
 from dockflow.flow.record import read_record
 from dockflow.flow.trainer import train
 from dockflow.models.tiny_reward_model import build_tiny_reward_model
@@ -165,7 +166,7 @@ def test_a_run_resumed_with_generations_in_flight_repeats_and_loses_no_sample(ra
     rewrite_driver_part(store, 2, old)
     assert "record_format" not in store.read_part(2, "driver", weights_only=False)
     resumed = train(cfg, resume=True)
-    assert resumed["resumed_from"] == 2 and resumed["samples_trained"] == 4 * cfg.train_batch
+    assert resumed["resumed_from"] == 2 and resumed["samples_trained"] == 4 * build_plan(cfg).train_batch
     same = ("accuracy_before", "accuracy_after", "evals", "reward_per_iteration", "iterations", "restarts",
             "mlflow_run_id", "sft/val_accuracy")
     assert {k: resumed[k] for k in same} == {k: full[k] for k in same}

@@ -4,7 +4,8 @@ advantage call's ``RoundAdvantages``), and reports the selector's metrics; infer
 
 from types import SimpleNamespace
 
-from dockflow.algos.recipes.dapo import DynamicSampling
+from dockflow.workers.resources import build_plan
+from dockflow.algos.dapo import DynamicSampling
 from dockflow.config import load_config
 from dockflow.data.prompt_order import PromptSampler
 from dockflow.flow.iteration import RunParts, RunTasks
@@ -35,7 +36,7 @@ def _tasks(config: str, *extra: str) -> tuple[RunTasks, list]:
                               generators=[], pairs=None)
     dock = SimpleNamespace(reset=lambda window: calls.append(("reset", window)))
     tracker = SimpleNamespace(log_metrics_or_defer=lambda metrics, step: True)
-    sampler = PromptSampler(100, G * cfg.plan.sampling.rounds, 0)
+    sampler = PromptSampler(100, G * build_plan(cfg).sampling.rounds, 0)
     parts = RunParts(cfg=cfg, workers=workers, dock=dock, sampler=sampler, store=None, tracker=tracker, state=RunRecord())
     return RunTasks(parts, 0), calls
 

@@ -4,6 +4,7 @@ selector, up to the quota over the iteration's rounds), where they are put, and 
 import torch
 from tensordict import TensorDict
 
+from dockflow.workers.resources import build_plan
 from dockflow.config import load_config
 from dockflow.dock import DockBatch, DockRequest
 from dockflow.workers.advantage import AdvantageState, RoundAdvantages
@@ -46,7 +47,7 @@ def test_informative_groups_first_then_the_last_round_fills_the_quota():
     assert (first.kept, first.filled) == (2, 0)
     assert [p[0] for p in dock.puts] == [[0, 1], [6, 7]]  # the informative groups of each batch of two groups
     assert first.metrics["reward/zero_adv_group_fraction"] == 0.5 and "timing/advantage_s" in first.metrics
-    assert dock.requests[0].whole_groups and dock.requests[0].window == cfg.dock_window(0)
+    assert dock.requests[0].whole_groups and dock.requests[0].window == build_plan(cfg).dock_window(0)
     assert set(dock.requests[0].columns) >= {"rewards", "response_mask"}
 
     dock.puts.clear()
