@@ -34,10 +34,10 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 from benchmarks.modes import mode_overrides  # noqa: E402
 from benchmarks.results_file import write_results  # noqa: E402
-from dockflow.workers.resources import build_plan
 from dockflow.config import Config, load_config  # noqa: E402
 from dockflow.flow.run_setup import run_dir_of  # noqa: E402
 from dockflow.flow.trainer import train  # noqa: E402
+from dockflow.workers.resources import build_plan
 
 # (mode, max_staleness, partial rollout): the +pr modes interrupt responses at a token budget
 # (rollout.partial.token_budget, PARTIAL_BUDGET per engine; max_age 1, over-provisioned) and finish them with

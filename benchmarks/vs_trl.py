@@ -56,12 +56,12 @@ from benchmarks.cpu_load import CpuLoad, Snapshot  # noqa: E402
 from benchmarks.modes import mode_overrides  # noqa: E402
 from benchmarks.trl_grpo import IterationStats, run_trl  # noqa: E402
 from benchmarks.vs_trl_report import print_table  # noqa: E402
-from dockflow.workers.resources import build_plan
 from dockflow.config import Config, TinyModelConfig, load_config  # noqa: E402
 from dockflow.flow.run_setup import run_dir_of  # noqa: E402
 from dockflow.flow.throughput import throughput_tps  # noqa: E402
 from dockflow.flow.trainer import train  # noqa: E402
 from dockflow.models.sft import SFTInputs, sft_warm_start  # noqa: E402
+from dockflow.workers.resources import build_plan
 
 CONFIG = "configs/grpo_arith.yaml"
 TARGET_RATIO = 1.0  # issue 30: DockFlow's tokens/s at least TRL's in both setups (stretch: STRETCH_RATIO on one)

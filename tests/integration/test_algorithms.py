@@ -22,12 +22,12 @@ import torch.distributed.checkpoint as dcp
 from fixtures.old_record import old_driver_dict, rewrite_driver_part
 from safetensors.torch import load_file
 
-from dockflow.workers.resources import build_plan
 from dockflow.flow.record import read_record
 from dockflow.flow.trainer import train
 from dockflow.models.tiny_reward_model import build_tiny_reward_model
 from dockflow.storage import run_store
 from dockflow.tracking import read_metric_history, resolve_tracking_uri
+from dockflow.workers.resources import build_plan
 
 pytestmark = pytest.mark.slow
 

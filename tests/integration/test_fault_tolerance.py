@@ -11,9 +11,9 @@ import signal
 import pytest
 import ray
 
-from dockflow.workers.resources import build_plan
 from dockflow.flow.trainer import train
 from dockflow.flow.waiting import StageError
+from dockflow.workers.resources import build_plan
 
 pytestmark = pytest.mark.slow
 

@@ -22,11 +22,11 @@ import psutil
 import pytest
 import ray
 
-from dockflow.workers.resources import build_plan
 from dockflow.cli import main
 from dockflow.config import load_config
 from dockflow.storage import run_store
 from dockflow.workers.cluster import head_reachable
+from dockflow.workers.resources import build_plan
 
 pytestmark = pytest.mark.slow
 CONFIG = "configs/grpo_arith.yaml"

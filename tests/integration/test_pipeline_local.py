@@ -31,7 +31,6 @@ import ray
 from mlflow import MlflowClient
 from safetensors.torch import load_file
 
-from dockflow.workers.resources import build_plan
 from dockflow.config import load_config
 from dockflow.data import load_task
 from dockflow.eval import EvalInputs, evaluate_policy
@@ -40,6 +39,7 @@ from dockflow.models import load_model_and_tokenizer
 from dockflow.storage import run_store
 from dockflow.storage.objects import fetch_model, stage_model
 from dockflow.tracking import read_metric_history
+from dockflow.workers.resources import build_plan
 from pipelines.launch import options_for, run_local
 
 pytestmark = pytest.mark.slow

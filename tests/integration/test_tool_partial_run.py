@@ -13,7 +13,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dockflow.workers.resources import build_plan
 from dockflow.agents.demonstrations import assistant_turn_ids
 from dockflow.agents.parking import ParkedTrajectory
 from dockflow.config import Config
@@ -24,6 +23,7 @@ from dockflow.models.sft import SFTInputs, sft_warm_start
 from dockflow.models.tool_sft import ToolDemonstrations
 from dockflow.storage import run_store
 from dockflow.tracking import read_metric_history, resolve_tracking_uri
+from dockflow.workers.resources import build_plan
 
 pytestmark = pytest.mark.slow
 

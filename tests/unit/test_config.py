@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dockflow.workers.resources import build_plan
 from dockflow.config import Config, ConfigError, load_config, parse_overrides
+from dockflow.workers.resources import build_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "configs" / "grpo_arith.yaml"

@@ -36,6 +36,7 @@ def room(name: str) -> list[Path]:
 @pytest.mark.parametrize(("importer", "imported", "instead"), [
     ("reshard", "dockflow.engines", "dockflow.reshard.accelerator"),
     ("config", "dockflow.rewards", "dockflow.flow.run_setup.check_reward_functions, at run start"),
+    ("config", "dockflow.algos", "dockflow.config.algorithm's registry, which each algorithm module registers with"),
 ])
 def test_a_lower_room_does_not_import_a_higher_one(importer: str, imported: str, instead: str) -> None:
     assert offenders(room(importer), imported) == [], f"use {instead}"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dockflow.workers.resources import build_plan
 from dockflow.config import ConfigError, load_config
+from dockflow.workers.resources import build_plan
 
 TOOL = "tools.functions=[tests.unit.agents.tools_for_tests:add]"
 

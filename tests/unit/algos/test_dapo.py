@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from dockflow.workers.resources import build_plan
 from dockflow.algos.dapo import DynamicSampling, overlong_penalty
 from dockflow.algos.groups import informative_groups
-from build_plan(dockflow.algos) import GroupSelection
+from dockflow.algos.plan import GroupSelection
 from dockflow.config import load_config
+from dockflow.workers.resources import build_plan
 
 
 def test_overlong_penalty_by_hand():

@@ -5,9 +5,9 @@ import math
 import torch
 from tensordict import TensorDict
 
-from dockflow.workers.resources import build_plan
 from dockflow.algos import recipe_of
 from dockflow.config import load_config
+from dockflow.workers.resources import build_plan
 
 MASK = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 0, 0]])
 

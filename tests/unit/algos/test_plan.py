@@ -7,16 +7,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from build_plan(dockflow.algos) import REWARD_MODEL_CONSUMER, SNAPSHOT_CONSUMER
-from dockflow.workers.resources import build_plan
 from dockflow.algos import recipe_of
-from dockflow.config.algorithm import CriticSection, PreferenceSection
+from dockflow.algos.plan import REWARD_MODEL_CONSUMER, SNAPSHOT_CONSUMER
 from dockflow.config import Config, load_config
+from dockflow.config.algorithm import CriticSection, PreferenceSection
 from dockflow.flow import worker_calls
 from dockflow.flow.record import stateful
 from dockflow.workers import Workers
 from dockflow.workers.cluster import local_inputs
 from dockflow.workers.group import worker_cpus, worker_label
+from dockflow.workers.resources import build_plan
 
 CONFIGS = sorted(Path("configs").glob("*_arith.yaml"))
 ROLLOUT = ["input_ids", "attention_mask", "responses", "response_mask"]
@@ -167,8 +167,9 @@ def test_roles_carry_the_algorithms_sections_with_their_key_paths(tmp_path):
     dpo = load_config("configs/dpo_arith.yaml", [f"algorithm.dpo.pairs_path={pairs_file}"])
     pairs = build_plan(dpo).section("pairs", PreferenceSection)
     assert pairs == dpo.algorithm.dpo and pairs.key_of("pairs_path") == "algorithm.dpo.pairs_path"
-    assert local_inputs(dpo)["algorithm.dpo.pairs_path"] == str(pairs_file)
-    assert not any("pairs_path" in k for k in local_inputs(load_config("configs/grpo_arith.yaml")))
+    assert local_inputs(dpo, build_plan(dpo))["algorithm.dpo.pairs_path"] == str(pairs_file)
+    grpo_cfg = load_config("configs/grpo_arith.yaml")
+    assert not any("pairs_path" in k for k in local_inputs(grpo_cfg, build_plan(grpo_cfg)))
     with pytest.raises(TypeError, match="the critic worker reads PPOConfig, not PreferenceSection"):
         build_plan(load_config("configs/ppo_arith.yaml")).section("critic", PreferenceSection)
 

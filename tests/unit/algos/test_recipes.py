@@ -5,9 +5,9 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from dockflow.workers.resources import build_plan
 from dockflow.algos import RECIPES, recipe_of
 from dockflow.config import ConfigError, load_config
+from dockflow.workers.resources import build_plan
 
 MASK = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]])
 REWARDS = torch.tensor([1.0, 0.0, 1.0, 1.0])
@@ -85,12 +85,13 @@ def test_dynamic_sampling_scores_only_groups_that_got_advantages():
 
 
 def test_the_registry_knows_every_example_config_and_refuses_unknown_names():
-    assert set(RECIPES) == {"grpo", "ppo", "dapo", "pf_ppo", "reinforce_pp", "reinforce_pp_baseline", "dpo", "gspo", "rloo", "dr_grpo"}
+    assert set(RECIPES) == {"grpo", "ppo", "dapo", "pf_ppo", "reinforce_pp", "reinforce_pp_baseline", "dpo", "gspo", "rloo",
+                            "dr_grpo", "cispo"}
     for name, recipe in RECIPES.items():
         assert recipe.name == name and recipe.section.model_fields["name"].default in (name, "reinforce_pp")
     with pytest.raises(ValueError, match="unknown algorithm 'trpo'"):
         recipe_of("trpo")
-    with pytest.raises(ConfigError, match=r"unknown algorithm.name 'trpo': one of \['dapo'"):
+    with pytest.raises(ConfigError, match=r"unknown algorithm.name 'trpo': one of \['cispo', 'dapo'"):
         load_config("configs/grpo_arith.yaml", ["algorithm.name=trpo"])
 
 

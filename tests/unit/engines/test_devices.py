@@ -7,7 +7,6 @@ import importlib.util
 import pytest
 import torch
 
-from dockflow.workers.resources import build_plan
 from dockflow.config import ConfigError, load_config
 from dockflow.config.engine import sleep_level
 from dockflow.engines import DeviceError, EngineInputs, create_engines
@@ -20,6 +19,7 @@ from dockflow.engines.devices import (
     process_group_backend,
 )
 from dockflow.models import build_char_tokenizer, build_tiny_model
+from dockflow.workers.resources import build_plan
 
 GRPO = "configs/grpo_arith.yaml"
 PPO = "configs/ppo_arith.yaml"

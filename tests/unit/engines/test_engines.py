@@ -3,9 +3,8 @@
 import pytest
 import torch
 
-from dockflow.workers.resources import build_plan
-from dockflow.config.algorithm import CriticSection
 from dockflow.config import Config
+from dockflow.config.algorithm import CriticSection
 from dockflow.engines import (
     EngineInputs,
     SamplingParams,
@@ -18,6 +17,7 @@ from dockflow.engines import (
 )
 from dockflow.engines.logprobs import position_ids_from_mask
 from dockflow.models import build_char_tokenizer, build_tiny_model, load_critic, save_pretrained_dir
+from dockflow.workers.resources import build_plan
 
 PROMPTS = ["What is 12 + 7?\nAnswer: ", "What is 3 - 45?\nAnswer: ", "What is 1 + 1?\nAnswer: "]
 

@@ -4,13 +4,13 @@ advantage call's ``RoundAdvantages``), and reports the selector's metrics; infer
 
 from types import SimpleNamespace
 
-from dockflow.workers.resources import build_plan
 from dockflow.algos.dapo import DynamicSampling
 from dockflow.config import load_config
 from dockflow.data.prompt_order import PromptSampler
 from dockflow.flow.iteration import RunParts, RunTasks
 from dockflow.flow.run_record import RunRecord
 from dockflow.workers.advantage import RoundAdvantages
+from dockflow.workers.resources import build_plan
 
 G, N = 4, 2
 
@@ -37,7 +37,7 @@ def _tasks(config: str, *extra: str) -> tuple[RunTasks, list]:
     dock = SimpleNamespace(reset=lambda window: calls.append(("reset", window)))
     tracker = SimpleNamespace(log_metrics_or_defer=lambda metrics, step: True)
     sampler = PromptSampler(100, G * build_plan(cfg).sampling.rounds, 0)
-    parts = RunParts(cfg=cfg, workers=workers, dock=dock, sampler=sampler, store=None, tracker=tracker, state=RunRecord())
+    parts = RunParts(cfg=cfg, plan=build_plan(cfg), workers=workers, dock=dock, sampler=sampler, store=None, tracker=tracker, state=RunRecord())
     return RunTasks(parts, 0), calls
 
 

@@ -2,11 +2,11 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from dockflow.workers.resources import build_plan
 from dockflow.config import ConfigError, load_config
 from dockflow.flow.idle import IdleTracker
 from dockflow.flow.metrics import pop_generated, rollout_summary
 from dockflow.flow.worker_calls import shares
+from dockflow.workers.resources import build_plan
 from dockflow.workers.rollout import clipped_rows, rollout_metrics
 
 

@@ -19,6 +19,7 @@ from dockflow.data.prompt_order import PromptSampler
 from dockflow.flow.iteration import RunParts, RunTasks
 from dockflow.flow.run_record import RunRecord
 from dockflow.flow.streaming import Schedule, StageLoops
+from dockflow.workers.resources import build_plan
 from dockflow.workers.rollout_queue import QueueSettings, RolloutQueue
 from dockflow.workers.staleness import StalenessCounter
 
@@ -124,7 +125,7 @@ def run_case(
     trainer.version = start
     state = RunRecord()
     tracker = SimpleNamespace(log_metrics_or_defer=lambda metrics, step: True)
-    parts = RunParts(cfg=cfg, workers=workers, dock=dock, sampler=sampler, store=None, tracker=tracker, state=state)
+    parts = RunParts(cfg=cfg, plan=build_plan(cfg), workers=workers, dock=dock, sampler=sampler, store=None, tracker=tracker, state=state)
     tasks = RunTasks(parts, start)
     schedule = Schedule(start=start, end=start + iterations, max_staleness=max_staleness, eval_steps=[],
                 checkpoint_steps=set(), publish_first=start > 0)

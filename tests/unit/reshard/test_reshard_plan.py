@@ -4,10 +4,9 @@ right generation shards, members agree on their buckets, buckets respect their s
 import pytest
 import torch
 
-from dockflow.workers.resources import build_plan
 from dockflow.reshard import ModelPartition, ParallelLayout, ParamMeta, PartitionRules
 from dockflow.reshard.gather import allocate_generation, copy_local, pack_bucket, unpack_bucket
-from build_plan(dockflow.reshard) import plan_buckets, plan_routes
+from dockflow.reshard.plan import plan_buckets, plan_routes
 
 F32 = torch.float32
 

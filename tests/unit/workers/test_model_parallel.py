@@ -16,12 +16,12 @@ import torch.distributed as dist
 from fixtures.ranks import start_ranks
 from tensordict import TensorDict
 
-from dockflow.workers.resources import build_plan
 from dockflow.algos import recipe_of
 from dockflow.config import load_config
 from dockflow.dock import DockBatch
 from dockflow.workers.actor import ActorWorker
 from dockflow.workers.model_parallel import ModelReplica, model_group, shared_stream
+from dockflow.workers.resources import build_plan
 
 R = 4  # response width of the fake samples
 

@@ -4,13 +4,13 @@ a config with ``reward.models`` registers."""
 import pytest
 import torch
 
-from dockflow.workers.resources import build_plan
 from dockflow.config import ConfigError, load_config
 from dockflow.dock import DockBatch, DockRequest
 from dockflow.engines.rollout_layout import encode_rollouts
 from dockflow.models import build_char_tokenizer
 from dockflow.models.tiny_reward_model import build_tiny_reward_model
 from dockflow.rewards.sequence_classifier import RewardModel
+from dockflow.workers.resources import build_plan
 from dockflow.workers.reward_model import RewardModelWorker
 from dockflow.workers.run_dock import COLUMNS
 from dockflow.workers.runtime import rng_state, set_rng_state
@@ -73,7 +73,7 @@ def test_the_worker_writes_each_models_score_of_the_decoded_prompt_and_response(
     cfg = _config([rm_a, rm_b])
     dock = FakeDock(encode_rollouts(policy_tok, PROMPTS, RESPONSES, response_width=32))
 
-    metrics = RewardModelWorker(cfg, str(tmp_path / "policy"), dock).score(iteration=0)
+    metrics = RewardModelWorker(cfg, build_plan(cfg), str(tmp_path / "policy"), dock).score(iteration=0)
 
     assert [r.batch_size for r in dock.requests] == [3, 1] and {r.consumer for r in dock.requests} == {"reward_model"}
     assert dock.requests[0].window == build_plan(cfg).dock_window(0)
@@ -101,7 +101,7 @@ def test_a_chat_template_model_reads_the_tasks_own_prompt_and_a_plain_one_the_po
     cfg = _config([plain, chat], **{"data.system_prompt": "Be brief."})
     dock = FakeDock(encode_rollouts(policy_tok, PROMPTS, RESPONSES, response_width=32))
 
-    RewardModelWorker(cfg, str(tmp_path / "policy"), dock).score(iteration=0)
+    RewardModelWorker(cfg, build_plan(cfg), str(tmp_path / "policy"), dock).score(iteration=0)
 
     written = torch.cat([data["rm_scores"] for _, data in dock.puts])
     own = [ex.prompt for ex in load_task(cfg.data, cfg.run.seed).train[:2] for _ in range(2)]

@@ -5,8 +5,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from dockflow.workers.resources import build_plan
 from dockflow.config import ConfigError, load_config
+from dockflow.workers.resources import build_plan
 from dockflow.workers.rollout import dock_columns
 
 

@@ -10,8 +10,8 @@ import time
 import pytest
 import ray
 
-from dockflow.workers.resources import build_plan
 from dockflow.config import load_config
+from dockflow.workers.resources import build_plan
 from dockflow.workers.runtime import rank_threads
 from dockflow.workers.startup import (
     StartLimits,
