@@ -62,7 +62,7 @@ class GroupSelection:
 
 
 class GroupSelector(Protocol):
-    """A sampling policy's choice of groups (DAPO's dynamic sampling: ``recipes/dapo.py``)."""
+    """A sampling policy's choice of groups (DAPO's dynamic sampling: ``dockflow.algos.dapo.DynamicSampling``)."""
 
     def select(self, rewards: torch.Tensor, group_size: int, wanted: int, last_round: bool) -> GroupSelection:
         """From one batch of whole groups (``rewards`` [B]), up to ``wanted`` groups to train on."""

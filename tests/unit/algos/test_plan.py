@@ -198,3 +198,20 @@ def test_megatron_gives_the_critic_tp_x_pp_ranks_and_the_stages_call_each():
         "critic_update": (0, "update", (3,)), **{f"critic_update/{k}": (k, "update", (3,)) for k in (1, 2, 3)}}
     assert worker_calls.infer(workers, 3)["values/2"] == (2, "compute_values", (3,))
     assert "values" not in worker_calls.infer(Workers(actor=Rank(0)), 3)  # no critic, no critic calls
+
+
+def test_only_the_drivers_build_the_run_plan():
+    """The plan is a value: the drivers build it once (``build_plan``) and pass it to the session, the workers and
+    the flow; no worker or stage rebuilds it."""
+    import ast
+
+    root = Path(__file__).resolve().parents[3] / "dockflow"
+    drivers = {"flow/trainer.py", "flow/supervisor.py", "flow/pipeline_tasks.py", "workers/resources.py"}
+    builders = []
+    for path in sorted([*(root / "flow").rglob("*.py"), *(root / "workers").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+                if name in ("build_plan", "plan_roles") or (name == "plan" and isinstance(node.func, ast.Attribute)):
+                    builders.append(path.relative_to(root).as_posix())
+    assert set(builders) <= drivers and builders.count("flow/trainer.py") == 1, builders
