@@ -52,7 +52,7 @@ class RunTasks:
 
     def __init__(self, parts: RunParts, start: int, on_iteration: ProgressFn | None = None) -> None:
         cfg, plan = parts.cfg, parts.plan
-        self.cfg, self.plan, self.workers, self.dock, self.sampler = cfg, parts.workers, parts.dock, parts.sampler
+        self.cfg, self.plan, self.workers, self.dock, self.sampler = cfg, plan, parts.workers, parts.dock, parts.sampler
         self.store, self.state, self.tracker, self.start = parts.store, parts.state, parts.tracker, start
         self.on_iteration = on_iteration
         self.offline = plan.has("pairs")  # preference pairs, not rollouts

@@ -51,7 +51,7 @@ class FakeTrainer:
         self.ages: dict[int, list[int]] = {}
 
     def _window(self, i: int) -> list[int]:
-        lo, hi = self.cfg.dock_window(i)
+        lo, hi = build_plan(self.cfg).dock_window(i)
         return [self.dock.versions.get(k) for k in range(lo, hi)]
 
     def ready_for(self, method: str, *args) -> bool:
@@ -89,7 +89,7 @@ class FakeGenerator:
             q.open(iteration, prompt_ids)
         else:
             q = queue._impl  # the shared queue actor, already opened (``opened`` resolved first)
-        lo = self.cfg.dock_window(iteration)[0] + first_index
+        lo = build_plan(self.cfg).dock_window(iteration)[0] + first_index
         samples = 0
         while (work := q.take(iteration, rank)) is not None:  # one chunk per step: other actors run in between
             first = lo + work.slot * N
