@@ -32,7 +32,7 @@ from dockflow.workers.resources import build_plan
 pytestmark = pytest.mark.slow
 
 # config -> metrics that only this algorithm logs (each must reach MLflow for both iterations). GRPO runs in
-# test_train_loop.py; RLOO and Dr. GRPO take GRPO's path through the workers with another advantage or loss
+# test_train_loop.py; RLOO, Dr. GRPO and CISPO take GRPO's path through the workers with another advantage or loss
 # normalisation, which their unit tests cover (tests/unit/algos/); `python -m benchmarks.algos` trains them all.
 ALGORITHMS = {
     "ppo": ("critic/value_loss", "train/pg_loss"),
