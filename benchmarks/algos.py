@@ -28,7 +28,9 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 from dockflow.config import load_config  # noqa: E402
 from dockflow.flow.trainer import train  # noqa: E402
 
-ALGORITHMS = ["grpo", "ppo", "dapo", "pf_ppo", "reinforce_pp", "reinforce_pp_baseline", "dpo", "gspo", "rloo", "dr_grpo"]
+ALGORITHMS = [
+    "grpo", "ppo", "dapo", "pf_ppo", "reinforce_pp", "reinforce_pp_baseline", "dpo", "gspo", "rloo", "dr_grpo", "cispo",
+]
 
 
 def run_one(algorithm: str, iterations: int, out_dir: str, extra: list[str]) -> dict[str, Any]:

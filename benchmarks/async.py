@@ -37,6 +37,7 @@ from benchmarks.results_file import write_results  # noqa: E402
 from dockflow.config import Config, load_config  # noqa: E402
 from dockflow.flow.run_setup import run_dir_of  # noqa: E402
 from dockflow.flow.trainer import train  # noqa: E402
+from dockflow.workers.resources import build_plan
 
 # (mode, max_staleness, partial rollout): the +pr modes interrupt responses at a token budget
 # (rollout.partial.token_budget, PARTIAL_BUDGET per engine; max_age 1, over-provisioned) and finish them with
@@ -96,7 +97,7 @@ def run_one(engine: str, mode: str, staleness: int, budget: int | None, iteratio
     start = time.perf_counter()
     summary = train(cfg, on_iteration=lambda step, metrics: history.append(dict(metrics)))
     tokens = sum(h["rollout/samples"] * (h["rollout/prompt_length"] + h["rollout/response_length"]) for h in history)
-    nd = cfg.plan.model_cpus()
+    nd = build_plan(cfg).model_cpus()
     seconds = sum(h["timing/iteration_s"] for h in history)
     last = history[-1]
     idle = {k.removeprefix("flow/idle_"): round(v, 4) for k, v in last.items() if k.startswith("flow/idle_")}

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
+from dockflow.algos import recipe_of
 from dockflow.config import Config
 
 
@@ -46,7 +47,7 @@ class Engines:
         rows, width = batch["responses"].shape
         advantages = torch.randn(rows // n, generator=torch.Generator().manual_seed(k))
         batch["advantages"] = advantages.repeat_interleave(n)[:, None].expand(rows, width) * batch["response_mask"]
-        self.train.train_mini_batch(batch, lambda logp, mb, tokens: cfg.algorithm.recipe.policy_loss(cfg, logp, mb, tokens),
+        self.train.train_mini_batch(batch, lambda logp, mb, tokens: recipe_of(cfg.algorithm.name).policy_loss(cfg, logp, mb, tokens),
                                     rows)
 
 

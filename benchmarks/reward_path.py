@@ -44,6 +44,7 @@ from dockflow.data import load_task  # noqa: E402
 from dockflow.engines import decode_responses, response_ids  # noqa: E402
 from dockflow.models import build_char_tokenizer  # noqa: E402
 from dockflow.rewards.builtins import math_verify  # noqa: E402
+from dockflow.workers.resources import build_plan
 
 CONFIG = "configs/grpo_arith.yaml"
 PATHS = {"child": "[{name: math_verify, isolate: true}]", "in_worker": "[{name: math_verify}]"}
@@ -82,7 +83,7 @@ def one_pass(worker: Any, dock: Any, cfg: Config, iteration: int, rollout: tuple
     """Write the rollouts into ``iteration``'s window, then score them and compute advantages; milliseconds."""
     import ray
 
-    lo, hi = cfg.dock_window(iteration)
+    lo, hi = build_plan(cfg).dock_window(iteration)
     dock.reset(window=(lo, hi))
     dock.put(list(range(lo, hi)), *rollout)
     start = time.perf_counter()
@@ -130,7 +131,7 @@ def run(repeats: int, seed: int) -> dict[str, Any]:
     rollout = rollouts(cfg, tokenizer, answers, seed)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="reward_path")
     try:
-        dock = create_run_dock(cfg, "reward_path")
+        dock = create_run_dock(cfg, build_plan(cfg), "reward_path")
         workers = {p: ray.remote(RewardWorker).options(num_cpus=0, max_concurrency=1).remote(
             c, f"{out_dir}/tokenizer", dock) for p, c in configs.items()}
         ray.get([w.ready.remote() for w in workers.values()], timeout=300)

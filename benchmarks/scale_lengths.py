@@ -32,6 +32,7 @@ from typing import Any
 
 from benchmarks.host_memory import memory_mb
 from benchmarks.results_file import write_results
+from dockflow.algos import recipe_of
 
 WAYS = ("before", "samples", "tokens", "tokens+packing")
 PROMPT = 16
@@ -102,7 +103,7 @@ def long_tail_case(case: dict[str, Any]) -> dict[str, Any]:
     cfg = Config(algorithm={"name": "grpo"})
     before = memory_mb()["rss_mb"]
     start = time.perf_counter()
-    metrics = engine.train_mini_batch(batch, lambda lp, m, t: cfg.algorithm.recipe.policy_loss(cfg, lp, m, t), 4)
+    metrics = engine.train_mini_batch(batch, lambda lp, m, t: recipe_of(cfg.algorithm.name).policy_loss(cfg, lp, m, t), 4)
     seconds = time.perf_counter() - start
     tokens = int(batch["response_mask"].sum())
     return {**case, "seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds, 1),
@@ -137,7 +138,7 @@ def lengths_case(case: dict[str, Any]) -> dict[str, Any]:
     times["log_probs_s"] = time.perf_counter() - start
     cfg = Config(algorithm={"name": "grpo"})
     start = time.perf_counter()
-    train.train_mini_batch(batch, lambda lp, m, t: cfg.algorithm.recipe.policy_loss(cfg, lp, m, t), rows)
+    train.train_mini_batch(batch, lambda lp, m, t: recipe_of(cfg.algorithm.name).policy_loss(cfg, lp, m, t), rows)
     times["update_s"] = time.perf_counter() - start
     return {**case, **{k: round(v, 2) for k, v in times.items()},
             "iteration_s": round(sum(times.values()), 2),

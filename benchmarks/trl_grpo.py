@@ -30,6 +30,7 @@ from dockflow.eval import EvalInputs, evaluate_policy
 from dockflow.models import load_model_and_tokenizer
 from dockflow.rewards import verify
 from dockflow.rollout.prompts import iteration_sampler
+from dockflow.workers.resources import build_plan
 
 
 @dataclass
@@ -126,7 +127,7 @@ def prompt_rows(cfg: Config, tokenizer: Any) -> list[dict[str, Any]]:
     the timed loop does no extra tokenization.
     """
     task = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint)
-    sampler = iteration_sampler(cfg)
+    sampler = iteration_sampler(cfg, build_plan(cfg))
     rows = []
     for it in range(cfg.train.iterations):
         for i in sampler.indices(it):

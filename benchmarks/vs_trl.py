@@ -61,6 +61,7 @@ from dockflow.flow.run_setup import run_dir_of  # noqa: E402
 from dockflow.flow.sft import SFTInputs, sft_warm_start  # noqa: E402
 from dockflow.flow.throughput import throughput_tps  # noqa: E402
 from dockflow.flow.trainer import train  # noqa: E402
+from dockflow.workers.resources import build_plan  # noqa: E402
 
 CONFIG = "configs/grpo_arith.yaml"
 TARGET_RATIO = 1.0  # issue 30: DockFlow's tokens/s at least TRL's in both setups (stretch: STRETCH_RATIO on one)
@@ -261,7 +262,7 @@ def run_dockflow(setup: Setup, mode: str, iterations: int, runs_dir: str, extra:
         marks, mark = marker(load)
         summary = train(cfg, on_iteration=lambda step, m: (iters.append(dockflow_iteration(m)), mark()))
     extra_keys = {**common, "max_staleness": cfg.train.max_staleness, **cpu_record(load, marks)}
-    return summarize("dockflow", setup.name, iters, devices=cfg.plan.model_cpus(),
+    return summarize("dockflow", setup.name, iters, devices=build_plan(cfg).model_cpus(),
                      accuracy_before=summary["accuracy_before"], accuracy_after=summary["accuracy_after"],
                      wall_s=time.perf_counter() - start, extra=extra_keys, mode=mode)
 

@@ -1,47 +1,48 @@
-"""Algorithms: one recipe per algorithm (``dockflow.algos.recipes``: config section, worker states and columns,
-advantage estimator, loss, checks), over pure tensor functions (advantage estimators, losses, KL estimators;
-no Ray, files or engines).
+"""Algorithms, one module each (its config section, worker states and columns, advantages and loss, and its tensor
+functions), and the registry behind ``algorithm.name``::
 
-Names are imported lazily (PEP 562): the config imports the recipes' sections, and must not pay for torch.
+    recipe = recipe_of(cfg.algorithm.name)      # or plan.recipe (dockflow.algos.plan.RunPlan)
+    recipe.consumers(cfg); recipe.advantages(cfg, batch); recipe.policy_loss(cfg, logp, micro, tokens)
+
+Shared pieces, one module each: ``base`` (``Algorithm``, the policy-gradient sections and columns), ``groups``
+(group-normalised advantages, the informative-group filter), ``losses`` (the clipped ratio and surrogate),
+``plan`` (the run plan), ``kl``, ``tis``, ``utils`` (masked tensor helpers).
+
+Adding an algorithm is one module here (its section and its ``Algorithm``) and one entry in ``RECIPES``. Every
+module imported here is light (pydantic only; torch inside the functions): ``dockflow/__init__.py`` imports this
+package so that the algorithms are registered (``dockflow.config.algorithm.register_algorithm``) before any config
+is validated, and loading a config must not import torch.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from dockflow.algos import cispo, dapo, dpo, dr_grpo, grpo, gspo, pf_ppo, ppo, reinforce_pp, rloo
+from dockflow.algos.base import Algorithm
+from dockflow.config.algorithm import register_algorithm
 
-_EXPORTS = {
-    "DPOOutput": "dockflow.algos.dpo",
-    "FilterMode": "dockflow.algos.pf_ppo",
-    "KLEstimator": "dockflow.algos.kl",
-    "PolicyLossOutput": "dockflow.algos.grpo",
-    "TISWeights": "dockflow.algos.tis",
-    "clipped_policy_loss": "dockflow.algos.grpo",
-    "clipped_value_loss": "dockflow.algos.ppo",
-    "dpo_loss": "dockflow.algos.dpo",
-    "filter_by_reward": "dockflow.algos.pf_ppo",
-    "gae_advantages": "dockflow.algos.ppo",
-    "grpo_advantages": "dockflow.algos.grpo",
-    "gspo_loss": "dockflow.algos.gspo",
-    "informative_groups": "dockflow.algos.dapo",
-    "kl_penalty": "dockflow.algos.kl",
-    "last_token_index": "dockflow.algos.utils",
-    "masked_discounted_cumsum": "dockflow.algos.utils",
-    "masked_mean": "dockflow.algos.utils",
-    "masked_sum": "dockflow.algos.utils",
-    "masked_whiten": "dockflow.algos.utils",
-    "next_real_index": "dockflow.algos.utils",
-    "outcome_token_rewards": "dockflow.algos.ppo",
-    "overlong_penalty": "dockflow.algos.dapo",
-    "reinforce_pp_advantages": "dockflow.algos.reinforce_pp",
-    "rloo_advantages": "dockflow.algos.rloo",
-    "sequence_log_probs": "dockflow.algos.dpo",
-    "truncated_is_weights": "dockflow.algos.tis",
-}
-__all__ = sorted(_EXPORTS)
+RECIPES: dict[str, Algorithm] = {r.name: r for r in (
+    grpo.GRPO(),
+    ppo.PPO(),
+    dapo.DAPO(),
+    pf_ppo.PFPPO(),
+    reinforce_pp.ReinforcePP(),
+    reinforce_pp.ReinforcePPBaseline(),
+    dpo.DPO(),
+    gspo.GSPO(),
+    rloo.RLOO(),
+    dr_grpo.DrGRPO(),
+    cispo.CISPO(),
+)}
+for recipe in RECIPES.values():
+    register_algorithm(recipe)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'dockflow.algos' has no attribute {name!r}")
+def recipe_of(name: str) -> Algorithm:
+    """The recipe of algorithm ``name``; a one-line error naming the known ones otherwise."""
+    try:
+        return RECIPES[name]
+    except KeyError:
+        raise ValueError(f"unknown algorithm {name!r}: algorithm.name is one of {sorted(RECIPES)}") from None
+
+
+__all__ = ["RECIPES", "Algorithm", "recipe_of"]

@@ -1,96 +1,51 @@
-"""GRPO: group-normalised advantages and the clipped policy loss with a KL penalty to the reference.
+"""GRPO (Shao et al., 2024, DeepSeekMath): group-relative advantages, no critic.
 
-For each prompt, N responses form a group. A response's advantage is its reward minus the group mean,
-divided by the group std (Shao et al., 2024, DeepSeekMath). The loss is PPO's clipped surrogate on the
-per-token importance ratio against the behaviour policy, plus ``kl_coef`` times a KL estimate to the
-reference policy, averaged over all response tokens of the mini-batch (token-level mean).
+One iteration, stage by stage (``dockflow/flow/iteration.py``):
 
-Clip-higher (DAPO, Yu et al., 2025): ``clip_eps_high`` decouples the upper bound of the ratio clip from
-the lower one, ``clip(ratio, 1 - clip_eps, 1 + clip_eps_high)``, so low-probability tokens with a positive
-advantage can grow further (against entropy collapse).
+1. generate: N responses for each of G prompts into the iteration's dock window (``workers/rollout.py``).
+2. infer: the reward worker scores every response with the task's verifier (``workers/reward.py``) and its
+   advantage state (``workers/advantage.py``) computes advantages group by group: reward minus the group mean,
+   divided by the group std (``advantages`` below: ``groups.py: group_normalised``, ``grpo_advantages``); the
+   actor recomputes the old log-probs, and the reference worker its log-probs when ``kl_coef > 0``.
+3. update: the clipped surrogate on the per-token ratio plus ``kl_coef`` x KL to the reference, a token-level
+   mean over the mini-batch (``policy_loss`` below: ``losses.py: clipped_surrogate``, ``clipped_policy_loss``).
+4. reshard: the new weights to the generation layout.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
+from dockflow.algos.base import Algorithm, GroupNormSection, policy_gradient_columns
+from dockflow.algos.groups import group_normalised
+from dockflow.algos.losses import clipped_surrogate
 
-from dockflow.algos.kl import KLEstimator, kl_penalty
-from dockflow.algos.utils import group_mean_std, masked_mean, zero_nan
+if TYPE_CHECKING:
+    import torch
+    from tensordict import TensorDict
 
-
-def grpo_advantages(
-    rewards: torch.Tensor, group_size: int, norm_by_std: bool = True, eps: float = 1e-6
-) -> torch.Tensor:
-    """Per-sample advantages from per-sample rewards laid out group by group ([G*N] -> [G*N]).
-
-    A group whose rewards are all equal carries no signal and gets advantage 0 for every member. A NaN reward
-    (a sample no reward applies to) is left out of its group's mean and std and gets advantage 0, as TRL does.
-    """
-    if rewards.ndim != 1 or rewards.numel() % group_size:
-        raise ValueError(f"rewards must be 1-D with a multiple of group_size={group_size} entries, got {tuple(rewards.shape)}")
-    grouped = rewards.float().view(-1, group_size)
-    mean, std = group_mean_std(grouped)
-    centred = grouped - mean
-    if norm_by_std and group_size > 1:
-        centred = centred / (std + eps)
-    return zero_nan(centred).reshape(-1)
+    from dockflow.config import Config
 
 
-@dataclass
-class PolicyLossOutput:
-    loss: torch.Tensor
-    pg_loss: torch.Tensor
-    kl: torch.Tensor
-    clip_fraction: torch.Tensor
-    approx_kl_old: torch.Tensor
+class GRPOSection(GroupNormSection):
+    """GRPO: the KL to the reference is a loss term (``kl_coef``, 0 in DeepSeekMath's R1 recipe follow-ups)."""
+
+    name: Literal["grpo"] = "grpo"
 
 
-def clipped_policy_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    *,
-    clip_eps: float = 0.2,
-    ref_logp: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-    kl_estimator: KLEstimator = "k3",
-    token_denom: float | None = None,
-    clip_eps_high: float | None = None,
-    token_weights: torch.Tensor | None = None,
-) -> PolicyLossOutput:
-    """GRPO loss on [B, R] token tensors; ``advantages`` is per sample [B] or per token [B, R].
+class GRPO(Algorithm):
+    name = "grpo"
+    section = GRPOSection
+    kl = "loss"  # kl_coef x KL to the reference is a term of the loss
 
-    The ratio is clipped to ``[1 - clip_eps, 1 + clip_eps_high]``; ``clip_eps_high=None`` means
-    ``clip_eps`` (the symmetric PPO clip). ``token_weights`` [B, R] (no grad) scale each token's policy term,
-    e.g. truncated importance-sampling weights against the behaviour policy (``dockflow.algos.tis``).
+    def consumers(self, cfg: Config) -> dict[str, list[str]]:
+        """The on-line policy-gradient states: reward, advantage, actor (and reference with kl_coef > 0)."""
+        return policy_gradient_columns(cfg, self)
 
-    ``token_denom`` is the number of response tokens in the whole mini-batch when this call sees one
-    micro-batch of it, so that summed micro-batch gradients equal the mini-batch token-level mean.
-    """
-    mask = response_mask.to(logp.dtype)
-    adv = advantages.unsqueeze(-1) if advantages.ndim == 1 else advantages
-    log_ratio = logp - old_logp
-    ratio = torch.exp(log_ratio.clamp(-20.0, 20.0))
-    unclipped = -adv * ratio
-    eps_high = clip_eps if clip_eps_high is None else clip_eps_high
-    clipped = -adv * ratio.clamp(1.0 - clip_eps, 1.0 + eps_high)
-    pg_tok = torch.maximum(unclipped, clipped)
-    if token_weights is not None:
-        pg_tok = pg_tok * token_weights
-    if kl_coef > 0.0:
-        if ref_logp is None:
-            raise ValueError("kl_coef > 0 needs ref_logp (the reference worker's log-probs)")
-        kl_tok = kl_penalty(logp, ref_logp, kl_estimator)
-    else:
-        kl_tok = torch.zeros_like(logp)
-    loss = masked_mean(pg_tok + kl_coef * kl_tok, mask, token_denom)
-    # Reported values are means over this call's tokens, whatever token_denom is.
-    with torch.no_grad():
-        pg_loss = masked_mean(pg_tok, mask)
-        kl = masked_mean(kl_tok, mask)
-        clip_fraction = masked_mean((clipped > unclipped).to(logp.dtype), mask)
-        approx_kl_old = masked_mean(0.5 * log_ratio.square(), mask)
-    return PolicyLossOutput(loss, pg_loss, kl, clip_fraction, approx_kl_old)
+    def advantages(self, cfg: Config, data: TensorDict, generator: Any = None) -> tuple[torch.Tensor, TensorDict]:
+        """Every response gets its group-normalised reward, broadcast over its tokens."""
+        return group_normalised(cfg, data)
+
+    def policy_loss(self, cfg: Config, logp: torch.Tensor, micro: TensorDict, tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
+        """The symmetric clipped surrogate (``algorithm.clip_eps``), token-level mean over the mini-batch."""
+        return clipped_surrogate(self, cfg, logp, micro, tokens)

@@ -1,15 +1,50 @@
-"""GSPO's loss (Zheng et al., 2025, "Group Sequence Policy Optimization"): the clipped surrogate on one
-length-normalised importance ratio per response,
+"""GSPO (Zheng et al., 2025, "Group Sequence Policy Optimization"): GRPO's advantages with a sequence-level ratio.
 
-    s_i  = exp(mean_t [logp_t - old_logp_t])
-    loss = sum_i max(-A_i s_i, -A_i clip(s_i, 1 - clip_low, 1 + clip_high)) / sequences
+One iteration: like GRPO (``grpo.py``), except the update. GSPO replaces the per-token importance ratio
+with one per response, length-normalised,
 
-Each response counts once, whatever its length. The recipe is ``dockflow.algos.recipes.gspo``.
+    s_i = (pi(y_i | x) / pi_old(y_i | x)) ** (1 / |y_i|) = exp(mean_t [logp_t - old_logp_t]),
+
+clips it at the sequence level to ``[1 - clip_eps, 1 + clip_eps_high]`` with the paper's tiny range (3e-4 and
+4e-4, not PPO's 0.2: a length-normalised ratio moves little), and averages the clipped surrogate over the
+responses of the mini-batch (each response counts once, whatever its length):
+
+    loss = mean_i max(-A_i s_i, -A_i clip(s_i, 1 - eps_low, 1 + eps_high))  (+ kl_coef x token-mean KL)
+
+(``gspo_loss`` below; the clip is ``losses.py: clipped_ratio``). Advantages are GRPO's (``groups.py:
+group_normalised``).
 """
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field
+
+from dockflow.algos.base import Algorithm, GroupNormSection, policy_gradient_columns
+from dockflow.algos.groups import group_normalised
+from dockflow.algos.losses import clipped_ratio
+from dockflow.config.base import Section
+
+if TYPE_CHECKING:
+    import torch
+    from tensordict import TensorDict
+
+    from dockflow.config import Config
+
+
+class GSPOConfig(Section):
+    """GSPO's upper sequence-level clip (the lower one is algorithm.clip_eps)."""
+
+    clip_eps_high: float = Field(4e-4, gt=0.0, description="Upper clip of the sequence-level ratio (the paper: 4e-4).")
+
+
+class GSPOSection(GroupNormSection):
+    """GSPO: ``clip_eps`` is the lower clip of the sequence-level ratio (the paper: 3e-4)."""
+
+    name: Literal["gspo"] = "gspo"
+    clip_eps: float = Field(3e-4, gt=0.0, description="Lower clip of the sequence-level ratio (the paper: 3e-4).")
+    gspo: GSPOConfig = Field(default_factory=GSPOConfig)
 
 
 def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
@@ -18,6 +53,8 @@ def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     over its tokens) or per response [B]; ``sequences``: responses in the whole mini-batch when this call sees a
     micro-batch of it (default: this call's). A response without tokens (masked out) adds nothing.
     Returns ``loss`` (with grad), and ``pg_loss``, ``clip_fraction``, ``ratio_mean``, ``log_ratio`` (no grad)."""
+    import torch
+
     mask = response_mask.to(logp.dtype)
     lengths = mask.sum(-1)
     live = (lengths > 0).to(logp.dtype)
@@ -25,7 +62,7 @@ def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     ratio = torch.exp(mean_log_ratio.clamp(-20.0, 20.0))
     adv = advantages if advantages.ndim == 1 else (advantages * mask).sum(-1) / lengths.clamp(min=1.0)
     unclipped = -adv * ratio
-    clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    clipped = -adv * clipped_ratio(ratio, clip_low, clip_high)
     per_seq = torch.maximum(unclipped, clipped) * live
     denom = float(sequences) if sequences is not None else max(float(live.sum()), 1.0)
     with torch.no_grad():
@@ -33,3 +70,36 @@ def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
         stats = {"pg_loss": per_seq.sum() / n, "clip_fraction": ((clipped > unclipped).to(logp.dtype) * live).sum() / n,
                  "ratio_mean": (ratio * live).sum() / n, "log_ratio": mean_log_ratio.detach()}
     return {"loss": per_seq.sum() / denom, **stats}
+
+
+class GSPO(Algorithm):
+    name = "gspo"
+    section = GSPOSection
+    kl = "loss"
+
+    def check(self, cfg: Config) -> None:
+        if cfg.train.tis_cap is not None:
+            raise ValueError("train.tis_cap weights tokens, but GSPO's importance ratio is per response: set tis_cap: null")
+
+    def consumers(self, cfg: Config) -> dict[str, list[str]]:
+        return policy_gradient_columns(cfg, self)
+
+    def advantages(self, cfg: Config, data: TensorDict, generator: Any = None) -> tuple[torch.Tensor, TensorDict]:
+        return group_normalised(cfg, data)
+
+    def policy_loss(self, cfg: Config, logp: torch.Tensor, micro: TensorDict, tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
+        """``gspo_loss`` over the rank's responses of the mini-batch, plus ``kl_coef`` x the token-mean KL."""
+        from dockflow.algos.kl import kl_penalty
+        from dockflow.algos.utils import masked_mean
+
+        alg, mask = cfg.algorithm, micro["response_mask"]
+        out = gspo_loss(logp, micro["old_log_prob"], micro["advantages"], mask, alg.clip_eps, alg.gspo.clip_eps_high,
+                        sequences=cfg.train.mini_batch_size // cfg.train.dp)
+        loss, kl_value = out["loss"], 0.0
+        if self.kl_in_loss(cfg):
+            kl_tok = kl_penalty(logp, micro["ref_log_prob"], alg.kl_estimator)
+            loss = loss + alg.kl_coef * masked_mean(kl_tok, mask.to(logp.dtype), tokens)
+            kl_value = float(masked_mean(kl_tok.detach(), mask.to(logp.dtype)))
+        return loss, {"train/pg_loss": float(out["pg_loss"]), "train/kl": kl_value,
+                      "train/clip_fraction": float(out["clip_fraction"]), "train/seq_ratio_mean": float(out["ratio_mean"]),
+                      "train/loss": float(loss.detach())}

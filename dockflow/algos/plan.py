@@ -1,26 +1,29 @@
-"""The run plan: what one run needs, derived once from its config by the algorithm's recipe.
+"""The run plan: what one run needs, a value built once by the driver from its config and passed on.
 
-    plan = cfg.plan                      # = cfg.algorithm.recipe.plan(cfg)
+    plan = build_plan(cfg)               # dockflow.workers.resources: the recipe's roles (plan_roles), sized
+    plan.recipe                          # the algorithm (dockflow.algos.base.Algorithm): its advantages, its loss
     plan.role("critic")                  # Role(name="critic", count=1, cpus=1.0, devices=0, reads=..., section=PPOConfig)
     plan.consumers()                     # dock consumer state -> the columns it reads (the dock's controllers)
     plan.sampling.rounds                 # generation rounds per iteration (DAPO's dynamic sampling: up to max_rounds)
+    plan.dock_window(i)                  # the dock indices of iteration i's samples; plan.dock_capacity, plan.train_batch
 
 Every room that asks "which workers does this run have, on what resources, reading and writing which columns,
 with which settings" reads the plan (worker creation, the device checks, the dock's consumers, Eq. 5's device
 count, the stage loops); none re-derives it, and none outside ``dockflow.algos`` reads an algorithm's section by
 name: a role carries the section it reads (``Role.section``: the critic's, the pair source's).
 
-Pure data (dataclasses, no torch, no Ray), picklable: workers receive their own ``Role``.
+Pure data (dataclasses, no torch, no Ray), picklable: the driver passes it to every worker.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
     import torch
 
+    from dockflow.algos.base import Algorithm
     from dockflow.config import Config
     from dockflow.config.base import Section
 
@@ -38,8 +41,8 @@ class Role:
 
     name: str
     count: int  # workers of this role (actor ranks: train.actor_ranks; critic: train.critic_ranks; generators: placement.generators)
-    cpus: float  # Ray CPUs per worker
-    devices: float  # accelerators per worker, of engine.device's kind (0 on cpu; a fraction shares one)
+    cpus: float = 0.0  # Ray CPUs per worker (the workers size it: dockflow.workers.resources)
+    devices: float = 0.0  # accelerators per worker, of engine.device's kind (0 on cpu; a fraction shares one)
     reads: dict[str, tuple[str, ...]] = field(default_factory=dict)  # its dock consumer states -> their columns
     writes: tuple[str, ...] = ()  # the dock columns it puts
     section: Section | None = None  # the algorithm's settings it reads (the critic's, the pair source's), if any
@@ -59,7 +62,7 @@ class GroupSelection:
 
 
 class GroupSelector(Protocol):
-    """A sampling policy's choice of groups (DAPO's dynamic sampling: ``recipes/dapo.py``)."""
+    """A sampling policy's choice of groups (DAPO's dynamic sampling: ``dockflow.algos.dapo.DynamicSampling``)."""
 
     def select(self, rewards: torch.Tensor, group_size: int, wanted: int, last_round: bool) -> GroupSelection:
         """From one batch of whole groups (``rewards`` [B]), up to ``wanted`` groups to train on."""
@@ -86,13 +89,16 @@ class Sampling:
 
 @dataclass(frozen=True)
 class RunPlan:
-    """The run's roles, its dock consumers and its sampling policy (``Algorithm.plan``)."""
+    """The run's roles, its dock consumers, its sampling policy and its algorithm (``plan_roles``, sized by
+    ``dockflow.workers.resources.build_plan``)."""
 
     roles: dict[str, Role]  # only the roles the run has (count > 0), by name
     sampling: Sampling
     global_batch: int  # G x N: samples per round
     train_batch: int  # samples the policy update trains on per iteration
     extra_consumers: dict[str, tuple[str, ...]] = field(default_factory=dict)  # states no role owns (snapshot)
+    recipe: Algorithm | None = None  # the algorithm: its advantages, its loss, its reward shaping
+    max_staleness: int = 0  # train.max_staleness: iterations generation may run ahead of the update
 
     def has(self, name: str) -> bool:
         return name in self.roles
@@ -129,22 +135,55 @@ class RunPlan:
         """Dock slots one iteration uses: rounds x G x N."""
         return self.sampling.rounds * self.global_batch
 
+    @property
+    def dock_capacity(self) -> int:
+        """Samples the dock holds: 1 + max_staleness iterations of the window (rounds x G x N)."""
+        return (1 + self.max_staleness) * self.window
 
-def devices_per_worker(cfg: Config, role: str) -> float:
-    """Accelerators one worker of ``role`` holds: a generating worker (actor, generator) on the vLLM backend holds
-    ``engine.vllm.tensor_parallel_size`` (the generation layout's TP; training uses the first); the reward-model
-    worker ``reward.model_devices`` (a fraction shares one); other model workers 1; the rest none."""
-    if cfg.engine.device == "cpu":
-        return 0
-    if role == "reward_model":
-        return cfg.reward.model_devices
-    if role not in MODEL_ROLES:
-        return 0
-    if role in ("actor", "generator") and cfg.engine.backend == "vllm":
-        return int(cfg.engine.vllm.tensor_parallel_size)
-    return 1
+    def dock_window(self, iteration: int) -> tuple[int, int]:
+        """The dock indices ``[lo, hi)`` of ``iteration``'s samples: iterations take turns over the windows."""
+        size = self.window
+        lo = iteration % (1 + self.max_staleness) * size
+        return lo, lo + size
 
 
-def role(cfg: Config, name: str, count: int, cpus: float, **kw: Any) -> Role:
-    """A role of ``count`` workers with this config's devices per worker."""
-    return Role(name=name, count=count, cpus=cpus, devices=devices_per_worker(cfg, name), **kw)
+def plan_roles(cfg: Config, recipe: Algorithm) -> RunPlan:
+    """The roles ``recipe`` needs under ``cfg`` (counts, dock columns read and written, sections), its sampling and
+    batch sizes; no resources yet (``cpus``/``devices`` 0: ``dockflow.workers.resources.size_roles``)."""
+    states = recipe.consumers(cfg)
+    generated = ["input_ids", "attention_mask", "responses", "response_mask", "rollout_log_prob"]
+    if cfg.train.old_log_prob == "rollout":
+        generated.append("old_log_prob")
+    if cfg.tools.enabled:  # each trajectory's conversation and environment, for the reward functions
+        generated.append("tool_record")
+
+    def owned(*names: str) -> dict[str, tuple[str, ...]]:
+        return {n: tuple(states[n]) for n in names if n in states}
+
+    rl, placement = not recipe.offline, cfg.placement
+    generators = placement.generators if placement.mode == "disaggregated" else 0
+    rollout = ("input_ids", "attention_mask", "responses")
+    roles = [
+        Role("actor", cfg.train.actor_ranks, reads=owned("actor_infer", "actor_update"),
+             writes=("old_log_prob", *(generated if rl and not generators else ()))),
+        Role("generator", generators, writes=tuple(generated)),
+        Role("rollout_queue", 1 if generators > 1 else 0),
+        Role("reference", int(recipe.uses_reference(cfg)), reads=owned("ref_infer"), writes=("ref_log_prob",)),
+        Role("critic", int(recipe.critic) * cfg.train.critic_ranks, reads=owned("critic_infer", "critic_update"),
+             writes=("values",), section=recipe.critic_section(cfg)),
+        Role("reward", int(rl), reads=owned("reward", "advantage"),
+             writes=("rewards", "advantages", *(("returns",) if recipe.critic else ()))),
+        Role("reward_model", int(rl and bool(cfg.reward.models)),
+             reads={REWARD_MODEL_CONSUMER: (*rollout, "response_mask")}, writes=("rm_scores",)),
+        Role("pairs", int(recipe.offline), writes=(*rollout, "response_mask"), section=recipe.pairs_section(cfg)),
+    ]
+    planned = {r.name: r for r in roles if r.count > 0}
+    if "reward_model" in planned:  # the reward state waits for the reward models' scores
+        reward = planned["reward"]
+        planned["reward"] = replace(reward, reads={**reward.reads, "reward": (*reward.reads["reward"], "rm_scores")})
+    extra = {}
+    if generators and cfg.train.max_staleness > 0:
+        extra[SNAPSHOT_CONSUMER] = tuple(generated)
+    return RunPlan(roles=planned, sampling=recipe.sampling(cfg), global_batch=cfg.global_batch,
+                   train_batch=recipe.train_batch(cfg), extra_consumers=extra, recipe=recipe,
+                   max_staleness=cfg.train.max_staleness)

@@ -1,5 +1,18 @@
-"""PPO pieces: outcome rewards as token rewards, GAE, and the clipped value loss (the policy loss is
-:func:`dockflow.algos.grpo.clipped_policy_loss`).
+"""PPO (Schulman et al., 2017; Ouyang et al., 2022 for LLMs): a critic and GAE.
+
+One iteration:
+
+1. generate: N responses per prompt (N = 1 is classic PPO; more is allowed) into the dock window.
+2. infer: the verifier's reward lands on each response's last token, minus ``kl_coef`` x the per-token KL to
+   the reference when ``kl_coef > 0`` (``outcome_token_rewards``); the critic worker estimates a value before
+   every response token (``workers/critic.py``); the reward worker turns them into GAE advantages and returns
+   (``gae``, ``gae_advantages``), whitened over the batch; old and reference log-probs.
+3. update: the actor's clipped surrogate on the per-token ratio (``policy_loss``: ``losses.py:
+   clipped_surrogate``); the critic's clipped value loss against the returns (``clipped_value_loss``, which the
+   critic worker calls).
+4. reshard.
+
+The pieces:
 
 - Token rewards (Ouyang et al., 2022, InstructGPT; Stiennon et al., 2020): the scalar outcome reward sits
   on the last real response token, and every real token pays ``kl_coef * kl_t`` to the reference:
@@ -14,15 +27,35 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING, Any, Literal
 
-from dockflow.algos.utils import (
-    last_token_index,
-    masked_discounted_cumsum,
-    masked_mean,
-    masked_whiten,
-    next_real_index,
-)
+from pydantic import Field
+
+from dockflow.algos.base import Algorithm, PolicyGradientSection, policy_gradient_columns
+from dockflow.algos.losses import clipped_surrogate
+from dockflow.config.algorithm import CriticSection
+
+if TYPE_CHECKING:
+    import torch
+    from tensordict import TensorDict
+
+    from dockflow.config import Config
+
+
+class PPOConfig(CriticSection):
+    """PPO's critic and GAE (also used by PF-PPO)."""
+
+    key = "algorithm.ppo"
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount over response tokens.")
+    lam: float = Field(0.95, ge=0.0, le=1.0, description="GAE lambda (bias/variance trade-off).")
+    whiten_advantages: bool = Field(True, description="Normalise GAE advantages over the batch's tokens.")
+
+
+class PPOSection(PolicyGradientSection):
+    """PPO: ``kl_coef`` is a per-token reward penalty."""
+
+    name: Literal["ppo"] = "ppo"
+    ppo: PPOConfig = Field(default_factory=PPOConfig)
 
 
 def outcome_token_rewards(
@@ -36,6 +69,10 @@ def outcome_token_rewards(
 
     A response with no real token has nowhere to carry its reward: its row is all 0.
     """
+    import torch
+
+    from dockflow.algos.utils import last_token_index
+
     if rewards.ndim != 1 or response_mask.ndim != 2 or rewards.shape[0] != response_mask.shape[0]:
         raise ValueError(
             f"rewards must be [B] and response_mask [B, R], got {tuple(rewards.shape)} and {tuple(response_mask.shape)}"
@@ -54,7 +91,6 @@ def outcome_token_rewards(
     return token_rewards
 
 
-@torch.no_grad()
 def gae_advantages(
     token_rewards: torch.Tensor,
     values: torch.Tensor,
@@ -70,21 +106,26 @@ def gae_advantages(
     whitening; ``whiten`` then normalises the advantages to mean 0, std 1 over all real tokens of the batch.
     Masked positions are 0 in both outputs. The outputs are targets: no gradient flows through them.
     """
-    if not token_rewards.shape == values.shape == response_mask.shape or token_rewards.ndim != 2:
-        raise ValueError(
-            "token_rewards, values and response_mask must all be [B, R], got "
-            f"{tuple(token_rewards.shape)}, {tuple(values.shape)}, {tuple(response_mask.shape)}"
-        )
-    keep = response_mask.bool()
-    values = values.to(token_rewards.dtype)
-    padded = torch.cat([torch.where(keep, values, torch.zeros_like(values)), values.new_zeros(values.shape[0], 1)], dim=1)
-    next_values = padded.gather(1, next_real_index(response_mask))
-    deltas = token_rewards + gamma * next_values - values
-    advantages = masked_discounted_cumsum(deltas, response_mask, gamma * lam)
-    returns = torch.where(keep, advantages + values, torch.zeros_like(values))
-    if whiten:
-        advantages = masked_whiten(advantages, response_mask)
-    return advantages, returns
+    import torch
+
+    from dockflow.algos.utils import masked_discounted_cumsum, masked_whiten, next_real_index
+
+    with torch.no_grad():
+        if not token_rewards.shape == values.shape == response_mask.shape or token_rewards.ndim != 2:
+            raise ValueError(
+                "token_rewards, values and response_mask must all be [B, R], got "
+                f"{tuple(token_rewards.shape)}, {tuple(values.shape)}, {tuple(response_mask.shape)}"
+            )
+        keep = response_mask.bool()
+        values = values.to(token_rewards.dtype)
+        padded = torch.cat([torch.where(keep, values, torch.zeros_like(values)), values.new_zeros(values.shape[0], 1)], dim=1)
+        next_values = padded.gather(1, next_real_index(response_mask))
+        deltas = token_rewards + gamma * next_values - values
+        advantages = masked_discounted_cumsum(deltas, response_mask, gamma * lam)
+        returns = torch.where(keep, advantages + values, torch.zeros_like(values))
+        if whiten:
+            advantages = masked_whiten(advantages, response_mask)
+        return advantages, returns
 
 
 def clipped_value_loss(
@@ -103,6 +144,10 @@ def clipped_value_loss(
     ``clip_fraction`` is the share of this call's real tokens where the clipped term is the larger one
     (those tokens get no gradient).
     """
+    import torch
+
+    from dockflow.algos.utils import masked_mean
+
     mask = response_mask.to(values.dtype)
     clipped_values = old_values + (values - old_values).clamp(-clip_range, clip_range)
     unclipped_loss = (values - returns).square()
@@ -111,3 +156,46 @@ def clipped_value_loss(
     with torch.no_grad():
         clip_fraction = masked_mean((clipped_loss > unclipped_loss).to(values.dtype), mask)
     return loss, clip_fraction
+
+
+def gae(cfg: Config, data: TensorDict, kl: torch.Tensor | None) -> TensorDict:
+    """GAE advantages and returns from outcome rewards (and the per-token KL penalty) and the critic's values.
+
+    A sample with a NaN reward (no reward applies to it) is out of the update: advantage 0, out of the
+    whitening, and its returns are the critic's own values, so the critic learns nothing from it either."""
+    import torch
+    from tensordict import TensorDict
+
+    from dockflow.algos.utils import zero_nan
+
+    ppo, values = cfg.algorithm.ppo, data["values"]
+    scored = ~torch.isnan(data["rewards"])
+    mask = data["response_mask"] * scored.unsqueeze(1)
+    token_rewards = outcome_token_rewards(zero_nan(data["rewards"]), mask, kl, cfg.algorithm.kl_coef)
+    adv, ret = gae_advantages(token_rewards, values, mask, ppo.gamma, ppo.lam, whiten=ppo.whiten_advantages)
+    ret = torch.where(scored.unsqueeze(1), ret, values.to(ret.dtype) * data["response_mask"])
+    return TensorDict({"advantages": adv, "returns": ret}, batch_size=[len(mask)])
+
+
+class PPO(Algorithm):
+    name = "ppo"
+    section = PPOSection
+    critic = True
+    kl = "reward"
+    group_advantages = False  # whitening spans the batch
+
+    def critic_section(self, cfg: Config) -> PPOConfig:
+        return cfg.algorithm.ppo
+
+    def consumers(self, cfg: Config) -> dict[str, list[str]]:
+        """The on-line states with the critic's: its inference (values) and update (against the returns)."""
+        return policy_gradient_columns(cfg, self)
+
+    def advantages(self, cfg: Config, data: TensorDict, generator: Any = None) -> tuple[torch.Tensor, TensorDict]:
+        import torch
+
+        return torch.arange(len(data)), gae(cfg, data, self.token_kl(cfg, data))
+
+    def policy_loss(self, cfg: Config, logp: torch.Tensor, micro: TensorDict, tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
+        """The symmetric clipped surrogate, token-level mean; no KL term (the KL is in the rewards)."""
+        return clipped_surrogate(self, cfg, logp, micro, tokens)

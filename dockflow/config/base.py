@@ -1,7 +1,7 @@
 """The base of every config section: unknown keys are errors, assignments are validated; ``flatten_dict``.
 
-It lives apart from ``dockflow.config`` so that the algorithms' recipes (``dockflow.algos.recipes``), whose
-sections ``Config`` is made of, can build on it without importing the config itself.
+It lives apart from ``dockflow.config.run`` so that the algorithms' sections (``dockflow.algos``: one module per
+algorithm) can build on it without importing ``Config``.
 """
 
 from __future__ import annotations

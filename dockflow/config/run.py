@@ -1,7 +1,8 @@
 """Typed run configuration: pydantic models, YAML loading and dotted command-line overrides.
 
 A config is one YAML file (see ``configs/``) whose keys mirror ``Config``'s sections (``dockflow.config.sections``;
-the ``algorithm:`` section is the chosen algorithm's own, from its recipe in ``dockflow.algos.recipes``). Every
+the ``algorithm:`` section is the chosen algorithm's own, looked up by name in ``dockflow.config.algorithm``'s
+registry, where each algorithm module of ``dockflow.algos`` registers itself). Every
 key that a run needs is written in the example YAML; the defaults only fill keys that a user may leave out.
 Unknown or mistyped keys are errors that name the key and the nearest valid one; the checks across sections
 live here (each algorithm adds its own), the same for ``dockflow train`` and the pipeline::
@@ -18,11 +19,16 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
-from dockflow.algos.plan import RunPlan
-from dockflow.algos.recipes import AlgorithmConfig
-from dockflow.algos.recipes.grpo import GRPOSection
+from dockflow.config.algorithm import (
+    AlgorithmSection,
+    algorithm_names,
+    algorithm_rules,
+    default_algorithm,
+    section_classes,
+    validate_algorithm,
+)
 from dockflow.config.base import Section, flatten_dict
 from dockflow.config.data import ArithmeticConfig, DataConfig
 from dockflow.config.engine import CostModelConfig, EngineConfig, VLLMConfig
@@ -47,7 +53,7 @@ from dockflow.config.sections import (
 from dockflow.config.tools import ToolsConfig
 
 __all__ = [
-    "AlgorithmConfig", "ArithmeticConfig", "CheckpointConfig", "Config", "ConfigError", "CostModelConfig", "DataConfig",
+    "AlgorithmSection", "ArithmeticConfig", "CheckpointConfig", "Config", "ConfigError", "CostModelConfig", "DataConfig",
     "DockConfig", "EngineConfig", "EvalConfig", "FaultToleranceConfig", "ModelConfig", "PartialRolloutConfig",
     "PlacementConfig", "RayConfig", "RegistryConfig", "RewardConfig", "RewardFunctionConfig", "RewardModelConfig",
     "RolloutConfig", "RunConfig", "SFTConfig", "TinyModelConfig", "ToolsConfig",
@@ -68,7 +74,7 @@ class Config(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
-    algorithm: AlgorithmConfig = Field(default_factory=GRPOSection)
+    algorithm: SerializeAsAny[AlgorithmSection] = Field(default_factory=default_algorithm)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
@@ -81,6 +87,12 @@ class Config(Section):
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
 
+    @field_validator("algorithm", mode="before")
+    @classmethod
+    def _algorithm_section(cls, value: Any) -> AlgorithmSection:
+        """The ``algorithm:`` block as its algorithm's own section (``dockflow.config.algorithm``'s registry)."""
+        return validate_algorithm(value)
+
     @model_validator(mode="after")
     def _check(self) -> Config:
         """Rules across sections, each with its reason; the algorithm's own rules come from its recipe."""
@@ -91,13 +103,14 @@ class Config(Section):
         if tc.mini_batch_size % tc.micro_batch_size:
             raise ValueError(f"train.micro_batch_size={tc.micro_batch_size} must divide train.mini_batch_size="
                              f"{tc.mini_batch_size}: a mini-batch is whole micro-batches")
-        self.algorithm.recipe.check(self)
+        rules = algorithm_rules(self.algorithm.name)
+        rules.check(self)
         if tc.max_staleness and self.placement.mode == "colocated":
             raise ValueError(
                 f"train.max_staleness={tc.max_staleness} with placement.mode=colocated: one actor worker cannot "
                 "generate ahead of its own update; set placement.mode: disaggregated (generator workers), or 0"
             )
-        if self.algorithm.recipe.offline and self.reward.models:
+        if rules.offline and self.reward.models:
             raise ValueError(f"algorithm.name={self.algorithm.name} trains on offline pairs and scores nothing: "
                              "set reward.models: []")
         if self.model.continue_from != "base" and not self.registry.model_name:
@@ -113,9 +126,9 @@ class Config(Section):
 
     def _check_generation(self) -> None:
         """What needs on-line generation (an algorithm that samples) or generator workers."""
-        recipe, tc = self.algorithm.recipe, self.train
+        recipe, tc = algorithm_rules(self.algorithm.name), self.train
         offline = f"algorithm.name={self.algorithm.name} trains on offline pairs"
-        if self.placement.mode == "disaggregated" and (recipe.offline or self.plan.sampling.in_rounds):
+        if self.placement.mode == "disaggregated" and (recipe.offline or recipe.samples_in_rounds(self)):
             why = offline if recipe.offline else f"algorithm.name={self.algorithm.name} samples in rounds (dynamic sampling)"
             raise ValueError(f"placement.mode=disaggregated generates ahead of the update, but {why}: run it colocated")
         if tc.old_log_prob == "rollout" and (recipe.offline or tc.tis_cap is not None):
@@ -145,7 +158,7 @@ class Config(Section):
             f"engine.backend={self.engine.backend} (only the hf engine runs the tool loop; set engine.backend: hf)":
                 self.engine.backend != "hf",
             f"algorithm.name={self.algorithm.name} trains on offline pairs (nothing is generated)":
-                self.algorithm.recipe.offline,
+                self.offline,
         }
         for why, bad in refused.items():
             if bad:
@@ -164,7 +177,7 @@ class Config(Section):
         layout = f"train.dp={tc.dp}" if tc.engine == "fsdp" else f"train.engine=megatron (tp={tc.tp}, pp={tc.pp}, dp={tc.dp})"
         refused = {
             "placement.mode=disaggregated": self.placement.mode == "disaggregated",
-            f"algorithm.name={self.algorithm.name} (offline pairs)": self.algorithm.recipe.offline,
+            f"algorithm.name={self.algorithm.name} (offline pairs)": self.offline,
             "engine.backend=cost_model": self.engine.backend == "cost_model",
             "engine.backend=vllm": tc.engine == "megatron" and self.engine.backend == "vllm",
         }
@@ -181,7 +194,7 @@ class Config(Section):
     def _check_megatron(self) -> None:
         """train.tp / train.pp only with the megatron engine."""
         tc = self.train
-        if tc.max_tokens_per_micro_batch is not None and self.algorithm.recipe.offline:
+        if tc.max_tokens_per_micro_batch is not None and self.offline:
             raise ValueError(f"train.max_tokens_per_micro_batch is not supported with algorithm.name="
                              f"{self.algorithm.name} yet: set it to null and size train.micro_batch_size instead")
         if tc.engine != "megatron" and (tc.tp > 1 or tc.pp > 1):
@@ -229,25 +242,9 @@ class Config(Section):
         return self.rollout.prompts_per_iter * self.rollout.group_size
 
     @property
-    def train_batch(self) -> int:
-        """Samples the policy update consumes per iteration (the algorithm's: PF-PPO keeps only the filtered ones)."""
-        return self.algorithm.recipe.train_batch(self)
-
-    @property
-    def plan(self) -> RunPlan:
-        """The run plan (``dockflow.algos.plan``): roles, resources, dock columns and sampling, from the recipe."""
-        return self.algorithm.recipe.plan(self)
-
-    @property
-    def dock_capacity(self) -> int:
-        """Samples the dock holds: 1 + max_staleness iterations of the plan's window (rounds x G x N)."""
-        return (1 + self.train.max_staleness) * self.plan.window
-
-    def dock_window(self, iteration: int) -> tuple[int, int]:
-        """The dock indices ``[lo, hi)`` of ``iteration``'s samples: iterations take turns over the windows."""
-        size = self.plan.window
-        lo = iteration % (1 + self.train.max_staleness) * size
-        return lo, lo + size
+    def offline(self) -> bool:
+        """The algorithm trains on a dataset's preference pairs (no rollouts, no reward worker)."""
+        return algorithm_rules(self.algorithm.name).offline
 
     def flat(self) -> dict[str, Any]:
         """The config as ``{"section.key": value}``, for MLflow params."""
@@ -255,12 +252,15 @@ class Config(Section):
 
 
 def _valid_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
-    """Every dotted key of ``model``; a union of sections (the algorithm's) contributes every member's keys."""
+    """Every dotted key of ``model``; a union of sections, or the algorithm's section (every registered one),
+    contributes every member's keys."""
     keys: list[str] = []
     for name, field in model.model_fields.items():
         keys.append(prefix + name)
         ann = field.annotation
         members = typing.get_args(ann) if typing.get_origin(ann) in (typing.Union, types.UnionType) else (ann,)
+        if members == (AlgorithmSection,) or typing.get_args(ann)[:1] == (AlgorithmSection,):
+            members = tuple(section_classes())
         for member in members:
             if isinstance(member, type) and issubclass(member, BaseModel):
                 keys.extend(k for k in _valid_keys(member, f"{prefix}{name}.") if k not in keys)
@@ -325,15 +325,10 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
         return Config.model_validate(raw)
     except ValidationError as exc:
         err = exc.errors()[0]
-        loc = [str(p) for p in err["loc"]]
-        if loc[:1] == ["algorithm"] and len(loc) > 1 and loc[1] == str((raw.get("algorithm") or {}).get("name")):
-            del loc[1]  # the section's tag (the algorithm's name), not a key
-        key = ".".join(loc)
-        if err["type"] == "union_tag_invalid":
-            from dockflow.algos.recipes import RECIPES
-
+        key = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "unknown_algorithm":
             name = (raw.get("algorithm") or {}).get("name")
-            raise ConfigError(f"unknown algorithm.name {name!r}: one of {sorted(RECIPES)}") from None
+            raise ConfigError(f"unknown algorithm.name {name!r}: one of {algorithm_names()}") from None
         if err["type"] == "extra_forbidden":
             raise ConfigError(f"unknown config key '{key}' (did you mean '{_nearest(key)}'?)") from None
         if not key:
@@ -345,13 +340,11 @@ def _switch_algorithm(raw: dict[str, Any], extra: dict[str, Any]) -> dict[str, A
     """An override that picks another algorithm than the file's: the file's ``algorithm:`` keys the new
     algorithm's section does not have are left behind (they were written for the other one); the overrides'
     own keys are all kept, so a wrong one still fails."""
-    from dockflow.algos.recipes import RECIPES
-
     name = (extra.get("algorithm") or {}).get("name")
     written = raw.get("algorithm") or {}
-    if name is None or name == written.get("name") or name not in RECIPES:
+    if name is None or name == written.get("name") or name not in algorithm_names():
         return raw
-    fields = RECIPES[name].section.model_fields
+    fields = algorithm_rules(name).section.model_fields
     return {**raw, "algorithm": {k: v for k, v in written.items() if k in fields}}
 
 

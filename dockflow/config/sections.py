@@ -1,5 +1,5 @@
-"""The config's sections (one pydantic model each) but the algorithm's, which lives with each algorithm's recipe
-(``dockflow.algos.recipes``); ``dockflow.config`` puts them together as ``Config``."""
+"""The config's sections (one pydantic model each) but the algorithm's, which lives with each algorithm
+(``dockflow.algos``: one module each); ``dockflow.config`` puts them together as ``Config``."""
 
 from __future__ import annotations
 

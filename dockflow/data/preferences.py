@@ -16,8 +16,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from dockflow.algos.recipe import PreferenceSection
 from dockflow.config import CheckpointConfig
+from dockflow.config.algorithm import PreferenceSection
 from dockflow.data.example import Example, TaskData
 from dockflow.data.loaders import DatasetError, local_copy
 from dockflow.data.messages import Prompt

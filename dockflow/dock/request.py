@@ -1,6 +1,6 @@
 """What a consumer asks the dock for: one frozen request, checked in the client and passed whole.
 
-    request = DockRequest("actor_update", batch_size=64, window=cfg.dock_window(i), whole_groups=True)
+    request = DockRequest("actor_update", batch_size=64, window=plan.dock_window(i), whole_groups=True)
     batch = dock.get(request)
     for batch in consume(dock, request, total=256): ...          # workers: the share of one iteration
 

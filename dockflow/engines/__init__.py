@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from dockflow.algos.recipe import CriticSection
+from dockflow.config.algorithm import CriticSection
 from dockflow.engines.devices import DeviceError, check_worker_device
 from dockflow.engines.hf_generation import HFGenerationEngine
 from dockflow.engines.interfaces import EngineInputs, GenerationEngine, LossFn, SamplingParams, TrainingEngine

@@ -49,7 +49,7 @@ def device_resources(device: str, count: float) -> dict[str, Any]:
 
 def check_cluster_devices(device: str, needed: Mapping[str, float], resources: Mapping[str, float]) -> None:
     """Driver side, before any worker starts: the cluster (``ray.cluster_resources()``) has the accelerators of
-    kind ``device`` (``engine.device``) that the run plan's workers ask for (``needed``: ``cfg.plan.devices()``,
+    kind ``device`` (``engine.device``) that the run plan's workers ask for (``needed``: ``RunPlan.devices()``,
     by role). Raises :class:`DeviceError` with one line otherwise."""
     if device == "cpu":
         return

@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from dockflow.algos import recipe_of
 from dockflow.config import Config
 from dockflow.flow.run_record import ACCURACY, RunRecord
 from dockflow.flow.waiting import wait_stages
@@ -130,7 +131,7 @@ def summary(cfg: Config, rec: RunRecord, run_id: str, wall: float) -> dict[str, 
     hist = rec.history
     tps = [h["perf/throughput_tps"] for h in hist]
     accuracies = rec.accuracies
-    extra = cfg.algorithm.recipe.summary(rec.evals)  # e.g. DPO's held-out margins
+    extra = recipe_of(cfg.algorithm.name).summary(rec.evals)  # e.g. DPO's held-out margins
     return {
         "run_name": cfg.run.name,
         "algorithm": cfg.algorithm.name,

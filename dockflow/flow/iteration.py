@@ -44,7 +44,7 @@ from dockflow.tracking import Tracker
 from dockflow.workers import Workers
 
 if TYPE_CHECKING:
-    from dockflow.algos.plan import Sampling
+    from dockflow.algos.plan import RunPlan, Sampling
     from dockflow.workers.advantage import RoundAdvantages
 
 ProgressFn = Callable[[int, dict[str, float]], None]
@@ -94,6 +94,7 @@ class RunParts:
     """What one attempt of a run works on (built by ``RunSession`` for each attempt: a restart replaces them)."""
 
     cfg: Config
+    plan: RunPlan  # the run plan, built once by the driver
     workers: Workers
     dock: TransferDock
     sampler: PromptSampler
@@ -108,12 +109,11 @@ class RunTasks:
     waits_for = staticmethod(waits_for)
 
     def __init__(self, parts: RunParts, start: int, on_iteration: ProgressFn | None = None) -> None:
-        cfg = parts.cfg
-        self.cfg, self.workers, self.dock, self.sampler = cfg, parts.workers, parts.dock, parts.sampler
+        cfg, plan = parts.cfg, parts.plan
+        self.cfg, self.plan, self.workers, self.dock, self.sampler = cfg, plan, parts.workers, parts.dock, parts.sampler
         self.store, self.state, self.tracker, self.start = parts.store, parts.state, parts.tracker, start
         self.on_iteration = on_iteration
-        self.plan = cfg.plan
-        self.devices = self.plan.model_cpus()  # ND of Eq. (5)
+        self.devices = plan.model_cpus()  # ND of Eq. (5)
         self.idle = IdleTracker.for_placement(cfg)
         self.published: dict[int, Any] = {}  # policy version -> its weights in the object store (generators)
         self.generated: dict[int, dict[str, float]] = {}  # generate's metrics until the iteration closes
@@ -126,7 +126,7 @@ class RunTasks:
     def _generate(self, i: int) -> StageTask:
         """Rollouts of iteration ``i`` into its dock window, with the policy ``i - max_staleness`` at the oldest."""
         cfg = self.cfg
-        self.dock.reset(window=cfg.dock_window(i))  # the window's previous iteration was trained on
+        self.dock.reset(window=self.plan.dock_window(i))  # the window's previous iteration was trained on
         prompt_ids = self.sampler.indices(i)
         sampling = self.plan.sampling
         if sampling.in_rounds:
@@ -258,7 +258,7 @@ class RunTasks:
         metrics["timing/iteration_s"] = seconds
         metrics["perf/throughput_tps"] = iteration_throughput(metrics, self.devices, seconds)
         metrics.update(self.idle.add(metrics, seconds))
-        self.state.record_iteration(i + 1, metrics, self.cfg.train_batch)
+        self.state.record_iteration(i + 1, metrics, self.plan.train_batch)
         self.tracker.log_metrics_or_defer(metrics, step=i + 1)  # an MLflow outage must not stop training
         if self.on_iteration is not None:
             self.on_iteration(i + 1, metrics)

@@ -177,14 +177,16 @@ def setup(config: str, overrides: list[str], params: RunParams, address: str | N
     from dockflow.storage import run_store
     from dockflow.tracking import Tracker, run_tags
     from dockflow.workers.cluster import check_reachable_inputs, run_namespace, run_runtime_env
+    from dockflow.workers.resources import build_plan
     from dockflow.workers.startup import check_cluster_cpus
 
     cfg = load_run_config(config, overrides, params)
+    plan = build_plan(cfg)  # this task's checks; the supervisor builds the run's own
     check_reward_functions(cfg)
     namespace = run_namespace(cfg)
     with _joined(address, namespace):
-        check_reachable_inputs(cfg)
-        check_cluster_cpus(cfg.plan)  # a plan the cluster can never hold: refused before SFT and the supervisor
+        check_reachable_inputs(cfg, plan)
+        check_cluster_cpus(plan)  # a plan the cluster can never hold: refused before SFT and the supervisor
         end_previous_attempt(cfg.run.name, namespace)
         store = run_store(cfg.checkpoint, cfg.run)
         step = store.latest()

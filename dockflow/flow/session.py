@@ -5,7 +5,8 @@ session owns the dock and the workers (created from the staged initial model, re
 committed checkpoint when there is one), runs the stage loops to the end, restarts them together from the
 latest checkpoint after a failure when asked, and finishes the run (final model, summary, registry)::
 
-    session = RunSession(cfg, model_uri, store, tracker, state, run_dir)
+    plan = build_plan(cfg)                # once, by the driver (dockflow.workers.resources)
+    session = RunSession(cfg, plan, model_uri, store, tracker, state, run_dir)
     session.start()                       # dock, workers, restore
     session.run(on_iteration=progress)    # the stage loops, to the end
     summary = session.finish(wall_s)
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dockflow.algos.plan import RunPlan
 from dockflow.config import Config
 from dockflow.flow import run_checkpoint
 from dockflow.flow.final_model import finish
@@ -52,14 +54,14 @@ def ckpt_due(cfg: Config, step: int) -> bool:
 
 class RunSession:
     """A run's dock, workers, checkpoint store, MLflow run and record (``state``: a fresh ``RunRecord`` or a
-    checkpoint's)."""
+    checkpoint's), from the run ``plan`` the driver built (``dockflow.workers.resources.build_plan``)."""
 
-    def __init__(self, cfg: Config, model_uri: str, store: Any, tracker: Tracker, state: RunRecord,
+    def __init__(self, cfg: Config, plan: RunPlan, model_uri: str, store: Any, tracker: Tracker, state: RunRecord,
                  run_dir: Path) -> None:
-        self.cfg, self.model_uri, self.store, self.tracker = cfg, model_uri, store, tracker
+        self.cfg, self.plan, self.model_uri, self.store, self.tracker = cfg, plan, model_uri, store, tracker
         self.state, self.run_dir = state, run_dir
         self.excluded = overlong_train_prompts(cfg, model_uri)  # the length policy's, derived once
-        self.sampler = iteration_sampler(cfg, self.excluded)
+        self.sampler = iteration_sampler(cfg, plan, self.excluded)
         self.dock: Any = None
         self.workers: Workers | None = None
         self.schedule: Schedule | None = None
@@ -68,8 +70,8 @@ class RunSession:
         """Create the dock and the workers; restore them (and what was in flight) from the checkpoint the record
         came from, if any."""
         cfg, step = self.cfg, self.state.iteration or None
-        self.dock = create_run_dock(cfg, run_namespace(cfg))
-        self.workers = create_workers(cfg, self.model_uri, self.dock, cfg.run.name, self.excluded)
+        self.dock = create_run_dock(cfg, self.plan, run_namespace(cfg))
+        self.workers = create_workers(cfg, self.plan, self.model_uri, self.dock, cfg.run.name, self.excluded)
         generated: dict[int, dict[str, float]] = {}
         if step is not None:
             run_checkpoint.restore_workers(self.store, self.workers, step, cfg)
@@ -88,7 +90,7 @@ class RunSession:
             start=start, end=end, max_staleness=cfg.train.max_staleness,
             eval_steps=[k for k in steps if (k == 0 or eval_due(cfg, k)) and k not in evaluated],
             checkpoint_steps={k for k in steps if k > start and ckpt_due(cfg, k)},
-            generated=generated, in_rounds=cfg.plan.sampling.in_rounds,
+            generated=generated, in_rounds=self.plan.sampling.in_rounds,
             publish_first=bool(self.workers.generators) and start > 0,
         )
 
@@ -112,7 +114,7 @@ class RunSession:
 
     def parts(self) -> RunParts:
         """This attempt's workers, dock and record, with the run's config, prompt order, store and tracker."""
-        return RunParts(cfg=self.cfg, workers=self.workers, dock=self.dock, sampler=self.sampler, store=self.store,
+        return RunParts(cfg=self.cfg, plan=self.plan, workers=self.workers, dock=self.dock, sampler=self.sampler, store=self.store,
                         tracker=self.tracker, state=self.state)
 
     def restart(self, reason: str) -> None:

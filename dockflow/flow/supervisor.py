@@ -59,8 +59,10 @@ class RunSupervisor:
         from dockflow.config import Config
         from dockflow.storage import run_store
         from dockflow.tracking import Tracker
+        from dockflow.workers.resources import build_plan
 
         self.cfg = cfg = Config.model_validate(config)
+        self.plan = build_plan(cfg)  # the run plan, built once in this driver and passed to the session
         self.model_uri, self.init_metrics, self.run_dir = model_uri, init_metrics, Path(run_dir)
         self.store = run_store(cfg.checkpoint, cfg.run)
         self.tracker = Tracker.start(cfg.tracking, cfg.run.output_dir, cfg.run.name, run_id=mlflow_run_id)
@@ -118,7 +120,7 @@ class RunSupervisor:
         from dockflow.workers.cluster import run_namespace
         from dockflow.workers.group import wait_run_names_released
 
-        waited = wait_run_names_released(self.cfg, run_namespace(self.cfg), self.cfg.ray.init_timeout_s)
+        waited = wait_run_names_released(self.cfg, self.plan, run_namespace(self.cfg), self.cfg.ray.init_timeout_s)
         with warnings.catch_warnings():  # Ray 2.60's property reads its own deprecated actor_id
             warnings.simplefilter("ignore")
             reconstructed = bool(ray.get_runtime_context().was_current_actor_reconstructed)
@@ -129,7 +131,7 @@ class RunSupervisor:
             state.restarts += 1
             log.warning("run %r: its supervisor was restarted by Ray; resuming from %s (waited %.1fs for the earlier "
                         "workers' names)", self.cfg.run.name, f"checkpoint {step}" if step else "the start", waited)
-        self.session = RunSession(self.cfg, self.model_uri, self.store, self.tracker, state, self.run_dir)
+        self.session = RunSession(self.cfg, self.plan, self.model_uri, self.store, self.tracker, state, self.run_dir)
         self.session.start()
         if reconstructed:
             self.tracker.log_metrics_or_defer({"fault/restarts": state.restarts}, step=self.session.schedule.start)

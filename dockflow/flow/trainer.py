@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from dockflow.algos.plan import RunPlan
 from dockflow.config import Config, ConfigError
 from dockflow.flow import run_checkpoint
 from dockflow.flow.initial_model import prepare_initial_model
@@ -36,6 +37,7 @@ from dockflow.workers.cluster import (
     run_namespace,
     run_runtime_env,
 )
+from dockflow.workers.resources import build_plan
 
 log = logging.getLogger(__name__)
 
@@ -56,16 +58,16 @@ def start_state(store: Any, resume: bool, run_name: str) -> RunRecord | None:
     return run_checkpoint.read_record(store, step)
 
 
-def check_cluster(cfg: Config) -> None:
-    """engine.device (``dockflow.engines.devices``) and the plan's CPUs (``dockflow.workers.startup``) against the
-    connected Ray cluster's resources."""
+def check_cluster(cfg: Config, plan: RunPlan) -> None:
+    """engine.device (``dockflow.engines.devices``) and the ``plan``'s devices and CPUs (``dockflow.workers.startup``)
+    against the connected Ray cluster's resources."""
     import ray
 
     from dockflow.engines.devices import check_cluster_devices
     from dockflow.workers.startup import check_cluster_cpus
 
-    check_cluster_devices(cfg.engine.device, cfg.plan.devices(), ray.cluster_resources())
-    check_cluster_cpus(cfg.plan)
+    check_cluster_devices(cfg.engine.device, plan.devices(), ray.cluster_resources())
+    check_cluster_cpus(plan)
 
 
 def _exit_on_head_lost(message: str) -> None:
@@ -103,6 +105,7 @@ def train(cfg: Config, resume: bool = False, on_iteration: ProgressFn | None = N
     ends the process when the joined cluster's head is lost (``watch_head``)."""
     t_start = time.perf_counter()
     check_reward_functions(cfg)
+    plan = build_plan(cfg)  # the run plan, built once here and passed to the session, its workers and the flow
     run_dir = run_dir_of(cfg)
     write_run_config(cfg, run_dir)
     store = run_store(cfg.checkpoint, cfg.run)
@@ -117,13 +120,13 @@ def train(cfg: Config, resume: bool = False, on_iteration: ProgressFn | None = N
     try:
         owns_ray = connect(cfg.ray, run_namespace(cfg), run_runtime_env(cfg))
         watch = watch_head(cfg, store, tracker, on_head_lost)
-        check_cluster(cfg)  # a GPU / NPU or CPUs asked for and missing fail here, before SFT and the workers
+        check_cluster(cfg, plan)  # a GPU / NPU or CPUs asked for and missing fail here, before SFT and the workers
         model_uri, init_metrics = prepare_initial_model(cfg, store, run_dir, tracker.tracking_uri)
         if state is None:
             state = RunRecord(init_metrics=dict(init_metrics))
             tracker.log_metrics(init_metrics, step=0)
         state.mlflow_run_id = tracker.run_id
-        session = RunSession(cfg, model_uri, store, tracker, state, run_dir)
+        session = RunSession(cfg, plan, model_uri, store, tracker, state, run_dir)
         session.start()
         session.run(on_iteration=on_iteration)
         summary = session.finish(time.perf_counter() - t_start)

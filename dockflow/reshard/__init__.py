@@ -10,12 +10,12 @@ GPTModel names over TP and PP. See docs/reshard.md.
 from dockflow.reshard.allgather_swap import DEFAULT_BUCKET_BYTES, allgather_swap
 from dockflow.reshard.blocks import Block, BlockMap
 from dockflow.reshard.gather import ReshardResult
-from dockflow.reshard.groups import ReshardGroups
 from dockflow.reshard.host_arena import PinnedArena
 from dockflow.reshard.layout import ParallelLayout, RankCoords
 from dockflow.reshard.ledger import CATEGORIES, UPDATE_STATE, MemoryLedger, Snapshot, storage_bytes
 from dockflow.reshard.megatron import MEGATRON_RULES, MEGATRON_VOCAB_MULTIPLE, global_names, megatron_rules
 from dockflow.reshard.naive import naive_reshard
+from dockflow.reshard.process_groups import ReshardGroups
 from dockflow.reshard.redundancy import (
     Eq3Inputs,
     eq3_inputs,

@@ -13,10 +13,10 @@ Before the next update ``result.swap.swap_back()`` restores the update state bit
 from __future__ import annotations
 
 from dockflow.reshard.gather import ReshardResult, run_reshard
-from dockflow.reshard.groups import ReshardGroups
 from dockflow.reshard.host_arena import PinnedArena
 from dockflow.reshard.layout import ParallelLayout
 from dockflow.reshard.ledger import MemoryLedger
+from dockflow.reshard.process_groups import ReshardGroups
 from dockflow.reshard.rules import ModelPartition
 from dockflow.reshard.state import UpdateState
 from dockflow.reshard.swap import HostSwap

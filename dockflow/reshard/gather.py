@@ -13,9 +13,9 @@ import torch
 import torch.distributed as dist
 
 from dockflow.reshard.blocks import BlockMap, copy_overlap
-from dockflow.reshard.groups import ReshardGroups
 from dockflow.reshard.layout import ParallelLayout
 from dockflow.reshard.ledger import MemoryLedger
+from dockflow.reshard.process_groups import ReshardGroups
 from dockflow.reshard.routes import Bucket, Route, plan_buckets, plan_routes
 from dockflow.reshard.rules import ModelPartition
 from dockflow.reshard.swap import HostSwap

@@ -10,9 +10,9 @@ is the redundant memory of Eq. (3) (``redundancy.py``).
 from __future__ import annotations
 
 from dockflow.reshard.gather import ReshardResult, run_reshard
-from dockflow.reshard.groups import ReshardGroups
 from dockflow.reshard.layout import ParallelLayout
 from dockflow.reshard.ledger import MemoryLedger
+from dockflow.reshard.process_groups import ReshardGroups
 from dockflow.reshard.rules import ModelPartition
 from dockflow.reshard.state import UpdateState
 

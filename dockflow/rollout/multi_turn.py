@@ -195,6 +195,7 @@ def generate_tools_into_dock(
     policy_version: int,
     queue: QueueClient | None = None,
     rank: int = 0,
+    window_start: int,
 ) -> dict[str, float]:
     """``generate_into_dock`` with the tool loop: N trajectories per prompt into ``iteration``'s window, plus
     the per-trajectory tool metrics (``tools/...``)."""
@@ -219,7 +220,7 @@ def generate_tools_into_dock(
             seed=seed + work.offset * 1_000_000,
             prompt_width=table.width,
         )
-        first = cfg.dock_window(iteration)[0] + first_index + work.slot * ro.group_size
+        first = window_start + first_index + work.slot * ro.group_size
         indices = list(range(first, first + out.batch_size[0]))
         meta = {
             "prompt_id": torch.tensor(work.prompt_ids).repeat_interleave(ro.group_size),

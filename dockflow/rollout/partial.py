@@ -137,9 +137,10 @@ class TokenGroups:
 
 def generate_partial_into_dock(
     cfg: Config, engine: Any, tokenizer: Any, dock: TransferDock, table: PromptTable, queue: QueueClient, *,
-    iteration: int, policy_version: int, rank: int = 0, tools: Any = None,
+    iteration: int, policy_version: int, window_start: int, rank: int = 0, tools: Any = None,
 ) -> dict[str, float]:
-    """Take work for ``iteration`` from ``queue`` until none is left; write finished groups, park the rest.
+    """Take work for ``iteration`` from ``queue`` until none is left; write finished groups, park the rest
+    (into ``iteration``'s window, from dock index ``window_start``: the plan's ``dock_window(iteration)[0]``).
     ``tools``: the worker's ``ToolTable`` (multi-turn trajectories with tools; None: single-turn)."""
     start = time.perf_counter()
     n = cfg.rollout.group_size
@@ -178,7 +179,7 @@ def generate_partial_into_dock(
             done = done[:granted]
         if done:
             out = sampler.layout([groups[g].data for g in done])
-            first = cfg.dock_window(iteration)[0] + slot * n
+            first = window_start + slot * n
             meta = {
                 "prompt_id": torch.tensor([prompt_ids[g] for g in done]).repeat_interleave(n),
                 "response_length": out["response_length"],

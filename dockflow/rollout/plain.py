@@ -68,9 +68,11 @@ def generate_into_dock(
     policy_version: int,
     queue: QueueClient | None = None,
     rank: int = 0,
+    window_start: int,
 ) -> dict[str, float]:
     """Sample N responses for each of ``prompt_ids`` and stream them into the dock, chunk by chunk, from
-    index ``first_index`` of ``iteration``'s window on. Chunks come from ``queue`` (shared by several
+    index ``first_index`` of ``iteration``'s window (which starts at dock index ``window_start``: the plan's
+    ``dock_window(iteration)[0]``) on. Chunks come from ``queue`` (shared by several
     generators, already opened for the iteration; None: a private one): chunk k always holds the same prompts,
     seed and dock slice, whoever takes it."""
     start = time.perf_counter()
@@ -86,7 +88,7 @@ def generate_into_dock(
     while (work := queue.take(iteration, rank)) is not None:
         c, count = work.offset, len(work.prompt_ids)
         out = engine.generate(prompts[c : c + count], params, seed + c, prompt_width=table.width)
-        first = cfg.dock_window(iteration)[0] + first_index + work.slot * ro.group_size
+        first = window_start + first_index + work.slot * ro.group_size
         indices = list(range(first, first + out.batch_size[0]))
         meta = {
             "prompt_id": torch.tensor(work.prompt_ids).repeat_interleave(ro.group_size),

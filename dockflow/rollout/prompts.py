@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from dockflow.algos.plan import RunPlan
 from dockflow.config import Config
 from dockflow.data.length_policy import LengthPolicyError, check_prompt_lengths
 from dockflow.data.prompt_order import PromptSampler
@@ -20,21 +21,21 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def iteration_sampler(cfg: Config, excluded: Sequence[int] = ()) -> PromptSampler:
-    """The run's sampler: G prompts (x the plan's sampling rounds) per iteration from the train split less the
+def iteration_sampler(cfg: Config, plan: RunPlan, excluded: Sequence[int] = ()) -> PromptSampler:
+    """The run's sampler: G prompts (x the run ``plan``'s sampling rounds) per iteration from the train split less the
     ``excluded`` ones (:func:`overlong_train_prompts`), or the pair source's train pairs, in the order of
     ``shuffle_seed(cfg)``."""
-    from dockflow.algos.recipe import PreferenceSection
+    from dockflow.config.algorithm import PreferenceSection
     from dockflow.data import load_task
     from dockflow.data.preferences import preference_splits
 
     task = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint)
-    if cfg.plan.has("pairs"):  # it trains on preference pairs
-        pairs = cfg.plan.section("pairs", PreferenceSection)
+    if plan.has("pairs"):  # it trains on preference pairs
+        pairs = plan.section("pairs", PreferenceSection)
         count = len(preference_splits(pairs, task, cfg.run.seed, cfg.checkpoint)[0])
     else:
         count = len(task.train)
-    return PromptSampler(count, cfg.rollout.prompts_per_iter * cfg.plan.sampling.rounds, shuffle_seed(cfg), excluded)
+    return PromptSampler(count, cfg.rollout.prompts_per_iter * plan.sampling.rounds, shuffle_seed(cfg), excluded)
 
 
 def shuffle_seed(cfg: Config) -> int:
@@ -53,7 +54,7 @@ def overlong_train_prompts(cfg: Config, model_dir: str) -> list[int]:
     with their count. Without a filter none, and nothing is loaded."""
     if cfg.data.max_prompt_tokens is None or cfg.data.overlong_prompts != "filter":
         return []
-    if cfg.plan.has("pairs"):
+    if cfg.offline:
         raise LengthPolicyError(f"data.overlong_prompts=filter leaves prompts out of sampling; algorithm.name="
                                 f"{cfg.algorithm.name} trains on preference pairs: set data.overlong_prompts=refuse")
     from dockflow.data import PromptFormat, load_task

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
+    from dockflow.algos.plan import RunPlan
     from dockflow.config import Config
 
 
@@ -339,8 +340,8 @@ def rollout_queue(cfg: Config, excluded: Sequence[int] = ()) -> RolloutQueue:
     return RolloutQueue(queue_settings(cfg, excluded))
 
 
-def queue_settings(cfg: Config, excluded: Sequence[int] = ()) -> QueueSettings:
-    """:class:`RolloutQueue`'s settings for this config (the prompt sampler as look-ahead with partial rollout; the
+def queue_settings(cfg: Config, plan: RunPlan, excluded: Sequence[int] = ()) -> QueueSettings:
+    """:class:`RolloutQueue`'s settings for this config and run ``plan`` (the prompt sampler as look-ahead with partial rollout; the
     train prompts ``excluded`` by the length policy left out)."""
     from dockflow.rollout.prompts import iteration_sampler  # lazily: the queue actor stays light
 
@@ -350,7 +351,7 @@ def queue_settings(cfg: Config, excluded: Sequence[int] = ()) -> QueueSettings:
         return QueueSettings(chunk)
     return QueueSettings(
         chunk, token_budget=partial.token_budget, max_age=partial.max_age, age_bound=staleness_bound(cfg),
-        over_provision=partial.over_provision, next_prompts=iteration_sampler(cfg, excluded).indices,
+        over_provision=partial.over_provision, next_prompts=iteration_sampler(cfg, plan, excluded).indices,
         rows_per_chunk=ro.batch_size, on_stale=partial.on_stale,
     )
 

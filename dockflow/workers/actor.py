@@ -24,8 +24,7 @@ from typing import Any, TypeVar
 import torch
 from tensordict import TensorDict
 
-from dockflow.algos import sequence_log_probs
-from dockflow.algos.recipes.dpo import MARGIN
+from dockflow.algos.plan import RunPlan
 from dockflow.config import Config
 from dockflow.config.engine import sync_tolerance
 from dockflow.data import PromptFormat, load_task
@@ -67,11 +66,12 @@ class ActorWorker(ModelWorker):
 
     part = "actor"
 
-    def __init__(self, cfg: Config, model_dir: str, dock: TransferDock, rank: int = 0, dp_key: str = ""):
+    def __init__(self, cfg: Config, plan: RunPlan, model_dir: str, dock: TransferDock, rank: int = 0, dp_key: str = ""):
         """``rank`` of ``train.actor_ranks`` actor ranks; with several (with megatron, even one) the ranks first
         join one process group, found under ``dp_key`` (see ``dp_group``), and train with FSDP2 (dp >= 2) or
         megatron (dp x tp x pp)."""
         super().__init__(cfg, dock, cfg.train.actor_ranks)
+        self.plan = plan  # the run plan, built once by the driver
         self.rank, self.dp = rank, cfg.train.dp
         world = cfg.train.actor_ranks
         if world > 1 or cfg.train.engine == "megatron":  # megatron's parallel state needs a group, even of one rank
@@ -84,7 +84,7 @@ class ActorWorker(ModelWorker):
         model, self.tokenizer = load_model_and_tokenizer(fetch_model(model_dir, cfg.checkpoint), dtype=cfg.model.dtype)
         inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed)
         self.train_engine, self.gen_engine = create_engines(inputs, model, self.tokenizer,
-                                                            cpus=cfg.plan.role("actor").cpus)  # this rank's share
+                                                            cpus=plan.role("actor").cpus)  # this rank's share
         self.engine = self.train_engine  # the checkpointed one
         self.task = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint)
         self.prompts = PromptTable(
@@ -93,9 +93,9 @@ class ActorWorker(ModelWorker):
         check_prompt_lengths(self.prompts.templated, self.tokenizer, cfg.data,
                              cfg.rollout.max_new_tokens, getattr(model.config, "max_position_embeddings", None))
         self.tool_table = ToolTable(cfg, self.task.train, self.tokenizer) if cfg.tools.enabled else None
-        self.columns = cfg.plan.role("actor").reads  # its states' dock columns
+        self.columns = plan.role("actor").reads  # its states' dock columns
         self.policy_version = 0
-        self.recipe = cfg.algorithm.recipe  # the algorithm: its loss, how its rows are batched
+        self.recipe = plan.recipe  # the algorithm: its loss, how its rows are batched
         self.sync_checker = sync_checker(cfg)
 
     def ready(self) -> bool:
@@ -118,10 +118,11 @@ class ActorWorker(ModelWorker):
             return generate_tools_into_dock(
                 self.cfg, self.gen_engine, self.dock, self.tool_table, iteration=iteration, prompt_ids=prompt_ids,
                 first_index=first_index, policy_version=self.policy_version,
+                window_start=self.plan.dock_window(iteration)[0],
             )
         return generate_into_dock(
             self.cfg, self.gen_engine, self.dock, self.prompts, iteration=iteration, prompt_ids=prompt_ids,
-            first_index=first_index, policy_version=self.policy_version,
+            first_index=first_index, policy_version=self.policy_version, window_start=self.plan.dock_window(iteration)[0],
         )
 
     def compute_old_log_prob(self, iteration: int) -> dict[str, float]:
@@ -133,7 +134,7 @@ class ActorWorker(ModelWorker):
         cols = self.columns["actor_infer"]
         waited = WaitClock()
         drift = LogProbDrift()  # rollout engine vs trainer, on the samples generated with the weights held now
-        request = DockRequest("actor_infer", self.cfg.train.infer_batch_size, cols, window=self.cfg.dock_window(iteration))
+        request = DockRequest("actor_infer", self.cfg.train.infer_batch_size, cols, window=self.plan.dock_window(iteration))
         batches = consume(self.dock, request, self.cfg.global_batch // self.dp, clock=waited) if self.reads_dock else None
         for batch in self._shared(batches):
             logp = self.train_engine.infer(batch.data)
@@ -159,12 +160,12 @@ class ActorWorker(ModelWorker):
         # each DP rank takes an equal share of every mini-batch (FSDP's collectives need equal step counts),
         # balanced by response length across the ranks when seqlen_balance is on
         request = DockRequest("actor_update", tc.mini_batch_size // self.dp, tuple(self.columns["actor_update"]),
-                              whole_groups=paired, window=self.cfg.dock_window(iteration),
+                              whole_groups=paired, window=self.plan.dock_window(iteration),
                               dp_share=(self.replica.index, self.dp) if balance and self.dp > 1 else None)
         staleness = StalenessCounter(self.policy_version, staleness_bound(self.cfg))
         mini_batches = None
         if self.reads_dock:
-            batches = consume(self.dock, request, self.cfg.train_batch // self.dp, clock=waited)
+            batches = consume(self.dock, request, self.plan.train_batch // self.dp, clock=waited)
             mini_batches = (staleness.admit(b.data, b.meta["policy_version"]) for b in batches)
             if balance:  # with a token budget every mini-batch is sorted: the budget cuts it, not micro_batch_size
                 rows = tc.micro_batch_size if tc.max_tokens_per_micro_batch is None else 1
@@ -225,14 +226,14 @@ class ActorWorker(ModelWorker):
         cfg = self.cfg
         return EvalInputs(cfg.eval, cfg.data, cfg.rollout.max_new_tokens, cfg.run.seed, cfg.tools)
 
-    def evaluate(self, split: str = "test", limit: int | None = None, pairs: TensorDict | None = None) -> dict[str, float]:
-        """Held-out scores by the verifier (greedy accuracy; pass@k with eval.pass_k > 1); with held-out
-        preference ``pairs`` (rows chosen, rejected, ...: ``PairSource.eval_pairs``), the policy's margin on them."""
+    def evaluate(self, split: str = "test", limit: int | None = None, held_out: Any = None) -> dict[str, float]:
+        """Held-out scores by the verifier (greedy accuracy; pass@k with eval.pass_k > 1), and the algorithm's own
+        held-out metrics (``Algorithm.evaluate``; ``held_out``: the pair source's held-out rows when the run has one,
+        e.g. DPO's margin on ``PairSource.eval_pairs``)."""
         start = time.perf_counter()
         examples = getattr(self.task, split)[: limit or None]
         out = evaluate_policy(self.policy, self.tokenizer, examples, self._scoring(), split)
-        if pairs is not None:
-            out[MARGIN] = self.preference_margin(pairs)
+        out.update(self.recipe.evaluate(self.train_engine, self.cfg, held_out))
         out["timing/eval_s"] = time.perf_counter() - start
         return out
 
@@ -254,12 +255,6 @@ class ActorWorker(ModelWorker):
         device = next(self.policy.parameters()).device
         scorer = RegisteredScorer(tracking_uri, cfg.registry, self._scoring(), cfg.model.dtype, device)
         return scorer.score(version, getattr(self.task, split)[: limit or None], split)
-
-    @torch.no_grad()
-    def preference_margin(self, pairs: TensorDict) -> float:
-        """Mean log-prob margin, chosen minus rejected, of the policy on ``pairs``."""
-        seq = sequence_log_probs(self.train_engine.infer(pairs), pairs["response_mask"])
-        return float((seq[0::2] - seq[1::2]).mean())
 
     def extra_state(self) -> dict[str, Any]:
         return {"policy_version": self.policy_version}

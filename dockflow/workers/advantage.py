@@ -1,8 +1,8 @@
 """The advantage state of the reward worker: which scored groups get advantages, the algorithm's estimator over
 them, and the dock puts of ``advantages`` (and ``returns``).
 
-The groups come from the run plan's sampling (``cfg.plan.sampling``): without a group selector every group of a
-round gets advantages; with one (DAPO's dynamic sampling, ``algos/recipes/dapo.py``) each round's groups go
+The groups come from the run plan's sampling (``RunPlan.sampling``): without a group selector every group of a
+round gets advantages; with one (DAPO's dynamic sampling, ``algos/dapo.py``) each round's groups go
 through ``selector.select`` until the iteration has ``sampling.quota`` of them, and the round loop
 (``flow/iteration.py``) reads the count from the ``RoundAdvantages`` each call returns.
 """
@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dockflow.algos import informative_groups
+from dockflow.algos.groups import informative_groups
+from dockflow.algos.plan import RunPlan
 from dockflow.config import Config
 from dockflow.dock import DockRequest, TransferDock
 from dockflow.workers.consume import consume
@@ -37,11 +38,11 @@ class RoundAdvantages:
 class AdvantageState:
     """Consumer state ``advantage``: reads ``rewards`` (and what the estimator needs), writes ``advantages``."""
 
-    def __init__(self, cfg: Config, dock: TransferDock) -> None:
-        self.cfg, self.dock = cfg, dock
-        self.recipe = cfg.algorithm.recipe  # the advantage estimator
-        self.sampling = cfg.plan.sampling
-        self.columns = cfg.plan.role("reward").reads["advantage"]
+    def __init__(self, cfg: Config, plan: RunPlan, dock: TransferDock) -> None:
+        self.cfg, self.plan, self.dock = cfg, plan, dock
+        self.recipe = plan.recipe  # the advantage estimator
+        self.sampling = plan.sampling
+        self.columns = plan.role("reward").reads["advantage"]
         self.kept = self.filled = 0  # this iteration's, over its rounds
 
     def compute(self, iteration: int, round_index: int = 0, last_round: bool = True) -> RoundAdvantages:
@@ -54,7 +55,7 @@ class AdvantageState:
         generator = torch.Generator().manual_seed(filtration_seed(self.cfg.run.seed, iteration))
         zero_groups = groups = 0
         request = DockRequest("advantage", self.recipe.advantage_batch_size(self.cfg), self.columns,
-                              whole_groups=True, window=self.cfg.dock_window(iteration))
+                              whole_groups=True, window=self.plan.dock_window(iteration))
         for batch in consume(self.dock, request, self.cfg.global_batch):
             data, indices = batch.data, batch.indices
             informative = informative_groups(data["rewards"], n)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from dockflow.algos.recipe import PreferenceSection
+from dockflow.algos.plan import RunPlan
 from dockflow.config import Config, RayConfig
+from dockflow.config.algorithm import PreferenceSection
 
 
 class ClusterError(RuntimeError):
@@ -157,12 +158,13 @@ def nodes_off_this_host() -> list[str]:
     return sorted({n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]} - here)
 
 
-def local_inputs(cfg: Config) -> dict[str, str]:
-    """The config's inputs and outputs that are paths on one machine's disk (not s3:// or a server)."""
+def local_inputs(cfg: Config, plan: RunPlan) -> dict[str, str]:
+    """The config's inputs and outputs that are paths on one machine's disk (not s3:// or a server); ``plan``: the
+    run plan (an offline algorithm's pair source reads a pairs file)."""
     out: dict[str, str] = {}
     paths = {"model.path": cfg.model.path}
-    if cfg.plan.has("pairs"):  # an offline algorithm's pairs file
-        pairs = cfg.plan.section("pairs", PreferenceSection)
+    if plan.has("pairs"):  # an offline algorithm's pairs file
+        pairs = plan.section("pairs", PreferenceSection)
         paths[pairs.key_of("pairs_path")] = pairs.pairs_path
     if cfg.data.source == "file":
         paths.update({"data.train_path": cfg.data.train_path, "data.test_path": cfg.data.test_path})
@@ -176,11 +178,11 @@ def local_inputs(cfg: Config) -> dict[str, str]:
     return out
 
 
-def check_reachable_inputs(cfg: Config) -> None:
+def check_reachable_inputs(cfg: Config, plan: RunPlan) -> None:
     """On a cluster whose nodes are not all this machine, refuse paths on one machine's disk: the workers and
     the supervisor run on other nodes (pods) and would not find them."""
     remote = nodes_off_this_host()
-    local = local_inputs(cfg)
+    local = local_inputs(cfg, plan)
     if remote and local:
         key, value = next(iter(local.items()))
         raise ClusterError(

@@ -15,9 +15,10 @@ from typing import TypeVar
 import torch
 from tensordict import TensorDict
 
-from dockflow.algos import clipped_value_loss
-from dockflow.algos.recipe import CriticSection
+from dockflow.algos.plan import RunPlan
+from dockflow.algos.ppo import clipped_value_loss
 from dockflow.config import Config
+from dockflow.config.algorithm import CriticSection
 from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import EngineInputs, create_critic_engine
 from dockflow.engines.devices import process_group_backend
@@ -37,10 +38,11 @@ class CriticWorker(ModelWorker):
 
     part = "critic"
 
-    def __init__(self, cfg: Config, model_dir: str, dock: TransferDock, rank: int = 0, group_key: str = ""):
+    def __init__(self, cfg: Config, plan: RunPlan, model_dir: str, dock: TransferDock, rank: int = 0, group_key: str = ""):
         """``rank`` of ``train.critic_ranks``; with megatron the ranks first join one process group, found under
         ``group_key`` (``dp_group``)."""
         super().__init__(cfg, dock, cfg.train.critic_ranks)
+        self.plan = plan  # the run plan, built once by the driver
         self.rank, world = rank, cfg.train.critic_ranks
         if cfg.train.engine == "megatron":  # megatron's parallel state needs a group, even of one rank
             join_dp_group(rank, world, group_key, cfg.ray.init_timeout_s, cfg.train.stage_timeout_s,
@@ -48,8 +50,8 @@ class CriticWorker(ModelWorker):
         # one replica of a tp x pp value model (a torch critic: one rank): rank 0 reads the dock for it
         self.replica = ModelReplica(rank, cfg.train.tp, cfg.train.pp) if world > 1 else ModelReplica(rank)
         self.reads_dock = self.replica.reads_dock
-        self.columns = cfg.plan.role("critic").reads  # its states' dock columns
-        self.section = cfg.plan.section("critic", CriticSection)  # the algorithm's critic settings
+        self.columns = plan.role("critic").reads  # its states' dock columns
+        self.section = plan.section("critic", CriticSection)  # the algorithm's critic settings
         inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed)
         model = load_critic(fetch_model(model_dir, cfg.checkpoint), dtype=cfg.model.dtype)
         self.engine = create_critic_engine(inputs, self.section, model)
@@ -60,7 +62,7 @@ class CriticWorker(ModelWorker):
     def compute_values(self, iteration: int) -> dict[str, float]:
         start = time.perf_counter()
         bs = self.cfg.train.infer_batch_size
-        request = DockRequest("critic_infer", bs, self.columns["critic_infer"], window=self.cfg.dock_window(iteration))
+        request = DockRequest("critic_infer", bs, self.columns["critic_infer"], window=self.plan.dock_window(iteration))
         batches = consume(self.dock, request, self.cfg.global_batch) if self.reads_dock else None
         for batch in self._shared(batches):
             values = self.engine.infer(batch.data)
@@ -90,10 +92,10 @@ class CriticWorker(ModelWorker):
         start = time.perf_counter()
         tc = self.cfg.train
         request = DockRequest("critic_update", tc.mini_batch_size, self.columns["critic_update"],
-                              window=self.cfg.dock_window(iteration))
+                              window=self.plan.dock_window(iteration))
         mini_batches = None
         if self.reads_dock:
-            batches = consume(self.dock, request, self.cfg.train_batch)
+            batches = consume(self.dock, request, self.plan.train_batch)
             mini_batches = (length_sorted(b.data, tc.micro_batch_size) if tc.seqlen_balance else b.data
                             for b in batches)
         metrics = train_epochs(self.engine, self._shared(mini_batches), self._loss, tc.epochs, tc.micro_batch_size)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from dockflow.algos.plan import SNAPSHOT_CONSUMER
+from dockflow.algos.plan import SNAPSHOT_CONSUMER, RunPlan
 from dockflow.config import Config
 from dockflow.data import PromptFormat, load_task
 from dockflow.data.length_policy import check_prompt_lengths
@@ -32,7 +32,8 @@ class GeneratorWorker:
     """Generate-only policy state: ``generate`` (taking newer published weights first), and the checkpoint of
     what is in flight (``save_inflight``). Its weights are the actor's, republished after a restart."""
 
-    def __init__(self, cfg: Config, model_dir: str, dock: TransferDock) -> None:
+    def __init__(self, cfg: Config, plan: RunPlan, model_dir: str, dock: TransferDock) -> None:
+        self.plan = plan  # the run plan, built once by the driver
         init_worker_process(cfg.ray, cfg.run.seed)
         self.cfg = cfg
         self.dock = dock
@@ -72,17 +73,20 @@ class GeneratorWorker:
         if self.cfg.rollout.partial.token_budget is not None:
             out = generate_partial_into_dock(
                 self.cfg, self.engine, self.tokenizer, self.dock, self.prompts, client, iteration=iteration,
-                policy_version=self.policy_version, rank=rank, tools=self.tool_table,
+                policy_version=self.policy_version, window_start=self.plan.dock_window(iteration)[0], rank=rank,
+                tools=self.tool_table,
             )
         elif self.tool_table is not None:
             out = generate_tools_into_dock(
                 self.cfg, self.engine, self.dock, self.tool_table, iteration=iteration, prompt_ids=prompt_ids,
                 first_index=first_index, policy_version=self.policy_version, queue=client, rank=rank,
+                window_start=self.plan.dock_window(iteration)[0],
             )
         else:
             out = generate_into_dock(
                 self.cfg, self.engine, self.dock, self.prompts, iteration=iteration, prompt_ids=prompt_ids,
                 first_index=first_index, policy_version=self.policy_version, queue=client, rank=rank,
+                window_start=self.plan.dock_window(iteration)[0],
             )
         out["rollout/policy_version"] = float(self.policy_version)
         out.update(loaded)
@@ -110,7 +114,7 @@ class GeneratorWorker:
         from their dock windows, and the rollout queue's state (parked groups, the prompt stream)."""
         windows = {}
         for j in iterations:
-            batch = self.dock.get(DockRequest(SNAPSHOT_CONSUMER, self.cfg.global_batch, window=self.cfg.dock_window(j)))
+            batch = self.dock.get(DockRequest(SNAPSHOT_CONSUMER, self.cfg.global_batch, window=self.plan.dock_window(j)))
             windows[j] = {"indices": batch.indices, "data": batch.data, "meta": batch.meta}
         state = self._client(queue).state_dict()
         store.write_part(step, "inflight", {"windows": windows, "queue": state})
@@ -120,7 +124,7 @@ class GeneratorWorker:
         iterations."""
         part = store.read_part(step, "inflight", weights_only=False)
         for j, w in part["windows"].items():
-            self.dock.reset(window=self.cfg.dock_window(j))
+            self.dock.reset(window=self.plan.dock_window(j))
             self.dock.put(w["indices"], w["data"], w["meta"])
         self._client(queue).load_state_dict(part["queue"])
         return sorted(part["windows"])

@@ -1,4 +1,4 @@
-"""Create the run plan's workers (``cfg.plan.roles``) as named Ray actors and wait until they are up: placed within
+"""Create the run plan's workers (``RunPlan.roles``, the plan the driver built once) as named Ray actors and wait until they are up: placed within
 ``ray.init_timeout_s``, started within ``ray.engine_init_timeout_s`` of placement (``dockflow.workers.startup``)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dockflow.algos.plan import Role
+from dockflow.algos.plan import Role, RunPlan
 from dockflow.config import Config
 from dockflow.dock import TransferDock
 from dockflow.engines.devices import check_cluster_devices, device_resources
@@ -73,7 +73,7 @@ class Workers:
         return {k: v for k, v in named.items() if v is not None}
 
 
-def building(cfg: Config) -> dict[str, str]:
+def building(cfg: Config, plan: RunPlan) -> dict[str, str]:
     """Worker label -> what it builds while it starts (the start-up timeout names it)."""
     engines = (f"its model and engines (engine.backend={cfg.engine.backend} generation, train.engine={cfg.train.engine} "
                f"training) on {cfg.engine.device}")
@@ -82,7 +82,7 @@ def building(cfg: Config) -> dict[str, str]:
             "critic": f"the value model and its train.engine={cfg.train.engine} engine on {cfg.engine.device}",
             "reward": "its tokenizer, the train rows and the reward functions", "reward_model": "the reward models",
             "pairs": "the preference pairs", "rollout_queue": "its queue"}
-    return {worker_label(r.name, k): what[r.name] for r in cfg.plan.roles.values() for k in range(r.count)}
+    return {worker_label(r.name, k): what[r.name] for r in plan.roles.values() for k in range(r.count)}
 
 
 def _spawn(cfg: Config, role: Role, k: int, prefix: str, args: tuple[Any, ...]) -> Any:
@@ -94,21 +94,21 @@ def _spawn(cfg: Config, role: Role, k: int, prefix: str, args: tuple[Any, ...]) 
     return ray.remote(WORKER_CLASSES[role.name]).options(**options).remote(*args)
 
 
-def _start_roles(cfg: Config, model_dir: str, dock: TransferDock, prefix: str,
+def _start_roles(cfg: Config, plan: RunPlan, model_dir: str, dock: TransferDock, prefix: str,
                  excluded: Sequence[int]) -> dict[str, list[Any]]:
-    """Role name -> the handles of its workers, started in the plan's order."""
+    """Role name -> the handles of its workers, started in the plan's order; each gets the plan."""
     # where rank 0 of the actor's (the critic's) ranks publishes its process group's address
     group_keys = {name: f"{prefix}-{name}-{uuid.uuid4().hex}" for name in ("actor", "critic")}
     started: dict[str, list[Any]] = {}
-    for role in cfg.plan.roles.values():
+    for role in plan.roles.values():
         started[role.name] = []
         for k in range(role.count):
             if role.name == "rollout_queue":
-                args: tuple[Any, ...] = (queue_settings(cfg, excluded),)
+                args: tuple[Any, ...] = (queue_settings(cfg, plan, excluded),)
             elif role.name in group_keys:
-                args = (cfg, model_dir, dock, k, group_keys[role.name])  # rank k of the role's process group
+                args = (cfg, plan, model_dir, dock, k, group_keys[role.name])  # rank k of the role's process group
             else:
-                args = (cfg, model_dir, dock)
+                args = (cfg, plan, model_dir, dock)
             started[role.name].append(_spawn(cfg, role, k, prefix, args))
     return started
 
@@ -123,24 +123,25 @@ def _workers(started: dict[str, list[Any]], prefix: str) -> Workers:
                    prefix=prefix)
 
 
-def _wait_ready(cfg: Config, handles: dict[str, Any]) -> None:
+def _wait_ready(cfg: Config, plan: RunPlan, handles: dict[str, Any]) -> None:
     """Wait for every worker's ``ready``: placed within ``ray.init_timeout_s``, then started within
     ``ray.engine_init_timeout_s`` of its placement (``startup.wait_ready``); raise naming the late or failed ones."""
     limits = StartLimits(placement_s=cfg.ray.init_timeout_s, init_s=cfg.ray.engine_init_timeout_s)
-    wait_ready(handles, limits, worker_cpus(cfg.plan), building(cfg))
+    wait_ready(handles, limits, worker_cpus(plan), building(cfg, plan))
 
 
-def create_workers(cfg: Config, model_dir: str, dock: TransferDock, name: str,
+def create_workers(cfg: Config, plan: RunPlan, model_dir: str, dock: TransferDock, name: str,
                    excluded: Sequence[int] = ()) -> Workers:
-    """Start the workers of the run plan (``cfg.plan.roles``: how many of each, their CPUs and devices), from the
+    """Start the workers of the run ``plan`` (``RunPlan.roles``: how many of each, their CPUs and devices; each
+    worker gets the plan), from the
     model at ``model_dir`` (a local directory or s3:// URI, which each worker fetches itself), the train prompts
     ``excluded`` by the length policy left out of the rollout queue's look-ahead; fail fast if they cannot be placed. They belong to the calling process (a pipeline run's supervisor actor): they die with it."""
     import ray
 
-    check_cluster_devices(cfg.engine.device, cfg.plan.devices(), ray.cluster_resources())  # engine.device: fail here, not in a worker
-    check_cluster_cpus(cfg.plan)  # a plan the cluster can never hold: refused now, not after ray.init_timeout_s
-    workers = _workers(_start_roles(cfg, model_dir, dock, name, excluded), name)
-    _wait_ready(cfg, workers.all())
+    check_cluster_devices(cfg.engine.device, plan.devices(), ray.cluster_resources())  # engine.device: fail here, not in a worker
+    check_cluster_cpus(plan)  # a plan the cluster can never hold: refused now, not after ray.init_timeout_s
+    workers = _workers(_start_roles(cfg, plan, model_dir, dock, name, excluded), name)
+    _wait_ready(cfg, plan, workers.all())
     return workers
 
 
@@ -163,22 +164,22 @@ def kill_workers(workers: Workers, timeout_s: float = 60.0) -> None:
             raise WorkerStartError(f"worker '{name}' was killed but Ray still lists it after {timeout_s:.0f}s")
 
 
-def held_run_names(cfg: Config, namespace: str) -> list[str]:
+def held_run_names(cfg: Config, plan: RunPlan, namespace: str) -> list[str]:
     """The names of this run's workers and dock actors that Ray still holds in ``namespace``."""
     import ray
 
-    workers = {f"{cfg.run.name}-{label}" for label in worker_cpus(cfg.plan)}
+    workers = {f"{cfg.run.name}-{label}" for label in worker_cpus(plan)}
     dock = f"{run_dock_name(cfg)}/"
     return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
                   if a["namespace"] == namespace and (a["name"] in workers or a["name"].startswith(dock)))
 
 
-def wait_run_names_released(cfg: Config, namespace: str, timeout_s: float) -> float:
+def wait_run_names_released(cfg: Config, plan: RunPlan, namespace: str, timeout_s: float) -> float:
     """Wait until Ray has released the names of an earlier attempt's workers and dock (they die with their owner,
     a killed or restarted supervisor, but asynchronously: a name still held fails the next create). Returns the
     seconds waited."""
     start = time.monotonic()
-    while held := held_run_names(cfg, namespace):
+    while held := held_run_names(cfg, plan, namespace):
         waited = time.monotonic() - start
         if waited > timeout_s:
             raise WorkerStartError(

@@ -13,9 +13,10 @@ import time
 import torch
 from tensordict import TensorDict
 
-from dockflow.algos.recipe import PreferenceSection
+from dockflow.algos.plan import RunPlan
 from dockflow.background import run_in_background
 from dockflow.config import Config
+from dockflow.config.algorithm import PreferenceSection
 from dockflow.data import PromptFormat, load_task
 from dockflow.data.preferences import PreferencePair, preference_splits
 from dockflow.dock import TransferDock
@@ -28,13 +29,14 @@ from dockflow.storage.objects import fetch_model
 class PairSource:
     """``put_pairs`` (the generate state of an offline algorithm) and ``eval_pairs``."""
 
-    def __init__(self, cfg: Config, model_dir: str, dock: TransferDock) -> None:
+    def __init__(self, cfg: Config, plan: RunPlan, model_dir: str, dock: TransferDock) -> None:
+        self.plan = plan  # the run plan, built once by the driver
         run_in_background()  # a light actor (num_cpus=0): dockflow/background.py
         self.cfg, self.dock = cfg, dock
         self.tokenizer = load_tokenizer(fetch_model(model_dir, cfg.checkpoint))
         task = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint)
-        self.writes = cfg.plan.role("pairs").writes  # the rollout columns
-        section = cfg.plan.section("pairs", PreferenceSection)
+        self.writes = plan.role("pairs").writes  # the rollout columns
+        section = plan.section("pairs", PreferenceSection)
         self.pairs, self.held_out = preference_splits(section, task, cfg.run.seed, cfg.checkpoint)
 
     def ready(self) -> bool:
@@ -52,7 +54,7 @@ class PairSource:
         start = time.perf_counter()
         out = self.encode([self.pairs[i] for i in pair_ids])
         meta = {"prompt_id": torch.tensor(pair_ids).repeat_interleave(2), "response_length": out["response_length"]}
-        lo = self.cfg.dock_window(iteration)[0]
+        lo = self.plan.dock_window(iteration)[0]
         self.dock.put(list(range(lo, lo + len(out))), out.select(*self.writes), meta)
         return rollout_metrics(int(out["prompt_length"].sum()), int(out["response_length"].sum()), len(out), start,
                                clipped_rows(out))

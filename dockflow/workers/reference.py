@@ -6,6 +6,7 @@ import time
 
 from tensordict import TensorDict
 
+from dockflow.algos.plan import RunPlan
 from dockflow.config import Config
 from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import batched_log_probs, check_worker_device
@@ -18,11 +19,12 @@ from dockflow.workers.runtime import init_worker_process
 class ReferenceWorker:
     """Reads rollouts from the dock, writes ``ref_log_prob``."""
 
-    def __init__(self, cfg: Config, model_dir: str, dock: TransferDock):
+    def __init__(self, cfg: Config, plan: RunPlan, model_dir: str, dock: TransferDock):
+        self.plan = plan  # the run plan, built once by the driver
         init_worker_process(cfg.ray, cfg.run.seed)
         self.cfg = cfg
         self.dock = dock
-        self.columns = cfg.plan.role("reference").reads["ref_infer"]
+        self.columns = plan.role("reference").reads["ref_infer"]
         self.model, _ = load_model_and_tokenizer(fetch_model(model_dir, cfg.checkpoint), dtype=cfg.model.dtype)
         self.model.requires_grad_(False).to(check_worker_device(cfg.engine.device))  # engine.device, checked
 
@@ -32,7 +34,7 @@ class ReferenceWorker:
     def compute_ref_log_prob(self, iteration: int) -> dict[str, float]:
         start = time.perf_counter()
         bs = self.cfg.train.infer_batch_size
-        request = DockRequest("ref_infer", bs, self.columns, window=self.cfg.dock_window(iteration))
+        request = DockRequest("ref_infer", bs, self.columns, window=self.plan.dock_window(iteration))
         for batch in consume(self.dock, request, self.cfg.global_batch):
             logp = batched_log_probs(self.model, batch.data, bs, self.cfg.rollout.temperature)
             self.dock.put(batch.indices, TensorDict({"ref_log_prob": logp}, batch_size=[len(batch)]))

@@ -25,6 +25,7 @@ from tensordict import TensorDict
 from dockflow.agents import tool_spec
 from dockflow.agents.environments import reward_environments
 from dockflow.agents.records import TrajectoryRecord, unpack_record
+from dockflow.algos.plan import RunPlan
 from dockflow.background import run_in_background
 from dockflow.config import Config
 from dockflow.data import Example, columns_of, load_task
@@ -85,7 +86,8 @@ def _stats(values: list[float]) -> tuple[float, float]:
 class RewardWorker:
     """Consumer states ``reward`` (writes ``rewards``) and ``advantage`` (writes ``advantages``, ``returns``)."""
 
-    def __init__(self, cfg: Config, model_dir: str, dock: TransferDock):
+    def __init__(self, cfg: Config, plan: RunPlan, model_dir: str, dock: TransferDock):
+        self.plan = plan  # the run plan, built once by the driver
         run_in_background()  # a light actor (num_cpus=0): its wake-ups wait for a free core (dockflow/background.py)
         self.cfg = cfg
         self.dock = dock
@@ -102,9 +104,9 @@ class RewardWorker:
         self.env_rewards = reward_environments(tool_spec(cfg.tools, self.tokenizer).factories) if self.tools else []
         self.labels = [f.label for f in rc.functions] + [m.label for m in rc.models] + self.env_rewards
         self.weights = [f.weight for f in rc.functions] + [m.weight for m in rc.models] + [1.0] * len(self.env_rewards)
-        self.columns = cfg.plan.role("reward").reads  # its states' dock columns: reward, advantage
-        self.recipe = cfg.algorithm.recipe  # the algorithm's reward shaping
-        self.advantage = AdvantageState(cfg, dock)
+        self.columns = plan.role("reward").reads  # its states' dock columns: reward, advantage
+        self.recipe = plan.recipe  # the algorithm's reward shaping
+        self.advantage = AdvantageState(cfg, plan, dock)
 
     def ready(self) -> bool:
         return True
@@ -125,7 +127,7 @@ class RewardWorker:
     ) -> tuple[list[list[float]], dict[str, list[float]], float, float]:
         """Per-source values (functions, models, then environments) of one dock batch, what the functions logged,
         the scoring call's seconds (with any process hop) and the functions' own (where they ran)."""
-        lo = self.cfg.dock_window(iteration)[0]
+        lo = self.plan.dock_window(iteration)[0]
         request = RewardBatch(
             prompts=view.prompts, completions=view.completions, completion_ids=view.completion_ids,
             columns=row_columns(rows, self.cfg.data.answer_key, self.column_names),
@@ -156,7 +158,7 @@ class RewardWorker:
         correct = unscorable = 0
         bs = self.cfg.train.infer_batch_size
         columns = self.columns["reward"]
-        request = DockRequest("reward", bs, columns, window=self.cfg.dock_window(iteration))
+        request = DockRequest("reward", bs, columns, window=self.plan.dock_window(iteration))
         waited, functions_s, own_s = WaitClock(), 0.0, 0.0
         for batch in consume(self.dock, request, self.cfg.global_batch, clock=waited):
             rows = [self.examples[p] for p in batch.meta["prompt_id"].tolist()]

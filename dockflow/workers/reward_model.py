@@ -17,7 +17,7 @@ import time
 import torch
 from tensordict import TensorDict
 
-from dockflow.algos.plan import REWARD_MODEL_CONSUMER
+from dockflow.algos.plan import REWARD_MODEL_CONSUMER, RunPlan
 from dockflow.config import Config
 from dockflow.data import load_task
 from dockflow.dock import DockRequest, TransferDock
@@ -39,7 +39,8 @@ def split_prompts(data: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
 class RewardModelWorker:
     """Holds every reward model of the run on one device; reads and writes the dock like every worker."""
 
-    def __init__(self, cfg: Config, model_dir: str, dock: TransferDock):
+    def __init__(self, cfg: Config, plan: RunPlan, model_dir: str, dock: TransferDock):
+        self.plan = plan  # the run plan, built once by the driver
         init_worker_process(cfg.ray, cfg.run.seed)
         self.cfg = cfg
         self.dock = dock
@@ -52,7 +53,7 @@ class RewardModelWorker:
         ]
         any_chat = any(rm.chat for rm in self.models)
         self.examples = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint).train if any_chat else []
-        self.columns = cfg.plan.role("reward_model").reads[REWARD_MODEL_CONSUMER]
+        self.columns = plan.role("reward_model").reads[REWARD_MODEL_CONSUMER]
 
     def ready(self) -> bool:
         return True
@@ -61,7 +62,7 @@ class RewardModelWorker:
         """Score one generation round (G x N samples) into ``rm_scores``."""
         start = time.perf_counter()
         request = DockRequest(REWARD_MODEL_CONSUMER, self.cfg.train.infer_batch_size, self.columns,
-                              window=self.cfg.dock_window(iteration))
+                              window=self.plan.dock_window(iteration))
         for batch in consume(self.dock, request, self.cfg.global_batch):
             as_seen = decode_responses(self.tokenizer, *split_prompts(batch.data))
             own = [self.examples[int(p)].prompt for p in batch.meta["prompt_id"]] if self.examples else []

@@ -1,8 +1,8 @@
 """The dock's column schema and the run's dock, with the run plan's consumers registered.
 
 Each consumer is one worker state (the paper's controllers, one per state); which states a run has and which
-columns each reads is the run plan's (``cfg.plan.consumers()``: each role's ``reads``, from the algorithm's
-recipe, ``dockflow.algos.recipe.Algorithm.consumers``, plus the reward-model and snapshot states):
+columns each reads is the run plan's (``RunPlan.consumers()``: each role's ``reads``, from the algorithm's
+recipe, ``dockflow.algos.base.Algorithm.consumers``, plus the reward-model and snapshot states):
 
     state          writes                         algorithms
     reward_model   rm_scores                      all that sample, with reward.models
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from dockflow.algos.plan import RunPlan
 from dockflow.config import Config
 
 if TYPE_CHECKING:
@@ -51,17 +52,18 @@ def run_dock_name(cfg: Config) -> str:
     return f"{cfg.run.name}-dock"
 
 
-def create_run_dock(cfg: Config, namespace: str) -> TransferDock:
-    """The run's transfer dock with this config's schema, every consumer registered (both drivers use it)."""
+def create_run_dock(cfg: Config, plan: RunPlan, namespace: str) -> TransferDock:
+    """The run's transfer dock with this config's schema, sized and with every consumer of the run ``plan``
+    registered (both drivers use it)."""
     from dockflow.dock import DockSpec, create_dock
 
     dock = create_dock(DockSpec(
-        columns=COLUMNS, capacity=cfg.dock_capacity, group_size=cfg.rollout.group_size, backend=cfg.dock.backend,
+        columns=COLUMNS, capacity=plan.dock_capacity, group_size=cfg.rollout.group_size, backend=cfg.dock.backend,
         num_warehouses=cfg.dock.num_warehouses, name=run_dock_name(cfg), namespace=namespace,
         get_timeout_s=cfg.dock.get_timeout_s,
     ))
     try:
-        for consumer, cols in cfg.plan.consumers().items():
+        for consumer, cols in plan.consumers().items():
             dock.register_consumer(consumer, cols)
     except BaseException:
         dock.shutdown()

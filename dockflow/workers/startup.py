@@ -1,8 +1,8 @@
 """Starting the run plan's workers: the CPUs it asks for against the cluster (refused at once when they can never
 fit), and the wait for every worker's ``ready`` that follows each one's progress.
 
-    check_cluster_cpus(cfg.plan)          # WorkerStartError in one line, before any worker starts
-    wait_ready(handles, StartLimits(placement_s=120, init_s=600), worker_cpus(cfg.plan), building)
+    check_cluster_cpus(plan)              # WorkerStartError in one line, before any worker starts
+    wait_ready(handles, StartLimits(placement_s=120, init_s=600), worker_cpus(plan), building)
 
 A worker goes through two phases, each with its own budget: Ray places it (gives it its CPUs and devices:
 ``ray.init_timeout_s``, from submission), then it builds its model and engines (``ray.engine_init_timeout_s``,

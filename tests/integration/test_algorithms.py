@@ -26,11 +26,12 @@ from dockflow.flow.trainer import train
 from dockflow.models.tiny_reward_model import build_tiny_reward_model
 from dockflow.storage import run_store
 from dockflow.tracking import read_metric_history, resolve_tracking_uri
+from dockflow.workers.resources import build_plan
 
 pytestmark = pytest.mark.slow
 
 # config -> metrics that only this algorithm logs (each must reach MLflow for both iterations). GRPO runs in
-# test_train_loop.py; RLOO and Dr. GRPO take GRPO's path through the workers with another advantage or loss
+# test_train_loop.py; RLOO, Dr. GRPO and CISPO take GRPO's path through the workers with another advantage or loss
 # normalisation, which their unit tests cover (tests/unit/algos/); `python -m benchmarks.algos` trains them all.
 ALGORITHMS = {
     "ppo": ("critic/value_loss", "train/pg_loss"),
@@ -162,7 +163,7 @@ def test_a_run_resumed_with_generations_in_flight_repeats_and_loses_no_sample(ra
     assert list(saved.inflight) == [2] and [(s, sc["eval/test_accuracy"]) for s, sc in saved.evals] == [
         (0, full["accuracy_before"])]
     resumed = train(cfg, resume=True)
-    assert resumed["resumed_from"] == 2 and resumed["samples_trained"] == 4 * cfg.train_batch
+    assert resumed["resumed_from"] == 2 and resumed["samples_trained"] == 4 * build_plan(cfg).train_batch
     same = ("accuracy_before", "accuracy_after", "evals", "reward_per_iteration", "iterations", "restarts",
             "mlflow_run_id", "sft/val_accuracy")
     assert {k: resumed[k] for k in same} == {k: full[k] for k in same}

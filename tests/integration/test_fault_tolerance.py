@@ -13,6 +13,7 @@ import ray
 
 from dockflow.flow.trainer import train
 from dockflow.flow.waiting import StageError
+from dockflow.workers.resources import build_plan
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +50,7 @@ def test_killed_actor_restarts_from_checkpoint_and_finishes(ray_cluster, tiny_co
     summary = train(cfg, on_iteration=chaos)
     assert chaos.killed, "the chaos hook never ran"
     assert summary["iterations"] == 4 and summary["restarts"] == 1
-    assert summary["samples_trained"] == 4 * cfg.train_batch, "an iteration was counted twice or lost"
+    assert summary["samples_trained"] == 4 * build_plan(cfg).train_batch, "an iteration was counted twice or lost"
     assert len(summary["reward_per_iteration"]) == 4
 
 

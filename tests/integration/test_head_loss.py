@@ -26,6 +26,7 @@ from dockflow.cli import main
 from dockflow.config import load_config
 from dockflow.storage import run_store
 from dockflow.workers.cluster import head_reachable
+from dockflow.workers.resources import build_plan
 
 pytestmark = pytest.mark.slow
 CONFIG = "configs/grpo_arith.yaml"
@@ -117,4 +118,4 @@ def test_a_lost_head_stops_the_run_with_one_line_and_the_resubmitted_run_resumes
     assert not ray.is_initialized()
     summary = json.loads((Path(cfg.run.output_dir) / cfg.run.name / "summary.json").read_text())
     assert summary["resumed_from"] == latest and summary["iterations"] == ITERATIONS
-    assert summary["samples_trained"] == ITERATIONS * cfg.train_batch, "an iteration was counted twice or lost"
+    assert summary["samples_trained"] == ITERATIONS * build_plan(cfg).train_batch, "an iteration was counted twice or lost"

@@ -39,6 +39,7 @@ from dockflow.models import load_model_and_tokenizer
 from dockflow.storage import run_store
 from dockflow.storage.objects import fetch_model, stage_model
 from dockflow.tracking import read_metric_history
+from dockflow.workers.resources import build_plan
 from pipelines.launch import options_for, run_local
 
 pytestmark = pytest.mark.slow
@@ -176,7 +177,7 @@ def test_s3_run_survives_a_killed_stage_task_and_a_resumed_run_matches_it_bit_fo
     full = run_local(CONFIG, overrides, cfg, options=quick, run_name="uninterrupted")
     killer.join(timeout=5)
     assert killed, "no stage task was killed mid-run"
-    assert full["iterations"] == S3_RUN_ITERATIONS and full["samples_trained"] == S3_RUN_ITERATIONS * cfg.train_batch
+    assert full["iterations"] == S3_RUN_ITERATIONS and full["samples_trained"] == S3_RUN_ITERATIONS * build_plan(cfg).train_batch
     assert full["restarts"] == 0 and full["resumed_from"] == 0  # the loops never stopped: only a task's process died
     assert full["initial_model"].startswith("s3://") and full["final_model"].startswith("s3://")
     history = read_metric_history(mlflow_server, full["mlflow_run_id"], "train/samples")
@@ -211,7 +212,7 @@ def test_s3_run_survives_a_killed_stage_task_and_a_resumed_run_matches_it_bit_fo
           f"{chaos.get('running_s', -1):.1f}s, next iteration closed after {chaos.get('first_iteration_s', -1):.1f}s")
     assert chaos["running_s"] < 120, chaos
     assert resumed["restarts"] == 1 and resumed["resumed_from"] >= chaos["killed_at"], (resumed["restarts"], chaos)
-    assert resumed["mlflow_run_id"] == first_run_id and resumed["samples_trained"] == S3_RUN_ITERATIONS * cfg.train_batch
+    assert resumed["mlflow_run_id"] == first_run_id and resumed["samples_trained"] == S3_RUN_ITERATIONS * build_plan(cfg).train_batch
     assert 4 <= resumed["resumed_from"] < S3_RUN_ITERATIONS, resumed["resumed_from"]
     assert resumed["reward_per_iteration"] == full["reward_per_iteration"]
     a, b = weights(full["final_model"], cfg), weights(resumed["final_model"], cfg)

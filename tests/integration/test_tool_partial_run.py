@@ -23,6 +23,7 @@ from dockflow.flow.trainer import train
 from dockflow.models import load_tokenizer
 from dockflow.storage import run_store
 from dockflow.tracking import read_metric_history, resolve_tracking_uri
+from dockflow.workers.resources import build_plan
 
 pytestmark = pytest.mark.slow
 
@@ -93,7 +94,7 @@ def test_a_tool_run_resumed_with_parked_trajectories_repeats_bit_for_bit(ray_clu
     for newer in range(step + 1, 5):
         store.delete(newer)
     resumed = train(cfg, resume=True)
-    assert resumed["resumed_from"] == step and resumed["samples_trained"] == 4 * cfg.train_batch
+    assert resumed["resumed_from"] == step and resumed["samples_trained"] == 4 * build_plan(cfg).train_batch
     same = ("accuracy_before", "accuracy_after", "evals", "reward_per_iteration", "iterations", "restarts",
             "mlflow_run_id", "sft/val_accuracy")
     assert {k: resumed[k] for k in same} == {k: full[k] for k in same}

@@ -7,6 +7,7 @@ import torch
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
+from dockflow.algos.base import Algorithm
 from dockflow.flow.trainer import train
 from dockflow.storage import run_store
 from dockflow.storage.objects import fetch_model
@@ -40,7 +41,8 @@ def ray_cluster(s3_env):
     ray.shutdown()
 
 
-def test_train_learns_logs_and_resumes_bit_identically_through_s3(ray_cluster, tiny_config, s3_checkpoint_dir):
+def test_train_learns_logs_and_resumes_bit_identically_through_s3(ray_cluster, tiny_config, s3_checkpoint_dir,
+                                                                  monkeypatch):
     """A 4-iteration run changes every policy tensor and logs each iteration to MLflow. A run of its first 2
     iterations with a generator worker (disaggregated, max_staleness 0) checkpoints the same policy and
     optimizer state bit for bit, and resumed from that checkpoint (colocated) ends bit-identical to the
@@ -54,7 +56,12 @@ def test_train_learns_logs_and_resumes_bit_identically_through_s3(ray_cluster, t
         return tiny_config(name, iterations, checkpoint__dir=s3_checkpoint_dir, tracking__uri="null", **extra)
 
     full_cfg = cfg("full", 4)
+    builds = []  # the run plan, built once by the driver and passed on (workers get it, they do not rebuild it)
+    build = Algorithm.plan
+    monkeypatch.setattr(Algorithm, "plan", lambda self, c: builds.append(c.run.name) or build(self, c))
     full = train(full_cfg)
+    assert builds == ["full"], f"the run plan was built {len(builds)} times in the driver"
+    monkeypatch.undo()
     assert full["iterations"] == 4
     assert {"accuracy_before", "accuracy_after", "throughput_tps", "wall_seconds", "mlflow_run_id"} <= full.keys()
     assert full["throughput_tps"] > 0

@@ -98,28 +98,25 @@ NAMED_ROOMS = ("dockflow", "components", "pipelines")
 
 
 def shared_file_names(paths: list[str]) -> dict[str, list[str]]:
-    """File names (``__init__.py`` aside) that more than one of ``paths`` (relative, posix) has, less two kinds of
-    pairs that are allowed:
-
-    - a module of ``dockflow/config/`` is named after its config section (``config/tools.py``: the ``tools:``
-      section), so it may share its name with the room that reads the section (``workers/reward.py``);
-    - inside ``dockflow/algos/`` an algorithm's tensor functions (``algos/grpo.py``) and its recipe
-      (``algos/recipes/grpo.py``) share its name; that room is being reshaped on its own branch.
+    """File names (``__init__.py`` aside) that more than one of ``paths`` (relative, posix) has, less one kind of
+    pair that is allowed: a module of ``dockflow/config/`` is named after its config section (``config/tools.py``:
+    the ``tools:`` section), so it may share its name with the room that reads the section (``workers/reward.py``).
     """
     by_name: dict[str, list[str]] = {}
     for path in paths:
         name = path.rsplit("/", 1)[-1]
         if name != "__init__.py" and not path.startswith("dockflow/config/"):
             by_name.setdefault(name, []).append(path)
-    return {name: sorted(where) for name, where in sorted(by_name.items())
-            if len(where) > 1 and not all(p.startswith("dockflow/algos/") for p in where)}
+    return {name: sorted(where) for name, where in sorted(by_name.items()) if len(where) > 1}
 
 
-def test_the_name_check_allows_only_config_sections_and_algorithm_pairs() -> None:
+def test_the_name_check_allows_only_config_sections() -> None:
     paths = ["dockflow/config/tools.py", "dockflow/agents/tools.py", "dockflow/algos/grpo.py",
              "dockflow/algos/recipes/grpo.py", "dockflow/eval/run.py", "dockflow/flow/run.py", "components/run.py",
              "dockflow/a/__init__.py", "dockflow/b/__init__.py"]
-    assert shared_file_names(paths) == {"run.py": ["components/run.py", "dockflow/eval/run.py", "dockflow/flow/run.py"]}
+    assert shared_file_names(paths) == {
+        "grpo.py": ["dockflow/algos/grpo.py", "dockflow/algos/recipes/grpo.py"],
+        "run.py": ["components/run.py", "dockflow/eval/run.py", "dockflow/flow/run.py"]}
 
 
 def test_no_two_modules_share_a_file_name() -> None:

@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from dockflow.config import Config, ConfigError, load_config, parse_overrides
+from dockflow.workers.resources import build_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "configs" / "grpo_arith.yaml"
@@ -120,9 +121,9 @@ def test_megatron_layout_constraints_name_the_keys(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(EXAMPLE, overrides)
     cfg = load_config(EXAMPLE, ["train.engine=megatron", "train.tp=2", "train.pp=2"])
-    assert cfg.train.actor_ranks == 4 and cfg.plan.role("actor").count == 4
+    assert cfg.train.actor_ranks == 4 and build_plan(cfg).role("actor").count == 4
     cfg = load_config(EXAMPLE, ["train.engine=megatron", "train.tp=2", "train.dp=2"])  # 2 replicas of a TP=2 model
-    assert cfg.train.actor_ranks == 4 and cfg.plan.role("actor").count == 4 and cfg.train.critic_ranks == 2
+    assert cfg.train.actor_ranks == 4 and build_plan(cfg).role("actor").count == 4 and cfg.train.critic_ranks == 2
     assert load_config(EXAMPLE, []).train.engine == "fsdp"
 
 

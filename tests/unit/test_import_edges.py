@@ -41,6 +41,7 @@ def room(name: str) -> list[Path]:
     ("engines", "dockflow.agents", "dockflow.rollout.multi_turn (tool rollouts over an engine)"),
     ("models", "dockflow.eval", "dockflow.flow.sft (the SFT warm start validates through eval, above models)"),
     ("models", "dockflow.rewards", "dockflow.flow.sft (the SFT warm start scores with the task verifier)"),
+    ("config", "dockflow.algos", "dockflow.config.algorithm's registry, which each algorithm module registers with"),
 ])
 def test_a_lower_room_does_not_import_a_higher_one(importer: str, imported: str, instead: str) -> None:
     assert offenders(room(importer), imported) == [], f"use {instead}"

@@ -10,11 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from dockflow.config import _EXPORTS as CONFIG_EXPORTS
+import dockflow.config
 
 PACKAGE = Path(__file__).resolve().parents[2] / "dockflow"
 LOWER = ("storage", "data", "models", "rewards", "tracking", "eval", "engines", "reshard", "dock", "agents")
 RUN_MODULE = "dockflow.config.run"
+# the names ``dockflow.config`` re-exports from ``dockflow.config.run`` (Config, load_config, ...)
+RUN_EXPORTS = {name for name in dockflow.config.__all__
+               if getattr(getattr(dockflow.config, name), "__module__", None) == RUN_MODULE}
 UPPER = ("dockflow.rollout", "dockflow.flow", "dockflow.workers", "dockflow.cli")
 
 
@@ -43,7 +46,7 @@ def violations(source: str, path: Path) -> list[str]:
             for alias in node.names:
                 full = f"{module}.{alias.name}"
                 whole_config = module == RUN_MODULE or full == RUN_MODULE or (
-                    module == "dockflow.config" and CONFIG_EXPORTS.get(alias.name) == RUN_MODULE
+                    module == "dockflow.config" and alias.name in RUN_EXPORTS
                 )
                 if whole_config or _is_upper(module) or _is_upper(full):
                     found.append(f"{node.lineno}: from {module} import {alias.name}")

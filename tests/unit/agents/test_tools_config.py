@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dockflow.config import ConfigError, load_config
+from dockflow.workers.resources import build_plan
 
 TOOL = "tools.functions=[tests.unit.agents.tools_for_tests:add]"
 
@@ -47,5 +48,5 @@ def test_demonstrations_without_tools_are_refused_and_the_demo_config_has_both()
         load_config(None, ["sft.demonstrations=dockflow.agents.calculator:demonstration"])
     demo = load_config("configs/grpo_calculator.yaml")
     assert demo.tools.functions == ["dockflow.agents.calculator:calculator"] and demo.sft.demonstrations
-    assert demo.plan.role("reward").reads["reward"][-1] == "tool_record"  # the reward worker reads the records
-    assert "tool_record" in demo.plan.role("actor").writes
+    assert build_plan(demo).role("reward").reads["reward"][-1] == "tool_record"  # the reward worker reads the records
+    assert "tool_record" in build_plan(demo).role("actor").writes

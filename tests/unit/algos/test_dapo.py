@@ -3,10 +3,11 @@
 import pytest
 import torch
 
-from dockflow.algos import informative_groups, overlong_penalty
+from dockflow.algos.dapo import DynamicSampling, overlong_penalty
+from dockflow.algos.groups import informative_groups
 from dockflow.algos.plan import GroupSelection
-from dockflow.algos.recipes.dapo import DynamicSampling
 from dockflow.config import load_config
+from dockflow.workers.resources import build_plan
 
 
 def test_overlong_penalty_by_hand():
@@ -50,11 +51,11 @@ def test_dynamic_sampling_metrics_and_the_recipes_sampling():
     assert DynamicSampling().metrics(kept=30, filled=2, rounds=3) == {
         "dapo/kept_groups": 30.0, "dapo/filled_groups": 2.0, "dapo/rounds": 3.0}
     cfg = load_config("configs/dapo_arith.yaml", ["algorithm.dapo.max_rounds=4"])
-    sampling = cfg.plan.sampling
+    sampling = build_plan(cfg).sampling
     assert (sampling.rounds, sampling.quota, sampling.in_rounds) == (4, cfg.rollout.prompts_per_iter, True)
     assert isinstance(sampling.selector, DynamicSampling)
-    assert cfg.dock_window(1) == (0, 4 * cfg.global_batch) and cfg.dock_capacity == 4 * cfg.global_batch
-    off = load_config("configs/dapo_arith.yaml", ["algorithm.dapo.dynamic_sampling=false"]).plan.sampling
+    assert build_plan(cfg).dock_window(1) == (0, 4 * cfg.global_batch) and build_plan(cfg).dock_capacity == 4 * cfg.global_batch
+    off = build_plan(load_config("configs/dapo_arith.yaml", ["algorithm.dapo.dynamic_sampling=false"])).sampling
     assert (off.rounds, off.selector, off.in_rounds) == (1, None, False)
     grpo = load_config("configs/grpo_arith.yaml")
-    assert not grpo.plan.sampling.in_rounds and grpo.dock_capacity == grpo.global_batch
+    assert not build_plan(grpo).sampling.in_rounds and build_plan(grpo).dock_capacity == grpo.global_batch

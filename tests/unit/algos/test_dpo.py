@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from dockflow.algos import dpo_loss, sequence_log_probs
+from dockflow.algos.dpo import dpo_loss, sequence_log_probs
 
 
 def test_sequence_log_probs_is_the_masked_sum():

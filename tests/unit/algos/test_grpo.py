@@ -5,7 +5,9 @@ import math
 import pytest
 import torch
 
-from dockflow.algos import clipped_policy_loss, grpo_advantages, kl_penalty
+from dockflow.algos.groups import grpo_advantages
+from dockflow.algos.kl import kl_penalty
+from dockflow.algos.losses import clipped_policy_loss
 
 
 def test_advantages_group_normalised_by_hand():

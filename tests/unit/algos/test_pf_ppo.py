@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from dockflow.algos import filter_by_reward
+from dockflow.algos.pf_ppo import filter_by_reward
 
 # group 0: rank by reward desc, ties by index: 1 (0.9), 3 (0.9), 0 (0.3), 2 (0.1)
 # group 1 (indices 4..7): all equal -> rank 4, 5, 6, 7

@@ -5,14 +5,9 @@ import math
 import pytest
 import torch
 
-from dockflow.algos import (
-    clipped_policy_loss,
-    clipped_value_loss,
-    gae_advantages,
-    last_token_index,
-    masked_whiten,
-    outcome_token_rewards,
-)
+from dockflow.algos.losses import clipped_policy_loss
+from dockflow.algos.ppo import clipped_value_loss, gae_advantages, outcome_token_rewards
+from dockflow.algos.utils import last_token_index, masked_whiten
 
 
 def test_outcome_reward_on_last_real_token_minus_kl():

@@ -5,8 +5,9 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from dockflow.algos.recipes import RECIPES, recipe_of
+from dockflow.algos import RECIPES, recipe_of
 from dockflow.config import ConfigError, load_config
+from dockflow.workers.resources import build_plan
 
 MASK = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]])
 REWARDS = torch.tensor([1.0, 0.0, 1.0, 1.0])
@@ -23,7 +24,7 @@ def batch(**columns) -> TensorDict:
 
 
 def compute_advantages(cfg, data, generator=None):
-    return cfg.algorithm.recipe.advantages(cfg, data, generator)
+    return recipe_of(cfg.algorithm.name).advantages(cfg, data, generator)
 
 
 def test_grpo_family_broadcasts_group_advantages_over_real_tokens():
@@ -53,7 +54,7 @@ def test_pf_ppo_keeps_only_the_filtered_responses():
 
 def test_reinforce_pp_normalises_over_the_whole_batch():
     cfg = cfg_for("reinforce_pp", "algorithm.kl_coef=0.0")
-    assert cfg.algorithm.recipe.advantage_batch_size(cfg) == cfg.global_batch
+    assert recipe_of(cfg.algorithm.name).advantage_batch_size(cfg) == cfg.global_batch
     _, out = compute_advantages(cfg, batch())
     real = out["advantages"][MASK.bool()]
     assert abs(float(real.mean())) < 1e-5
@@ -73,23 +74,24 @@ def test_reinforce_pp_normalises_over_the_whole_batch():
 def test_each_algorithm_runs_only_its_worker_states(name, reads):
     overrides = ["rollout.group_size=2"] if name == "dpo" else []
     cfg = load_config(f"configs/{name}_arith.yaml", overrides)
-    assert set(cfg.plan.consumers()) == reads
+    assert set(build_plan(cfg).consumers()) == reads
 
 
 def test_dynamic_sampling_scores_only_groups_that_got_advantages():
-    cols = load_config("configs/dapo_arith.yaml").plan.consumers()
+    cols = build_plan(load_config("configs/dapo_arith.yaml")).consumers()
     assert "advantages" in cols["actor_infer"]
-    no_ds = load_config("configs/dapo_arith.yaml", ["algorithm.dapo.dynamic_sampling=false"]).plan.consumers()
+    no_ds = build_plan(load_config("configs/dapo_arith.yaml", ["algorithm.dapo.dynamic_sampling=false"])).consumers()
     assert "advantages" not in no_ds["actor_infer"]
 
 
 def test_the_registry_knows_every_example_config_and_refuses_unknown_names():
-    assert set(RECIPES) == {"grpo", "ppo", "dapo", "pf_ppo", "reinforce_pp", "reinforce_pp_baseline", "dpo", "gspo", "rloo", "dr_grpo"}
+    assert set(RECIPES) == {"grpo", "ppo", "dapo", "pf_ppo", "reinforce_pp", "reinforce_pp_baseline", "dpo", "gspo", "rloo",
+                            "dr_grpo", "cispo"}
     for name, recipe in RECIPES.items():
         assert recipe.name == name and recipe.section.model_fields["name"].default in (name, "reinforce_pp")
     with pytest.raises(ValueError, match="unknown algorithm 'trpo'"):
         recipe_of("trpo")
-    with pytest.raises(ConfigError, match=r"unknown algorithm.name 'trpo': one of \['dapo'"):
+    with pytest.raises(ConfigError, match=r"unknown algorithm.name 'trpo': one of \['cispo', 'dapo'"):
         load_config("configs/grpo_arith.yaml", ["algorithm.name=trpo"])
 
 
@@ -123,7 +125,7 @@ def test_rloo_puts_the_summed_kl_into_the_reward():
     # kl_coef 0.5, k1 KL = old - ref log-probs = 0.2 per real token: response 0 (2 tokens) loses 0.2,
     # response 1 (1 token) 0.1 -> rewards 0.8, -0.1 -> advantages 0.9, -0.9
     cfg = cfg_for("rloo", "algorithm.kl_coef=0.5", "algorithm.kl_estimator=k1")
-    assert cfg.algorithm.recipe.kl_in_reward(cfg) and "ref_log_prob" in cfg.plan.consumers()["advantage"]
+    assert recipe_of(cfg.algorithm.name).kl_in_reward(cfg) and "ref_log_prob" in build_plan(cfg).consumers()["advantage"]
     data = batch(old_log_prob=torch.full((4, 3), -1.0), ref_log_prob=torch.full((4, 3), -1.2))
     _, out = compute_advantages(cfg, data)
     assert torch.allclose(out["advantages"][:2, 0], torch.tensor([0.9, -0.9]))

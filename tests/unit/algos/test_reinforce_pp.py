@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from dockflow.algos import reinforce_pp_advantages
+from dockflow.algos.reinforce_pp import reinforce_pp_advantages
 
 
 def test_global_whitening_by_hand():

@@ -2,7 +2,8 @@ import math
 
 import torch
 
-from dockflow.algos import clipped_policy_loss, truncated_is_weights
+from dockflow.algos.losses import clipped_policy_loss
+from dockflow.algos.tis import truncated_is_weights
 
 
 def test_weights_are_the_truncated_ratio_of_old_to_behaviour_policy():

@@ -8,8 +8,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from dockflow.algos import informative_groups
-from dockflow.algos.grpo import grpo_advantages
+from dockflow.algos import recipe_of
+from dockflow.algos.groups import grpo_advantages, informative_groups
 from dockflow.algos.pf_ppo import filter_by_reward
 from dockflow.algos.reinforce_pp import reinforce_pp_advantages
 from dockflow.algos.rloo import rloo_advantages
@@ -35,7 +35,7 @@ def cfg_for(name: str, *extra: str):
 def test_every_algorithm_gives_unscorable_samples_advantage_zero_and_finite_values(name):
     cfg = cfg_for(name)
     data = TensorDict({"rewards": REWARDS, "response_mask": MASK, "values": torch.full((8, 4), 0.3)}, batch_size=[8])
-    kept, out = cfg.algorithm.recipe.advantages(cfg, data, torch.Generator().manual_seed(0))
+    kept, out = recipe_of(cfg.algorithm.name).advantages(cfg, data, torch.Generator().manual_seed(0))
     adv = out["advantages"]
     assert torch.isfinite(adv).all()
     assert torch.count_nonzero(adv[~SCORED[kept]]) == 0
@@ -72,9 +72,9 @@ def test_batch_whitening_leaves_unscorable_samples_out():
 def test_ppo_whitening_and_returns_leave_unscorable_samples_out():
     cfg = cfg_for("ppo")
     values = torch.linspace(0.0, 1.0, 32).view(8, 4)
-    _, out = cfg.algorithm.recipe.advantages(cfg, TensorDict(
+    _, out = recipe_of(cfg.algorithm.name).advantages(cfg, TensorDict(
         {"rewards": REWARDS, "response_mask": MASK, "values": values}, batch_size=[8]))
-    _, alone = cfg.algorithm.recipe.advantages(cfg, TensorDict(
+    _, alone = recipe_of(cfg.algorithm.name).advantages(cfg, TensorDict(
         {"rewards": REWARDS[SCORED], "response_mask": MASK[SCORED], "values": values[SCORED]}, batch_size=[4]))
     assert torch.allclose(out["advantages"][SCORED], alone["advantages"], atol=1e-6)
     assert torch.allclose(out["returns"][SCORED], alone["returns"], atol=1e-6)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from dockflow.algos.recipes.dpo import DPOConfig
+from dockflow.algos.dpo import DPOConfig
 from dockflow.data import DatasetError, Example, TaskData
 from dockflow.data.preferences import load_preference_pairs, preference_splits, synthetic_preferences
 

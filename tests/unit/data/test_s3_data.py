@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dockflow.algos.recipes.dpo import DPOConfig
+from dockflow.algos.dpo import DPOConfig
 from dockflow.config import ArithmeticConfig, CheckpointConfig, DataConfig
 from dockflow.data import DatasetError, Example, TaskData, load_task
 from dockflow.data.loaders import load_examples

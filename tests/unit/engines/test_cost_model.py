@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from dockflow.algos import clipped_policy_loss
+from dockflow.algos.losses import clipped_policy_loss
 from dockflow.config import load_config
 from dockflow.engines import EngineInputs, SamplingParams, create_engines, first_eos_mask
 from dockflow.engines.cost_model import CostModelGeneration, CostModelTraining

@@ -19,13 +19,14 @@ from dockflow.engines.devices import (
     process_group_backend,
 )
 from dockflow.models import build_char_tokenizer, build_tiny_model
+from dockflow.workers.resources import build_plan
 
 GRPO = "configs/grpo_arith.yaml"
 PPO = "configs/ppo_arith.yaml"
 
 
 def _needs(cfg) -> tuple[str, dict[str, float]]:
-    return cfg.engine.device, cfg.plan.devices()
+    return cfg.engine.device, build_plan(cfg).devices()
 
 
 def test_process_group_backend_per_device():
@@ -35,22 +36,22 @@ def test_process_group_backend_per_device():
 def test_ray_resources_per_worker():
     assert device_resources("cpu", 0) == {} and device_resources("cuda", 0) == {}
     assert device_resources("cuda", 1) == {"num_gpus": 1} and device_resources("npu", 2) == {"resources": {"NPU": 2}}
-    cuda = load_config(GRPO, ["engine.device=cuda"]).plan
+    cuda = build_plan(load_config(GRPO, ["engine.device=cuda"]))
     assert cuda.role("actor").devices == 1 and cuda.role("reward").devices == 0
-    npu_vllm = load_config(GRPO, ["engine.device=npu", "engine.backend=vllm", "engine.vllm.tensor_parallel_size=2",
-                                  "placement.mode=disaggregated", "algorithm.kl_coef=0.1"]).plan
+    npu_vllm = build_plan(load_config(GRPO, ["engine.device=npu", "engine.backend=vllm", "engine.vllm.tensor_parallel_size=2",
+                                  "placement.mode=disaggregated", "algorithm.kl_coef=0.1"]))
     assert [npu_vllm.role(r).devices for r in ("actor", "generator", "reference")] == [2, 2, 1]
     assert device_resources("npu", npu_vllm.role("generator").devices) == {"resources": {"NPU": 2}}
-    assert load_config(GRPO).plan.role("actor").devices == 0  # engine.device=cpu
+    assert build_plan(load_config(GRPO)).role("actor").devices == 0  # engine.device=cpu
 
 
 def test_the_plan_counts_the_devices_of_every_model_worker():
     ppo = load_config(PPO, ["engine.device=cuda", "engine.backend=vllm", "engine.vllm.tensor_parallel_size=2",
                             "train.dp=2"])
-    assert ppo.plan.devices() == {"actor": 4, "critic": 1}
+    assert build_plan(ppo).devices() == {"actor": 4, "critic": 1}
     disagg = load_config("configs/grpo_arith_async.yaml", ["engine.device=cuda"])
-    assert disagg.plan.devices()["generator"] == disagg.placement.generators
-    assert load_config(GRPO).plan.devices() == {}
+    assert build_plan(disagg).devices()["generator"] == disagg.placement.generators
+    assert build_plan(load_config(GRPO)).devices() == {}
 
 
 def test_reward_model_worker_takes_accelerators_of_the_runs_kind(tmp_path):
@@ -59,11 +60,11 @@ def test_reward_model_worker_takes_accelerators_of_the_runs_kind(tmp_path):
     rm = tmp_path / "rm"
     build_tiny_reward_model(rm)
     npu = load_config(GRPO, ["engine.device=npu", f"reward.models=[{{path: {rm}}}]", "reward.model_devices=0.5"])
-    assert npu.plan.role("reward_model").devices == 0.5 and npu.plan.devices()["reward_model"] == 0.5
+    assert build_plan(npu).role("reward_model").devices == 0.5 and build_plan(npu).devices()["reward_model"] == 0.5
     with pytest.raises(DeviceError, match=r"needs 1.5 NPU \(actor 1, reward_model 0.5\) but the Ray cluster has 1"):
         check_cluster_devices(*_needs(npu), {"NPU": 1.0})
     on_cpu = load_config(GRPO, ["engine.device=cuda", f"reward.models=[{{path: {rm}}}]"])
-    assert on_cpu.plan.role("reward_model").devices == 0 and "reward_model" not in on_cpu.plan.devices()
+    assert build_plan(on_cpu).role("reward_model").devices == 0 and "reward_model" not in build_plan(on_cpu).devices()
     with pytest.raises(ConfigError, match="reward.model_devices=1 needs engine.device=cuda or npu"):
         load_config(GRPO, ["reward.model_devices=1"])
 

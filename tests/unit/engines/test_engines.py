@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from dockflow.algos.recipe import CriticSection
 from dockflow.config import Config
+from dockflow.config.algorithm import CriticSection
 from dockflow.engines import (
     EngineInputs,
     SamplingParams,
@@ -17,6 +17,7 @@ from dockflow.engines import (
 )
 from dockflow.engines.logprobs import position_ids_from_mask
 from dockflow.models import build_char_tokenizer, build_tiny_model, load_critic, save_pretrained_dir
+from dockflow.workers.resources import build_plan
 
 PROMPTS = ["What is 12 + 7?\nAnswer: ", "What is 3 - 45?\nAnswer: ", "What is 1 + 1?\nAnswer: "]
 
@@ -99,7 +100,7 @@ def test_train_step_changes_parameters_and_accumulates(engines):
     before = {n: p.detach().clone() for n, p in train.model.named_parameters()}
 
     def loss_fn(logp, micro, tokens):
-        from dockflow.algos import clipped_policy_loss
+        from dockflow.algos.losses import clipped_policy_loss
 
         res = clipped_policy_loss(logp, micro["old_log_prob"], micro["advantages"], micro["response_mask"], token_denom=tokens)
         return res.loss, {"pg": float(res.pg_loss)}
@@ -137,7 +138,7 @@ def test_critic_values_follow_the_response_layout(tmp_path):
     tok = build_char_tokenizer()
     save_pretrained_dir(build_tiny_model(cfg.model.tiny, tok, seed=0), tok, tmp_path / "m")
     inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed)
-    critic = create_critic_engine(inputs, cfg.plan.section("critic", CriticSection), load_critic(tmp_path / "m"))
+    critic = create_critic_engine(inputs, build_plan(cfg).section("critic", CriticSection), load_critic(tmp_path / "m"))
     batch = encode_rollouts(tok, PROMPTS, ["19", "-42", "2"], 4)
     values = critic.infer(batch)
     assert values.shape == (3, 4) and torch.count_nonzero(values) == 0

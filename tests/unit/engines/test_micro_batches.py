@@ -7,6 +7,7 @@ from fixtures.engine_batches import rollout_batch, with_old_log_probs
 from fixtures.tiny_models import tiny_decoder
 from fixtures.tolerances import assert_first_step_close, first_step_grads, grad_tolerance
 
+from dockflow.algos import recipe_of
 from dockflow.config import Config
 from dockflow.engines.micro_batches import micro_batch_bounds
 from dockflow.engines.torch_training import TorchTrainingEngine
@@ -39,7 +40,7 @@ def test_token_budgets_leave_the_weights_of_sample_micro_batches(recipe):
         batch["rollout_log_prob"] = batch["old_log_prob"]
         assert len(engine._micro_batches(batch, 2)) == (2 if budget is None else 4)
         metrics = engine.train_mini_batch(
-            batch, lambda logp, micro, tokens: cfg.algorithm.recipe.policy_loss(cfg, logp, micro, tokens), 2)
+            batch, lambda logp, micro, tokens: recipe_of(cfg.algorithm.name).policy_loss(cfg, logp, micro, tokens), 2)
         moments = {n: engine.optimizer.state[p]["exp_avg"] for n, p in engine.model.named_parameters()}
         results.append((metrics, dict(engine.model.named_parameters()), first_step_grads(moments)))
     (samples, weights, grads), (tokens, budget_weights, budget_grads) = results

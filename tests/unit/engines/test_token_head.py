@@ -8,6 +8,7 @@ import torch
 from fixtures.engine_batches import rollout_batch, with_old_log_probs
 from fixtures.tiny_models import DECODERS, tiny_decoder
 
+from dockflow.algos import recipe_of
 from dockflow.config import Config
 from dockflow.engines.logprobs import position_ids_from_mask, response_log_probs
 from dockflow.engines.token_head import chunked_log_probs, output_head
@@ -68,7 +69,7 @@ RECIPES = ["grpo", "dapo", "dr_grpo", "gspo", "ppo", "pf_ppo", "reinforce_pp", "
 
 def _grads(model, logp, batch, recipe: str) -> dict[str, torch.Tensor]:
     cfg = Config(algorithm={"name": recipe, "kl_coef": 0.05}, train={"mini_batch_size": 128, "micro_batch_size": 128})
-    loss, _ = cfg.algorithm.recipe.policy_loss(cfg, logp, batch, float(batch["response_mask"].sum()))
+    loss, _ = recipe_of(cfg.algorithm.name).policy_loss(cfg, logp, batch, float(batch["response_mask"].sum()))
     model.zero_grad(set_to_none=True)
     loss.backward()
     return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}

@@ -4,13 +4,14 @@ advantage call's ``RoundAdvantages``), and reports the selector's metrics; infer
 
 from types import SimpleNamespace
 
-from dockflow.algos.recipes.dapo import DynamicSampling
+from dockflow.algos.dapo import DynamicSampling
 from dockflow.config import load_config
 from dockflow.data.prompt_order import PromptSampler
 from dockflow.flow.iteration import RunParts, RunTasks
 from dockflow.flow.run_record import RunRecord
 from dockflow.workers import Workers
 from dockflow.workers.advantage import RoundAdvantages
+from dockflow.workers.resources import build_plan
 
 G, N = 4, 2
 
@@ -35,8 +36,8 @@ def _tasks(config: str, *extra: str) -> tuple[RunTasks, list]:
     workers = Workers(actors=[handle], reward=handle)
     dock = SimpleNamespace(reset=lambda window: calls.append(("reset", window)))
     tracker = SimpleNamespace(log_metrics_or_defer=lambda metrics, step: True)
-    sampler = PromptSampler(100, G * cfg.plan.sampling.rounds, 0)
-    parts = RunParts(cfg=cfg, workers=workers, dock=dock, sampler=sampler, store=None, tracker=tracker, state=RunRecord())
+    sampler = PromptSampler(100, G * build_plan(cfg).sampling.rounds, 0)
+    parts = RunParts(cfg=cfg, plan=build_plan(cfg), workers=workers, dock=dock, sampler=sampler, store=None, tracker=tracker, state=RunRecord())
     return RunTasks(parts, 0), calls
 
 

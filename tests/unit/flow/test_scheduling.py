@@ -7,6 +7,7 @@ from dockflow.flow.idle import IdleTracker
 from dockflow.flow.iteration import shares
 from dockflow.flow.metrics import pop_generated, rollout_summary
 from dockflow.rollout.plain import clipped_rows, rollout_metrics
+from dockflow.workers.resources import build_plan
 
 
 def test_shares_split_prompts_contiguously_and_nearly_evenly():
@@ -72,7 +73,7 @@ def test_disaggregated_placement_refuses_offline_and_dynamic_sampling_algorithms
     with pytest.raises(ConfigError, match="dynamic sampling"):
         load_config("configs/dapo_arith.yaml", ["placement.mode=disaggregated"])
     cfg = load_config("configs/grpo_arith.yaml", ["placement.mode=disaggregated", "train.max_staleness=2"])
-    assert cfg.dock_capacity == 3 * cfg.global_batch
+    assert build_plan(cfg).dock_capacity == 3 * cfg.global_batch
 
 
 def test_one_staleness_rule_for_both_drivers():

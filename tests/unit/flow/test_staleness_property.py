@@ -21,6 +21,7 @@ from dockflow.flow.run_record import RunRecord
 from dockflow.flow.stage_loops import Schedule, StageLoops
 from dockflow.rollout.queue import QueueSettings, RolloutQueue
 from dockflow.workers import Workers
+from dockflow.workers.resources import build_plan
 from dockflow.workers.staleness import StalenessCounter
 
 G, N = 8, 2
@@ -51,7 +52,7 @@ class FakeTrainer:
         self.ages: dict[int, list[int]] = {}
 
     def _window(self, i: int) -> list[int]:
-        lo, hi = self.cfg.dock_window(i)
+        lo, hi = build_plan(self.cfg).dock_window(i)
         return [self.dock.versions.get(k) for k in range(lo, hi)]
 
     def ready_for(self, method: str, *args) -> bool:
@@ -89,7 +90,7 @@ class FakeGenerator:
             q.open(iteration, prompt_ids)
         else:
             q = queue._impl  # the shared queue actor, already opened (``opened`` resolved first)
-        lo = self.cfg.dock_window(iteration)[0] + first_index
+        lo = build_plan(self.cfg).dock_window(iteration)[0] + first_index
         samples = 0
         while (work := q.take(iteration, rank)) is not None:  # one chunk per step: other actors run in between
             first = lo + work.slot * N
@@ -125,7 +126,7 @@ def run_case(
     trainer.version = start
     state = RunRecord()
     tracker = SimpleNamespace(log_metrics_or_defer=lambda metrics, step: True)
-    parts = RunParts(cfg=cfg, workers=workers, dock=dock, sampler=sampler, store=None, tracker=tracker, state=state)
+    parts = RunParts(cfg=cfg, plan=build_plan(cfg), workers=workers, dock=dock, sampler=sampler, store=None, tracker=tracker, state=state)
     tasks = RunTasks(parts, start)
     schedule = Schedule(start=start, end=start + iterations, max_staleness=max_staleness, eval_steps=[],
                 checkpoint_steps=set(), publish_first=start > 0)

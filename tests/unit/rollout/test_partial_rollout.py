@@ -20,6 +20,7 @@ from dockflow.rollout.multi_turn import ToolTable
 from dockflow.rollout.partial import generate_partial_into_dock
 from dockflow.rollout.prompts import PromptTable, iteration_sampler
 from dockflow.rollout.queue import QueueClient, RolloutQueue, queue_settings
+from dockflow.workers.resources import build_plan
 from tests.unit.agents.chat import PrefixEngine, call, qwen_style
 
 RUN = ["placement.mode=disaggregated", "rollout.prompts_per_iter=3", "rollout.group_size=2", "rollout.batch_size=4",
@@ -60,19 +61,21 @@ def calculator_turns(text: str) -> list[str]:
 def run(cfg, engine, tokenizer, table, tools, checkpoint_after: int | None, iterations: int = 4):
     """Generate ``iterations`` iterations into a dock; after ``checkpoint_after`` the queue goes through a
     checkpoint (torch.save / torch.load, as ``save_inflight`` / ``load_inflight``) into a new queue."""
-    dock, queue, history = Dock(), RolloutQueue(queue_settings(cfg)), []
-    sampler = iteration_sampler(cfg)
+    plan = build_plan(cfg)
+    dock, queue, history = Dock(), RolloutQueue(queue_settings(cfg, plan)), []
+    sampler = iteration_sampler(cfg, plan)
     for it in range(iterations):
         queue.open(it, sampler.indices(it))
         history.append(generate_partial_into_dock(cfg, engine, tokenizer, dock, table, QueueClient(queue),
-                                                  iteration=it, policy_version=it, tools=tools))
+                                                  iteration=it, policy_version=it, tools=tools,
+                                                  window_start=plan.dock_window(it)[0]))
         history[-1]["lags"] = [it - v for v in dock.versions]  # versions behind the iteration it is written for
         dock.versions = []
         if it == checkpoint_after:
             buffer = io.BytesIO()
             torch.save(queue.state_dict(), buffer)
             state = torch.load(io.BytesIO(buffer.getvalue()), weights_only=False)
-            queue = RolloutQueue(queue_settings(cfg))
+            queue = RolloutQueue(queue_settings(cfg, plan))
             queue.load_state_dict(state)
     return dock, history, queue
 

@@ -7,6 +7,7 @@ from tensordict import TensorDict
 
 from dockflow.config import ConfigError, load_config
 from dockflow.rollout.plain import dock_columns
+from dockflow.workers.resources import build_plan
 
 
 def _rollout() -> TensorDict:
@@ -24,7 +25,7 @@ def test_recompute_writes_the_rollout_and_the_engine_log_probs_for_the_drift_met
     assert set(dock_columns(cfg, _rollout()).keys()) == {"input_ids", "attention_mask", "responses", "response_mask",
                                                          "rollout_log_prob"}
     # the actor_infer state compares them with the trainer's (rollout/logprob_abs_diff_*)
-    assert {"rollout_log_prob", "response_mask"} <= set(cfg.plan.consumers()["actor_infer"])
+    assert {"rollout_log_prob", "response_mask"} <= set(build_plan(cfg).consumers()["actor_infer"])
 
 
 def test_rollout_source_stores_the_engine_log_probs_as_old_log_prob_and_drops_the_pass():
@@ -32,14 +33,14 @@ def test_rollout_source_stores_the_engine_log_probs_as_old_log_prob_and_drops_th
     out = _rollout()
     cols = dock_columns(cfg, out)
     assert torch.equal(cols["old_log_prob"], out["rollout_log_prob"])
-    assert "actor_infer" not in cfg.plan.consumers() and "old_log_prob" in cfg.plan.consumers()["actor_update"]
+    assert "actor_infer" not in build_plan(cfg).consumers() and "old_log_prob" in build_plan(cfg).consumers()["actor_update"]
 
 
 def test_tis_keeps_the_behaviour_log_probs_beside_the_recomputed_ones():
     cfg = load_config("configs/grpo_arith.yaml", ["train.tis_cap=2.0"])
     cols = dock_columns(cfg, _rollout())
     assert "rollout_log_prob" in cols.keys() and "old_log_prob" not in cols.keys()
-    assert "rollout_log_prob" in cfg.plan.consumers()["actor_update"]
+    assert "rollout_log_prob" in build_plan(cfg).consumers()["actor_update"]
 
 
 @pytest.mark.parametrize("bad", [["train.tis_cap=2.0"], []])
@@ -55,4 +56,4 @@ def test_tool_trajectories_carry_their_record_for_the_reward_functions():
     out["tool_record"] = torch.randint(0, 255, (2, 16), dtype=torch.uint8)
     cols = dock_columns(cfg, out)
     assert torch.equal(cols["tool_record"], out["tool_record"])
-    assert "tool_record" in cfg.plan.consumers()["reward"]  # the reward worker reads it from the dock
+    assert "tool_record" in build_plan(cfg).consumers()["reward"]  # the reward worker reads it from the dock

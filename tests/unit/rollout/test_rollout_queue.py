@@ -16,6 +16,7 @@ from dockflow.rollout.queue import (
     RolloutQueueTimeout,
     queue_settings,
 )
+from dockflow.workers.resources import build_plan
 
 
 def test_fixed_chunks_map_to_fixed_slots_whoever_takes_them():
@@ -187,9 +188,10 @@ def test_the_queue_client_calls_a_local_queue_and_an_actor_alike(monkeypatch):
 def test_the_settings_of_a_partial_rollout_config():
     cfg = load_config("configs/grpo_arith_async.yaml", ["rollout.partial.token_budget=16", "rollout.partial.max_age=2",
                                                         "train.max_staleness=1", "rollout.partial.on_stale=regenerate"])
-    s = queue_settings(cfg)
+    s = queue_settings(cfg, build_plan(cfg))
     assert (s.chunk_groups, s.token_budget, s.max_age, s.age_bound, s.rows_per_chunk, s.on_stale) == (
         max(1, cfg.rollout.batch_size // cfg.rollout.group_size), 16, 2, 3, cfg.rollout.batch_size, "regenerate")
     assert s.next_prompts(1) == RolloutQueue(s).next_prompts(1) and len(s.next_prompts(1)) == cfg.rollout.prompts_per_iter
-    plain = queue_settings(load_config("configs/grpo_arith_async.yaml", ["rollout.partial.token_budget=null"]))
+    plain_cfg = load_config("configs/grpo_arith_async.yaml", ["rollout.partial.token_budget=null"])
+    plain = queue_settings(plain_cfg, build_plan(plain_cfg))
     assert plain.token_budget is None and plain.next_prompts is None

@@ -7,7 +7,7 @@ import torch
 
 from dockflow.agents import ToolSpec
 from dockflow.agents.records import unpack_record
-from dockflow.algos.grpo import clipped_policy_loss
+from dockflow.algos.losses import clipped_policy_loss
 from dockflow.algos.ppo import gae_advantages
 from dockflow.config.tools import ToolsConfig
 from dockflow.engines.interfaces import SamplingParams

@@ -7,6 +7,7 @@ from tensordict import TensorDict
 from dockflow.config import load_config
 from dockflow.dock import DockBatch, DockRequest
 from dockflow.workers.advantage import AdvantageState, RoundAdvantages
+from dockflow.workers.resources import build_plan
 
 N = 2  # group size
 # Per dock slot: round 0 at [0, 8), round 1 at [8, 16). Groups of round 0: (1, 0) informative, (1, 1), (0, 0),
@@ -40,13 +41,13 @@ def _config(*extra: str):
 
 def test_informative_groups_first_then_the_last_round_fills_the_quota():
     cfg, dock = _config(), FakeDock()
-    state = AdvantageState(cfg, dock)
+    state = AdvantageState(cfg, build_plan(cfg), dock)
 
     first = state.compute(iteration=0, round_index=0, last_round=False)
     assert (first.kept, first.filled) == (2, 0)
     assert [p[0] for p in dock.puts] == [[0, 1], [6, 7]]  # the informative groups of each batch of two groups
     assert first.metrics["reward/zero_adv_group_fraction"] == 0.5 and "timing/advantage_s" in first.metrics
-    assert dock.requests[0].whole_groups and dock.requests[0].window == cfg.dock_window(0)
+    assert dock.requests[0].whole_groups and dock.requests[0].window == build_plan(cfg).dock_window(0)
     assert set(dock.requests[0].columns) >= {"rewards", "response_mask"}
 
     dock.puts.clear()
@@ -63,6 +64,6 @@ def test_informative_groups_first_then_the_last_round_fills_the_quota():
 
 def test_without_a_selector_every_group_gets_advantages():
     cfg, dock = _config("algorithm.dapo.dynamic_sampling=false"), FakeDock()
-    out = AdvantageState(cfg, dock).compute(iteration=0)
+    out = AdvantageState(cfg, build_plan(cfg), dock).compute(iteration=0)
     assert out == RoundAdvantages(kept=4, filled=0, metrics=out.metrics)
     assert [p[0] for p in dock.puts] == [[0, 1, 2, 3], [4, 5, 6, 7]]

@@ -20,6 +20,7 @@ from dockflow.config import load_config
 from dockflow.dock import DockBatch
 from dockflow.workers.actor import ActorWorker
 from dockflow.workers.model_parallel import ModelReplica, model_group, shared_stream
+from dockflow.workers.resources import build_plan
 
 R = 4  # response width of the fake samples
 
@@ -105,8 +106,9 @@ def _actor_rank(rank: int, tmp: str) -> None:
         "train.engine=megatron", "train.tp=2", "train.dp=2", "rollout.prompts_per_iter=4", "rollout.group_size=4",
         "train.mini_batch_size=8", "train.micro_batch_size=2", "train.infer_batch_size=4"])
     actor = ActorWorker.__new__(ActorWorker)  # the worker's routing, without a model or Ray
-    actor.cfg, actor.rank, actor.dp, actor.recipe = cfg, rank, 2, cfg.algorithm.recipe
-    actor.columns = cfg.plan.role("actor").reads
+    actor.cfg, actor.plan, actor.rank, actor.dp = cfg, build_plan(cfg), rank, 2
+    actor.recipe = actor.plan.recipe
+    actor.columns = actor.plan.role("actor").reads
     actor.replica = ModelReplica(rank, tp=2, dp=2)
     actor.model_group = model_group(actor.replica)
     actor.train_engine, actor.policy_version = FakeEngine(rank), 1

@@ -10,6 +10,7 @@ from dockflow.engines.token_layout import encode_rollouts
 from dockflow.models import build_char_tokenizer
 from dockflow.models.tiny_reward_model import build_tiny_reward_model
 from dockflow.rewards.sequence_classifier import RewardModel
+from dockflow.workers.resources import build_plan
 from dockflow.workers.reward_model import RewardModelWorker
 from dockflow.workers.run_dock import COLUMNS
 from dockflow.workers.runtime import rng_state, set_rng_state
@@ -54,13 +55,13 @@ def _config(paths, **extra):
 
 def test_consumers_add_the_reward_model_state_and_make_the_reward_state_wait_for_its_scores(tmp_path):
     plain = load_config("configs/grpo_arith.yaml")
-    assert "reward_model" not in plain.plan.consumers() and "rm_scores" not in plain.plan.consumers()["reward"]
+    assert "reward_model" not in build_plan(plain).consumers() and "rm_scores" not in build_plan(plain).consumers()["reward"]
     cfg = _config([tmp_path])
-    assert cfg.plan.consumers()["reward_model"] == ["input_ids", "attention_mask", "responses", "response_mask"]
-    assert cfg.plan.consumers()["reward"][-1] == "rm_scores" and COLUMNS["rm_scores"] == torch.float32
+    assert build_plan(cfg).consumers()["reward_model"] == ["input_ids", "attention_mask", "responses", "response_mask"]
+    assert build_plan(cfg).consumers()["reward"][-1] == "rm_scores" and COLUMNS["rm_scores"] == torch.float32
     with pytest.raises(ConfigError, match="dpo trains on offline pairs and scores nothing: set reward.models: "):
         load_config("configs/dpo_arith.yaml", [f"reward.models=[{{path: {tmp_path}}}]"])
-    assert cfg.plan.model_cpus() == plain.plan.model_cpus() + cfg.reward.model_cpus  # its cores count in Eq. (5)'s ND
+    assert build_plan(cfg).model_cpus() == build_plan(plain).model_cpus() + cfg.reward.model_cpus  # its cores count in Eq. (5)'s ND
 
 
 def test_the_worker_writes_each_models_score_of_the_decoded_prompt_and_response(tmp_path, process_state):
@@ -72,10 +73,10 @@ def test_the_worker_writes_each_models_score_of_the_decoded_prompt_and_response(
     cfg = _config([rm_a, rm_b])
     dock = FakeDock(encode_rollouts(policy_tok, PROMPTS, RESPONSES, response_width=32))
 
-    metrics = RewardModelWorker(cfg, str(tmp_path / "policy"), dock).score(iteration=0)
+    metrics = RewardModelWorker(cfg, build_plan(cfg), str(tmp_path / "policy"), dock).score(iteration=0)
 
     assert [r.batch_size for r in dock.requests] == [3, 1] and {r.consumer for r in dock.requests} == {"reward_model"}
-    assert dock.requests[0].window == cfg.dock_window(0)
+    assert dock.requests[0].window == build_plan(cfg).dock_window(0)
     assert dock.requests[0].columns == ("input_ids", "attention_mask", "responses", "response_mask")
     assert [i for indices, _ in dock.puts for i in indices] == [0, 1, 2, 3]
     written = torch.cat([data["rm_scores"] for _, data in dock.puts])
@@ -100,7 +101,7 @@ def test_a_chat_template_model_reads_the_tasks_own_prompt_and_a_plain_one_the_po
     cfg = _config([plain, chat], **{"data.system_prompt": "Be brief."})
     dock = FakeDock(encode_rollouts(policy_tok, PROMPTS, RESPONSES, response_width=32))
 
-    RewardModelWorker(cfg, str(tmp_path / "policy"), dock).score(iteration=0)
+    RewardModelWorker(cfg, build_plan(cfg), str(tmp_path / "policy"), dock).score(iteration=0)
 
     written = torch.cat([data["rm_scores"] for _, data in dock.puts])
     own = [ex.prompt for ex in load_task(cfg.data, cfg.run.seed).train[:2] for _ in range(2)]

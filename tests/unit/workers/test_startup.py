@@ -11,6 +11,7 @@ import pytest
 import ray
 
 from dockflow.config import load_config
+from dockflow.workers.resources import build_plan
 from dockflow.workers.runtime import rank_threads
 from dockflow.workers.startup import (
     StartLimits,
@@ -27,7 +28,7 @@ CONFIG = "configs/grpo_arith.yaml"
 @pytest.mark.parametrize("overrides", [["train.engine=megatron", "train.tp=2"], ["train.dp=2"]], ids=["tp2", "dp2"])
 def test_the_readmes_multi_rank_actors_share_the_actors_cpus_and_fit_two_cores(overrides: list[str]) -> None:
     cfg = load_config(CONFIG, overrides)
-    need = worker_cpus(cfg.plan)
+    need = worker_cpus(build_plan(cfg))
     assert need == {"actor": 1.0, "actor-1": 1.0, "reward": 0.0}  # ray.actor_cpus=2, shared by 2 ranks
     assert cpu_fit_error(need, total=2.0, node_cpus=[2.0]) is None
     assert rank_threads(cfg.ray.torch_threads, cfg.train.actor_ranks) == 1  # one thread on its one CPU
@@ -36,13 +37,13 @@ def test_the_readmes_multi_rank_actors_share_the_actors_cpus_and_fit_two_cores(o
 
 def test_the_critics_cpus_are_shared_by_its_ranks_too() -> None:
     cfg = load_config("configs/ppo_arith.yaml", ["train.engine=megatron", "train.tp=2", "ray.critic_cpus=1"])
-    need = worker_cpus(cfg.plan)
+    need = worker_cpus(build_plan(cfg))
     assert need["critic"] == need["critic-1"] == 0.5 and need["actor"] == need["actor-1"] == cfg.ray.actor_cpus / 2
-    assert cfg.plan.model_cpus() == cfg.ray.actor_cpus + cfg.ray.critic_cpus
+    assert build_plan(cfg).model_cpus() == cfg.ray.actor_cpus + cfg.ray.critic_cpus
 
 
 def test_a_plan_the_cluster_can_never_hold_is_refused_in_one_line() -> None:
-    need = worker_cpus(load_config(CONFIG, ["train.dp=2", "ray.actor_cpus=4"]).plan)
+    need = worker_cpus(build_plan(load_config(CONFIG, ["train.dp=2", "ray.actor_cpus=4"])))
     error = cpu_fit_error(need, total=2.0, node_cpus=[2.0])
     assert error is not None and "\n" not in error
     assert "ask Ray for 4 CPUs in all" in error and "the cluster has 2" in error and "ray.actor_cpus" in error
@@ -120,5 +121,5 @@ def test_a_slow_start_past_the_placement_budget_still_starts_and_a_broken_one_fa
         wait_ready({"reward": broken, "actor": slow}, StartLimits(placement_s=30.0, init_s=30.0), {}, {})
     assert time.monotonic() - start < 20.0  # at once, not at a budget's end
     with pytest.raises(WorkerStartError, match=r"ask Ray for 3 CPUs in all \(\{'actor': 3.0\}\) but the cluster has 2"):
-        check_cluster_cpus(load_config(CONFIG, ["ray.actor_cpus=3"]).plan)
+        check_cluster_cpus(build_plan(load_config(CONFIG, ["ray.actor_cpus=3"])))
     ray.kill(slow)
