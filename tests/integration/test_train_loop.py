@@ -58,10 +58,10 @@ def test_train_learns_logs_and_resumes_bit_identically_through_s3(ray_cluster, t
     full_cfg = cfg("full", 4)
     builds = []  # the run plan, built once by the driver and passed on (workers get it, they do not rebuild it)
     build = Algorithm.plan
-    monkeypatch.setattr(Algorithm, "plan", lambda self, c: builds.append(c.run.name) or build(self, c))
-    full = train(full_cfg)
+    with monkeypatch.context() as patch:
+        patch.setattr(Algorithm, "plan", lambda self, c: builds.append(c.run.name) or build(self, c))
+        full = train(full_cfg)
     assert builds == ["full"], f"the run plan was built {len(builds)} times in the driver"
-    monkeypatch.undo()
     assert full["iterations"] == 4
     assert {"accuracy_before", "accuracy_after", "throughput_tps", "wall_seconds", "mlflow_run_id"} <= full.keys()
     assert full["throughput_tps"] > 0
