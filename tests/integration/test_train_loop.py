@@ -8,6 +8,7 @@ from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
 from dockflow.algos.base import Algorithm
+from dockflow.flow.single_process import run_single_process
 from dockflow.flow.trainer import train
 from dockflow.storage import run_store
 from dockflow.storage.objects import fetch_model
@@ -70,6 +71,10 @@ def test_train_learns_logs_and_resumes_bit_identically_through_s3(ray_cluster, t
     assert (run_dir / "summary.json").is_file()
     assert full["final_model"] == f"{s3_checkpoint_dir}/full/final_model"
     before, after = weights(full["initial_model"], full_cfg), weights(full["final_model"], full_cfg)
+    # the single-process loop (the map a newcomer reads first) computes what the run did, bit for bit
+    alone = run_single_process(full_cfg, full["initial_model"])
+    assert alone["reward_per_iteration"] == full["reward_per_iteration"]
+    assert all(torch.equal(alone["weights"][k], after[k]) for k in after), "the single-process loop differs"
     changed = [k for k in before if not (before[k] == after[k]).all()]
     assert len(changed) == len(before), f"unchanged tensors: {set(before) - set(changed)}"
     uri = resolve_tracking_uri(None, full_cfg.run.output_dir)
