@@ -30,7 +30,7 @@ from dockflow.config.engine import sync_tolerance
 from dockflow.data import PromptFormat, load_task
 from dockflow.data.length_policy import check_prompt_lengths
 from dockflow.data.task_identity import task_identity
-from dockflow.dock import DockRequest, TransferDock
+from dockflow.dock import DockBatch, DockRequest, TransferDock
 from dockflow.engines import EngineInputs, create_engines
 from dockflow.engines.devices import process_group_backend
 from dockflow.engines.sync_check import SYNC_CHECK, LogProbDrift, SyncChecker
@@ -42,7 +42,7 @@ from dockflow.rollout.plain import generate_into_dock
 from dockflow.rollout.prompts import PromptTable
 from dockflow.rollout.queue import staleness_bound
 from dockflow.storage.objects import fetch_model
-from dockflow.workers.consume import WaitClock, consume
+from dockflow.workers.consume import WaitClock, consume, fill_column
 from dockflow.workers.dp_group import join_dp_group
 from dockflow.workers.model_parallel import ModelReplica, from_readers, model_group, shared_stream
 from dockflow.workers.peak_memory import peak_memory_metrics
@@ -130,22 +130,22 @@ class ActorWorker(ModelWorker):
         ``train.old_log_prob: rollout`` generation already put them into the dock: nothing to do."""
         if self.cfg.train.old_log_prob == "rollout":
             return {}
-        start = time.perf_counter()
         cols = self.columns["actor_infer"]
         waited = WaitClock()
         drift = LogProbDrift()  # rollout engine vs trainer, on the samples generated with the weights held now
+
+        def old_log_prob(batch: DockBatch) -> torch.Tensor:
+            logp = self.train_engine.infer(batch.data)
+            current = torch.as_tensor(batch.meta["policy_version"]) == self.policy_version if self.reads_dock else None
+            if current is not None and bool(current.any()):
+                drift.add(batch.data["rollout_log_prob"][current], logp[current], batch.data["response_mask"][current])
+            return logp
+
         request = DockRequest("actor_infer", self.cfg.train.infer_batch_size, cols, window=self.plan.dock_window(iteration))
         batches = consume(self.dock, request, self.cfg.global_batch // self.dp, clock=waited) if self.reads_dock else None
-        for batch in self._shared(batches):
-            logp = self.train_engine.infer(batch.data)
-            if not self.reads_dock:
-                continue
-            self.dock.put(batch.indices, TensorDict({"old_log_prob": logp}, batch_size=[len(batch)]))
-            current = torch.as_tensor(batch.meta["policy_version"]) == self.policy_version
-            if bool(current.any()):
-                drift.add(batch.data["rollout_log_prob"][current], logp[current], batch.data["response_mask"][current])
+        seconds = fill_column(self.dock, self._shared(batches), "old_log_prob", old_log_prob, writes=self.reads_dock)
         drift = LogProbDrift.merged(from_readers(drift, self.replica))  # every replica's share
-        out = {"timing/old_log_prob_s": time.perf_counter() - start, "timing/old_log_prob_wait_s": waited.seconds}
+        out = {"timing/old_log_prob_s": seconds, "timing/old_log_prob_wait_s": waited.seconds}
         return self._report({**out, **drift.metrics()})
 
     def update(self, iteration: int) -> dict[str, float]:

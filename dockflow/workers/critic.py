@@ -24,7 +24,7 @@ from dockflow.engines import EngineInputs, create_critic_engine
 from dockflow.engines.devices import process_group_backend
 from dockflow.models import load_critic
 from dockflow.storage.objects import fetch_model
-from dockflow.workers.consume import consume
+from dockflow.workers.consume import consume, fill_column
 from dockflow.workers.dp_group import join_dp_group
 from dockflow.workers.model_parallel import ModelReplica, shared_stream
 from dockflow.workers.runtime import ModelWorker
@@ -60,15 +60,12 @@ class CriticWorker(ModelWorker):
         return True
 
     def compute_values(self, iteration: int) -> dict[str, float]:
-        start = time.perf_counter()
         bs = self.cfg.train.infer_batch_size
         request = DockRequest("critic_infer", bs, self.columns["critic_infer"], window=self.plan.dock_window(iteration))
         batches = consume(self.dock, request, self.cfg.global_batch) if self.reads_dock else None
-        for batch in self._shared(batches):
-            values = self.engine.infer(batch.data)
-            if self.reads_dock:
-                self.dock.put(batch.indices, TensorDict({"values": values}, batch_size=[len(batch)]))
-        return {"timing/values_s": time.perf_counter() - start} if self.reads_dock else {}
+        seconds = fill_column(self.dock, self._shared(batches), "values", lambda batch: self.engine.infer(batch.data),
+                              writes=self.reads_dock)
+        return {"timing/values_s": seconds} if self.reads_dock else {}
 
     def _loss(self, values: torch.Tensor, micro: TensorDict, tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
         loss, clip_fraction = clipped_value_loss(

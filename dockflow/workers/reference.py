@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import time
-
-from tensordict import TensorDict
-
 from dockflow.algos.plan import RunPlan
 from dockflow.config import Config
 from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import batched_log_probs, check_worker_device
 from dockflow.models import load_model_and_tokenizer
 from dockflow.storage.objects import fetch_model
-from dockflow.workers.consume import consume
+from dockflow.workers.consume import consume, fill_column
 from dockflow.workers.runtime import init_worker_process
 
 
@@ -32,10 +28,9 @@ class ReferenceWorker:
         return True
 
     def compute_ref_log_prob(self, iteration: int) -> dict[str, float]:
-        start = time.perf_counter()
+        """The reference policy's log-probs of the iteration's responses, into ``ref_log_prob``."""
         bs = self.cfg.train.infer_batch_size
         request = DockRequest("ref_infer", bs, self.columns, window=self.plan.dock_window(iteration))
-        for batch in consume(self.dock, request, self.cfg.global_batch):
-            logp = batched_log_probs(self.model, batch.data, bs, self.cfg.rollout.temperature)
-            self.dock.put(batch.indices, TensorDict({"ref_log_prob": logp}, batch_size=[len(batch)]))
-        return {"timing/ref_log_prob_s": time.perf_counter() - start}
+        seconds = fill_column(self.dock, consume(self.dock, request, self.cfg.global_batch), "ref_log_prob",
+                              lambda batch: batched_log_probs(self.model, batch.data, bs, self.cfg.rollout.temperature))
+        return {"timing/ref_log_prob_s": seconds}

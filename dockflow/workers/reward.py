@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from tensordict import TensorDict
 
 from dockflow.agents import tool_spec
 from dockflow.agents.environments import reward_environments
@@ -29,7 +28,7 @@ from dockflow.algos.plan import RunPlan
 from dockflow.background import run_in_background
 from dockflow.config import Config
 from dockflow.data import Example, columns_of, load_task
-from dockflow.dock import DockRequest, TransferDock
+from dockflow.dock import DockBatch, DockRequest, TransferDock
 from dockflow.engines import decode_responses, response_ids
 from dockflow.models import load_tokenizer
 from dockflow.rewards.functions import combine, completion_text, function_path, trl_completions
@@ -37,7 +36,7 @@ from dockflow.rewards.runner import RewardBatch, RewardRunner, RunState
 from dockflow.rewards.verifier import task_verifier
 from dockflow.storage.objects import fetch_model
 from dockflow.workers.advantage import AdvantageState, RoundAdvantages
-from dockflow.workers.consume import WaitClock, consume
+from dockflow.workers.consume import WaitClock, consume, fill_column
 
 
 def row_columns(examples: list[Example], answer_key: str = "answer", names: list[str] | None = None) -> dict[str, list]:
@@ -151,37 +150,39 @@ class RewardWorker:
     def compute_rewards(self, iteration: int) -> dict[str, float]:
         """Score one generation round (G x N samples) into ``rewards``: the weighted sum of every reward
         function and model that applies to a sample (``docs/rewards.md``), shaped by the algorithm."""
-        start = time.perf_counter()
         combined: list[float] = []
         per_source: list[list[float]] = [[] for _ in self.labels]
         logged: dict[str, list[float]] = {}
-        correct = unscorable = 0
-        bs = self.cfg.train.infer_batch_size
-        columns = self.columns["reward"]
-        request = DockRequest("reward", bs, columns, window=self.plan.dock_window(iteration))
-        waited, functions_s, own_s = WaitClock(), 0.0, 0.0
-        for batch in consume(self.dock, request, self.cfg.global_batch, clock=waited):
+        counts = {"correct": 0, "unscorable": 0, "functions_s": 0.0, "own_s": 0.0}
+
+        def rewards_of(batch: DockBatch) -> torch.Tensor:
             rows = [self.examples[p] for p in batch.meta["prompt_id"].tolist()]
             view = self._view(batch, rows)
-            texts = view.texts
             values, batch_logged, call_s, own = self._score(batch, iteration, view, rows)
-            functions_s, own_s = functions_s + call_s, own_s + own
+            counts["functions_s"] += call_s
+            counts["own_s"] += own
             for acc, col in zip(per_source, values, strict=True):
                 acc.extend(col)
             for name, v in batch_logged.items():
                 logged.setdefault(name, []).extend(v)
-            unscorable += sum(all(math.isnan(col[i]) for col in values) for i in range(len(texts)))
-            correct += sum(self.verifier(t, ex) > 0 for t, ex in zip(texts, rows, strict=True))
+            counts["unscorable"] += sum(all(math.isnan(col[i]) for col in values) for i in range(len(view.texts)))
+            counts["correct"] += sum(self.verifier(t, ex) > 0 for t, ex in zip(view.texts, rows, strict=True))
             score = torch.tensor(combine(values, self.weights), dtype=torch.float32)
             score = self.recipe.shape_rewards(self.cfg, score, batch.meta["response_length"])  # DAPO: overlong shaping
-            self.dock.put(batch.indices, TensorDict({"rewards": score}, batch_size=[len(batch)]))
             combined.extend(score.tolist())
+            return score
+
+        request = DockRequest("reward", self.cfg.train.infer_batch_size, self.columns["reward"],
+                              window=self.plan.dock_window(iteration))
+        waited = WaitClock()
+        seconds = fill_column(self.dock, consume(self.dock, request, self.cfg.global_batch, clock=waited), "rewards",
+                              rewards_of)
         mean, std = _stats(combined)
-        metrics = {"reward/mean": mean, "reward/std": std, "reward/correct_fraction": correct / len(combined),
-                   "reward/unscorable_fraction": unscorable / len(combined), "timing/reward_s": time.perf_counter() - start,
+        metrics = {"reward/mean": mean, "reward/std": std, "reward/correct_fraction": counts["correct"] / len(combined),
+                   "reward/unscorable_fraction": counts["unscorable"] / len(combined), "timing/reward_s": seconds,
                    "timing/reward_wait_s": waited.seconds,  # of reward_s: waiting on the dock for responses
-                   "timing/reward_functions_s": functions_s,  # of reward_s: the calls, with any process hop
-                   "timing/reward_functions_own_s": own_s}  # of those: the functions' own time
+                   "timing/reward_functions_s": counts["functions_s"],  # of reward_s: the calls, with any process hop
+                   "timing/reward_functions_own_s": counts["own_s"]}  # of those: the functions' own time
         for label, values in zip(self.labels, per_source, strict=True):
             metrics[f"rewards/{label}/mean"], metrics[f"rewards/{label}/std"] = _stats(values)
         metrics.update({name: sum(v) / len(v) for name, v in logged.items()})

@@ -12,21 +12,19 @@ checked as every model worker checks its own).
 
 from __future__ import annotations
 
-import time
-
 import torch
 from tensordict import TensorDict
 
 from dockflow.algos.plan import REWARD_MODEL_CONSUMER, RunPlan
 from dockflow.config import Config
 from dockflow.data import load_task
-from dockflow.dock import DockRequest, TransferDock
+from dockflow.dock import DockBatch, DockRequest, TransferDock
 from dockflow.engines import decode_responses
 from dockflow.engines.devices import check_worker_device
 from dockflow.models import load_tokenizer
 from dockflow.rewards.sequence_classifier import RewardModel
 from dockflow.storage.objects import fetch_model
-from dockflow.workers.consume import consume
+from dockflow.workers.consume import consume, fill_column
 from dockflow.workers.runtime import init_worker_process
 
 
@@ -60,14 +58,15 @@ class RewardModelWorker:
 
     def score(self, iteration: int) -> dict[str, float]:
         """Score one generation round (G x N samples) into ``rm_scores``."""
-        start = time.perf_counter()
         request = DockRequest(REWARD_MODEL_CONSUMER, self.cfg.train.infer_batch_size, self.columns,
                               window=self.plan.dock_window(iteration))
-        for batch in consume(self.dock, request, self.cfg.global_batch):
-            as_seen = decode_responses(self.tokenizer, *split_prompts(batch.data))
-            own = [self.examples[int(p)].prompt for p in batch.meta["prompt_id"]] if self.examples else []
-            responses = decode_responses(self.tokenizer, batch.data["responses"], batch.data["response_mask"])
-            scores = [rm.score(own if rm.chat else as_seen, responses) for rm in self.models]
-            scores = torch.tensor(scores, dtype=torch.float32).T
-            self.dock.put(batch.indices, TensorDict({"rm_scores": scores.contiguous()}, batch_size=[len(batch)]))
-        return {"timing/reward_model_s": time.perf_counter() - start}
+        seconds = fill_column(self.dock, consume(self.dock, request, self.cfg.global_batch), "rm_scores", self._scores)
+        return {"timing/reward_model_s": seconds}
+
+    def _scores(self, batch: DockBatch) -> torch.Tensor:
+        """Every reward model's score of each sample of ``batch`` ([B, models])."""
+        as_seen = decode_responses(self.tokenizer, *split_prompts(batch.data))
+        own = [self.examples[int(p)].prompt for p in batch.meta["prompt_id"]] if self.examples else []
+        responses = decode_responses(self.tokenizer, batch.data["responses"], batch.data["response_mask"])
+        scores = [rm.score(own if rm.chat else as_seen, responses) for rm in self.models]
+        return torch.tensor(scores, dtype=torch.float32).T.contiguous()
