@@ -72,7 +72,7 @@ class Work:
 
 @dataclass(frozen=True)
 class QueueSettings:
-    """A :class:`RolloutQueue`'s settings (``queue_settings(cfg)``); without ``token_budget``: fixed chunks only."""
+    """A :class:`RolloutQueue`'s settings (``queue_settings(cfg, plan)``); without ``token_budget``: fixed chunks only."""
 
     chunk_groups: int  # prompts per work item
     token_budget: int | None = None  # partial rollout: new tokens per response per work item
@@ -333,11 +333,11 @@ class QueueClient:
             ) from None
 
 
-def rollout_queue(cfg: Config, excluded: Sequence[int] = ()) -> RolloutQueue:
+def rollout_queue(cfg: Config, plan: RunPlan, excluded: Sequence[int] = ()) -> RolloutQueue:
     """The queue of this config: chunks of ``rollout.batch_size`` sequences; partial rollout's budget and ages.
     A parked group may be ``train.max_staleness + partial.max_age`` versions old when trained (each park can
     add one iteration), so that is the update's bound with partial rollout on."""
-    return RolloutQueue(queue_settings(cfg, excluded))
+    return RolloutQueue(queue_settings(cfg, plan, excluded))
 
 
 def queue_settings(cfg: Config, plan: RunPlan, excluded: Sequence[int] = ()) -> QueueSettings:

@@ -47,7 +47,7 @@ class GeneratorWorker:
                                    self.engine)
         excluded = check_prompt_lengths(self.prompts.templated, tokenizer, cfg.data, cfg.rollout.max_new_tokens,
                                         getattr(self.model.config, "max_position_embeddings", None))
-        self.queue: RolloutQueue = rollout_queue(cfg, excluded)  # used alone (one generator); parked groups live here
+        self.queue: RolloutQueue = rollout_queue(cfg, plan, excluded)  # used alone (one generator); parked groups live here
         self.tool_table = ToolTable(cfg, train, tokenizer) if cfg.tools.enabled else None
         self.policy_version = 0
 
