@@ -1,8 +1,9 @@
 """GRPO (Shao et al., 2024, DeepSeekMath): group-relative advantages, no critic.
 
-One iteration, stage by stage (``dockflow/flow/iteration.py``):
+One iteration, stage by stage (``dockflow/flow/iteration.py``; in one process: ``flow/single_process.py``):
 
-1. generate: N responses for each of G prompts into the iteration's dock window (``workers/rollout.py``).
+1. generate: N responses for each of G prompts into the iteration's dock window
+   (``rollout/plain.py: generate_into_dock``).
 2. infer: the reward worker scores every response with the task's verifier (``workers/reward.py``) and its
    advantage state (``workers/advantage.py``) computes advantages group by group: reward minus the group mean,
    divided by the group std (``advantages`` below: ``groups.py: group_normalised``, ``grpo_advantages``); the
