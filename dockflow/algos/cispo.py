@@ -25,7 +25,7 @@ from pydantic import Field
 
 from dockflow.algos.base import Algorithm, policy_gradient_columns
 from dockflow.algos.groups import group_normalised
-from dockflow.algos.losses import PolicyLossOutput
+from dockflow.algos.losses import PolicyLossOutput, token_kl
 from dockflow.config.algorithm import AlgorithmSection
 from dockflow.config.base import Section
 
@@ -78,7 +78,6 @@ def cispo_loss(
     tokens whose weight was truncated with a positive advantage (TRL's ``cispo_clip_ratio``)."""
     import torch
 
-    from dockflow.algos.kl import kl_penalty
     from dockflow.algos.utils import masked_mean
 
     mask = response_mask.to(logp.dtype)
@@ -89,12 +88,7 @@ def cispo_loss(
     pg_tok = -weight * adv * logp
     if token_weights is not None:
         pg_tok = pg_tok * token_weights
-    if kl_coef > 0.0:
-        if ref_logp is None:
-            raise ValueError("kl_coef > 0 needs ref_logp (the reference worker's log-probs)")
-        kl_tok = kl_penalty(logp, ref_logp, kl_estimator)
-    else:
-        kl_tok = torch.zeros_like(logp)
+    kl_tok = token_kl(logp, ref_logp, kl_coef, kl_estimator)
     loss = masked_mean(pg_tok + kl_coef * kl_tok, mask, token_denom)
     with torch.no_grad():
         clipped = ((ratio > epsilon_high) & (adv > 0)).to(logp.dtype)

@@ -33,6 +33,20 @@ def clipped_ratio(ratio: torch.Tensor, clip_low: float, clip_high: float) -> tor
     return ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
 
 
+def token_kl(logp: torch.Tensor, ref_logp: torch.Tensor | None, kl_coef: float,
+             kl_estimator: KLEstimator) -> torch.Tensor:
+    """The per-token KL estimate to the reference that a loss adds ``kl_coef`` times (zeros when ``kl_coef`` is 0)."""
+    import torch
+
+    from dockflow.algos.kl import kl_penalty
+
+    if kl_coef <= 0.0:
+        return torch.zeros_like(logp)
+    if ref_logp is None:
+        raise ValueError("kl_coef > 0 needs ref_logp (the reference worker's log-probs)")
+    return kl_penalty(logp, ref_logp, kl_estimator)
+
+
 @dataclass
 class PolicyLossOutput:
     loss: torch.Tensor
@@ -67,7 +81,6 @@ def clipped_policy_loss(
     """
     import torch
 
-    from dockflow.algos.kl import kl_penalty
     from dockflow.algos.utils import masked_mean
 
     mask = response_mask.to(logp.dtype)
@@ -80,12 +93,7 @@ def clipped_policy_loss(
     pg_tok = torch.maximum(unclipped, clipped)
     if token_weights is not None:
         pg_tok = pg_tok * token_weights
-    if kl_coef > 0.0:
-        if ref_logp is None:
-            raise ValueError("kl_coef > 0 needs ref_logp (the reference worker's log-probs)")
-        kl_tok = kl_penalty(logp, ref_logp, kl_estimator)
-    else:
-        kl_tok = torch.zeros_like(logp)
+    kl_tok = token_kl(logp, ref_logp, kl_coef, kl_estimator)
     loss = masked_mean(pg_tok + kl_coef * kl_tok, mask, token_denom)
     # Reported values are means over this call's tokens, whatever token_denom is.
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""Shared fixtures for model tests: a very small tiny-model config so tests stay fast."""
+"""Fixtures shared by the unit tests of several rooms (models, the SFT warm start, agents, rollouts)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dockflow.models import build_char_tokenizer
 
 @pytest.fixture(scope="session")
 def micro_cfg() -> TinyModelConfig:
+    """A very small tiny-model config, so that model tests stay fast."""
     return TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
 
 
