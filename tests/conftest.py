@@ -13,11 +13,21 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 from fixtures.mlflow_server import mlflow_server  # noqa: E402, F401
 from fixtures.s3_server import s3_checkpoint_dir, s3_env, s3_server  # noqa: E402, F401
 
+# The longest test files (minutes each, measured 2026-11-28): collected first, so that two pytest-xdist workers
+# (``--dist loadfile``) start them at once instead of ending on one of them.
+LONGEST_FIRST = ("tests/integration/test_pipeline_local.py", "tests/integration/test_algorithms.py")
+
+
+def _weight(item) -> int:
+    path = item.nodeid.split("::")[0]
+    return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
 
 def pytest_collection_modifyitems(items):
-    """Tests marked ``vllm_in_process`` run last. They start vLLM's CPU engine in the test process, which replaces
+    """The longest files first (``LONGEST_FIRST``); tests marked ``vllm_in_process`` run last. They start vLLM's CPU engine in the test process, which replaces
     ``torch.set_num_threads`` with a no-op and binds OpenMP threads: a process forked from it after that inherits
     a pool it cannot shrink and hangs or crashes (the gloo tests' ranks start from a fork server instead,
     ``fixtures/ranks.py``; the tool sandbox forks). DockFlow's workers never fork after vLLM
     starts; the test process does, so the order is fixed here."""
-    items.sort(key=lambda item: item.get_closest_marker("vllm_in_process") is not None)  # stable: others keep theirs
+    items.sort(key=_weight)  # stable: the others keep their order
+    items.sort(key=lambda item: item.get_closest_marker("vllm_in_process") is not None)
