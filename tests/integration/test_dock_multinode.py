@@ -229,7 +229,9 @@ def test_bandwidth_model_holds_the_link_only_across_nodes(nodes, workers):
         local = ray.get(writer.timed_produce.remote(dock, list(range(block, 2 * block)), "responses"))
         remote = ray.get(writer.timed_produce.remote(dock, list(range(block)), "responses"))
         rows = block * SL * 8
-        assert remote >= rows / (mib_per_s * 2**20) * 0.95 > local
+        # the remote put held the link at least its modelled time; the local one held none (its link bytes: 0).
+        # (Not "the local put was faster than 0.19 s" in wall time: under a loaded suite any put can take that.)
+        assert remote >= rows / (mib_per_s * 2**20) * 0.95, (remote, local)
         stats = dock.stats()
         assert stats["warehouses"][1]["link_bytes"] == 0  # its writer and its controller are on its node
         assert stats["warehouses"][0]["link_bytes"] >= rows  # rows in, the notification out
