@@ -2,8 +2,8 @@
 
 A dock holds ``capacity`` samples: 1 + ``train.max_staleness`` windows, one per iteration in flight (the one being
 trained and those generated ahead of it), each the iteration's global batch of G prompts x N responses (times
-the sampling rounds); ``Config.dock_capacity`` and ``Config.dock_window`` size and place them. Each sample has a
-global index in ``[0, capacity)``; the N samples of a prompt are one group ``[g*N, (g+1)*N)``.
+the sampling rounds); the run plan's ``RunPlan.dock_capacity`` and ``RunPlan.dock_window`` size and place them.
+Each sample has a global index in ``[0, capacity)``; the N samples of a prompt are one group ``[g*N, (g+1)*N)``.
 Producers ``put`` column data for some indices; consumers (worker states such as ``actor_update``)
 ``get`` indices whose requested columns are ready and that they have not consumed yet. The backends
 (distributed warehouses + controllers, or one centralized buffer) sit behind this interface.
