@@ -13,7 +13,7 @@ from dockflow.algos.cispo import cispo_loss
 from dockflow.config import load_config
 
 
-def trl_cispo_loss(per_token_logps, old_per_token_logps, advantages, mask, epsilon_high, beta=0.0, ref=None,
+def trl_cispo_loss(per_token_logps, old_per_token_logps, advantages, mask, *, epsilon_high, beta=0.0, ref=None,
                    num_items_in_batch=None):
     """TRL 1.16, trl/trainer/grpo_trainer.py, GRPOTrainer._compute_loss with importance_sampling_level="token",
     one process, no accumulation: lines 3083-3095 (the ratio), 3100-3102 (k3 KL), 3109-3111 (cispo's term),
@@ -54,7 +54,7 @@ def test_matches_trls_cispo_formula_with_kl_and_a_mini_batch_denominator():
     mask[3, 2:] = 0
     for eps_high, beta, denom in [(5.0, 0.0, None), (1.2, 0.05, None), (1.5, 0.0, 40.0)]:
         ours = cispo_loss(logp, old, adv, mask, epsilon_high=eps_high, ref_logp=ref, kl_coef=beta, token_denom=denom)
-        theirs = trl_cispo_loss(logp, old, adv, mask, eps_high, beta, ref, num_items_in_batch=denom)
+        theirs = trl_cispo_loss(logp, old, adv, mask, epsilon_high=eps_high, beta=beta, ref=ref, num_items_in_batch=denom)
         assert torch.allclose(ours.loss, theirs, rtol=1e-6, atol=1e-7)
         g_ours = torch.autograd.grad(ours.loss, logp)[0]
         g_theirs = torch.autograd.grad(theirs, logp)[0]
