@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -27,6 +28,7 @@ from dockflow.rewards.functions import combine, function_path, trl_completions
 from dockflow.rewards.runner import RewardBatch, RewardRunner, RunState
 from dockflow.rollout.plain import generate_into_dock
 from dockflow.rollout.prompts import PromptTable, iteration_sampler
+from dockflow.storage.manifest import CheckpointError
 from dockflow.storage.objects import fetch_model
 from dockflow.workers.advantage import filtration_seed
 from dockflow.workers.resources import build_plan
@@ -159,8 +161,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("config")
     p.add_argument("--model", required=True, help="the initial policy: a local HF directory or s3:// URI")
     p.add_argument("overrides", nargs="*")
-    args = p.parse_args(argv)
-    result = run_single_process(load_config(args.config, args.overrides), args.model)
+    args = p.parse_intermixed_args(argv)
+    try:
+        result = run_single_process(load_config(args.config, args.overrides), args.model)
+    except (ValueError, OSError, CheckpointError) as exc:  # a bad config, a config this loop does not run, no model
+        print(f"error: {exc}", file=sys.stderr)  # one line, exit 2 as the dockflow CLI does
+        raise SystemExit(2) from None
     for i, r in enumerate(result["reward_per_iteration"], 1):
         print(f"iteration {i}: reward/mean {r:.4f}" if not math.isnan(r) else f"iteration {i}: no reward")
 
