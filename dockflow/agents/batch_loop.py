@@ -11,8 +11,9 @@ trajectories that stopped drop out), where a ``generate`` per trajectory would r
 trajectory is ``trajectory_steps`` (the same loop as ``run_trajectory``), so the batch changes how the turns
 are sampled, never what a trajectory holds.
 
-Tools without an environment are stateless functions: the batch shares one ``ToolHost`` (one child process,
-replaced only when a call is killed at the timeout). An environment gets one host per rollout, as TRL gives
+Tools without an environment are stateless functions: the batch shares a ``ToolHostPool`` (one child process
+while calls come one at a time, as here; more when trajectories call side by side, ``stream_loop``; a child is
+replaced when a call is killed at the timeout). An environment gets one host per rollout, as TRL gives
 each rollout its own instance; after ``get_reward()`` its instance is copied out of the child (``state``), so
 reward functions can be passed it as ``environments=`` after the child is gone.
 
@@ -32,7 +33,8 @@ from typing import Any
 
 from dockflow.agents.environments import pick_factory, with_observation
 from dockflow.agents.parking import ParkedTrajectory, resumed_host
-from dockflow.agents.tool_host import ToolHost, import_tool
+from dockflow.agents.stream_loop import TurnStream, stream_trajectories
+from dockflow.agents.tool_host import ToolHost, ToolHostPool, import_tool
 from dockflow.agents.trajectory import (
     Generate,
     Step,
@@ -140,7 +142,7 @@ class Rollout:
 
 def run_rollouts(
     rows: Sequence[dict[str, Any] | ParkedTrajectory],
-    generate: GenerateBatch,
+    generate: GenerateBatch | TurnStream,
     tokenizer: Any,
     tools: Sequence[Callable[..., Any]],
     factories: Any,
@@ -151,15 +153,16 @@ def run_rollouts(
 ) -> list[Any]:
     """One rollout per row as TRL runs it: a fresh environment from the row's factory (``factories``: one, a dict
     picked by the row's ``environment`` column, or None), ``reset(**row)``, its observation appended to the last
-    user message of ``row["prompt"]``, the tool loop (all rows a turn at a time), then ``get_reward()`` and a
-    copy of the instance: a ``Rollout``. ``chat_template``: ``loop_template(tokenizer)``, computed once.
+    user message of ``row["prompt"]``, the tool loop (over a ``GenerateBatch``: all rows a turn at a time; over a
+    ``TurnStream``: each row at its own pace, ``stream_loop``), then ``get_reward()`` and a copy of the instance:
+    a ``Rollout``. ``chat_template``: ``loop_template(tokenizer)``, computed once.
 
     ``budget``: model tokens per rollout in this call (partial rollout; None: to the end); a rollout it stops is
     a ``ParkedTrajectory`` instead, its environment pickled out of its child. A ``ParkedTrajectory`` among
     ``rows`` goes on where it stopped (no ``reset``: its environment comes back from the pickle)."""
     stops = [tokenizer.eos_token_id]
     with ExitStack() as stack:
-        shared = stack.enter_context(ToolHost(tools, timeout_s=limits.timeout_s)) if factories is None else None
+        shared = stack.enter_context(ToolHostPool(tools, limits.timeout_s)) if factories is None else None
         hosts, trajs, steps, turns, keys = [], [], [], {}, []
         for k, row in enumerate(rows):
             if isinstance(row, ParkedTrajectory):
@@ -177,7 +180,11 @@ def run_rollouts(
             trajs.append(traj)
             keys.append(key)
             steps.append(trajectory_steps([], tokenizer, host, limits, chat_template=chat_template, start=traj))
-        done, parked = drive_trajectories(steps, generate, stops, budget=budget, turns=turns)
+        if isinstance(generate, TurnStream):  # each trajectory at its own pace (vLLM)
+            stall_s = limits.timeout_s * max(limits.max_tool_calls, 1) + 30.0
+            done, parked = stream_trajectories(steps, generate, stops, budget=budget, turns=turns, stall_s=stall_s)
+        else:  # a round of turns at a time (HF)
+            done, parked = drive_trajectories(steps, generate, stops, budget=budget, turns=turns)
         return [
             Rollout(traj, host.reward(), host.environment, host.state())
             if k not in parked

@@ -22,6 +22,7 @@ import asyncio
 import inspect
 import multiprocessing
 import pickle
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -232,6 +233,63 @@ class ToolHost:
         self._proc, self._conn = None, None
 
     def __enter__(self) -> ToolHost:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ToolHostPool:
+    """Stateless tools (no environment) shared by the trajectories of a call: each call takes an idle
+    ``ToolHost`` child, or starts one when every child is busy, so trajectories that run side by side
+    (``dockflow.agents.stream_loop``) call their tools in parallel; driven one call at a time it is one child,
+    as one ``ToolHost``. The ``ToolHost`` methods a rollout uses: no environment, so no reward and no state."""
+
+    environment: str | None = None
+    lost: str | None = None
+
+    def __init__(self, tools: Sequence[Callable[..., Any]], timeout_s: float) -> None:
+        self.tools, self.timeout_s = list(tools), timeout_s
+        self._shown = ToolHost(self.tools, timeout_s=timeout_s)  # starts no child: its schemas only
+        self._idle: list[ToolHost] = []
+        self._hosts: list[ToolHost] = []
+        self._lock = threading.Lock()
+
+    def schemas(self) -> list[dict[str, Any]]:
+        return self._shown.schemas()
+
+    def call(self, name: str, arguments: Mapping[str, Any]) -> ToolOutcome:
+        with self._lock:
+            if self._idle:
+                host = self._idle.pop()
+            else:
+                host = ToolHost(self.tools, timeout_s=self.timeout_s)
+                self._hosts.append(host)
+        try:
+            return host.call(name, arguments)
+        finally:
+            with self._lock:
+                self._idle.append(host)
+
+    @property
+    def children(self) -> int:
+        """How many child processes the pool started (its most parallel moment)."""
+        return len(self._hosts)
+
+    def reward(self) -> None:
+        return None
+
+    def state(self) -> None:
+        return None
+
+    def snapshot(self) -> None:
+        return None
+
+    def close(self) -> None:
+        for host in self._hosts:
+            host.close()
+
+    def __enter__(self) -> ToolHostPool:
         return self
 
     def __exit__(self, *exc: object) -> None:

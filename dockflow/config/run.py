@@ -145,8 +145,8 @@ class Config(Section):
                              "placement.mode: disaggregated")
 
     def _check_tools(self) -> None:
-        """Multi-turn tool rollouts run on the HF generation engine, a turn of every trajectory at a time
-        (docs/agents.md)."""
+        """Multi-turn tool rollouts run on the HF engine (a turn of every trajectory at a time) and on vLLM (each
+        trajectory at its own pace); docs/agents.md."""
         if not self.tools.enabled:
             if self.sft.demonstrations:
                 raise ValueError("sft.demonstrations teach tool use, but no tools are configured: set "
@@ -155,8 +155,8 @@ class Config(Section):
         refused = {
             "data.chat_template is false (tools are rendered by the chat template; set data.chat_template: true)":
                 not self.data.chat_template,
-            f"engine.backend={self.engine.backend} (only the hf engine runs the tool loop; set engine.backend: hf)":
-                self.engine.backend != "hf",
+            "engine.backend=cost_model (it models time, not tokens; set engine.backend: hf or vllm)":
+                self.engine.backend == "cost_model",
             f"algorithm.name={self.algorithm.name} trains on offline pairs (nothing is generated)":
                 self.offline,
         }

@@ -86,6 +86,11 @@ class GenerationEngine(ABC):
         resume."""
         raise NotImplementedError(f"{type(self).__name__} cannot continue partial rollouts")
 
+    def turn_stream(self, tokenizer: Any, params: SamplingParams, seed: int) -> Any | None:
+        """Tool-loop turns as requests of their own (``submit`` / ``step``: ``dockflow.agents.stream_loop``), or None
+        when this engine samples turns a batch at a time (``dockflow.engines.turn_sampler.BatchSampler``)."""
+        return None
+
     def samples_with(self, module: torch.nn.Module) -> bool:
         """Whether this engine samples with ``module``'s own tensors (HF generation colocated with its trainer):
         then a sync copies nothing, and the sync check has nothing to compare."""

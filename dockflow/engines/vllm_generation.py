@@ -240,6 +240,12 @@ class VLLMGenerationEngine(GenerationEngine):
         rows, logp, lengths = response_rows(completions_in_order(outputs), max_tokens, eos, pad, row_caps)
         return rows_as_tensors(rows, logp, lengths, max_tokens)
 
+    def turn_stream(self, tokenizer: Any, params: SamplingParams, seed: int) -> Any:
+        """Tool-loop turns as requests of their own (``dockflow.engines.vllm_turns``)."""
+        from dockflow.engines.vllm_turns import VLLMTurnStream
+
+        return VLLMTurnStream(self, tokenizer, params, seed)
+
     def decode(self, responses: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
         return decode_responses(self.tokenizer, responses, response_mask)
 

@@ -21,7 +21,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from dockflow.agents import Rollout, ToolSpec, run_rollouts
 from dockflow.data import Example, PromptFormat
 from dockflow.engines import HFGenerationEngine, SamplingParams
-from dockflow.engines.turn_sampler import BatchSampler
+from dockflow.engines.turn_sampler import turn_sampler
 from dockflow.eval.greedy import rng_guard
 from dockflow.eval.pass_at_k import sample_scores
 from dockflow.rewards.verifier import Verifier
@@ -50,7 +50,7 @@ def tool_trajectories(
     with rng_guard(device):
         for start in range(0, len(rows), batch_size):
             chunk = [row for row in rows[start : start + batch_size] for _ in range(params.n)]
-            sampler = BatchSampler(engine, tokenizer, params, seed + start)
+            sampler = turn_sampler(engine, tokenizer, params, seed + start)
             out += run_rollouts(
                 chunk, sampler, tokenizer, spec.tools, spec.factories, spec.limits, chat_template=spec.chat_template
             )

@@ -5,8 +5,9 @@
     spec = tool_spec(cfg.tools, tokenizer)                  # the tools imported, the loop's chat template
     out, rollouts = tool_rollouts(engine, tokenizer, rows, spec, params, seed=s, prompt_width=w)   # row x params.n
 
-All trajectories of a call advance a turn at a time (``dockflow.agents.run_rollouts``): one ``sample`` call per
-turn for the whole batch (``dockflow.engines.turn_sampler.BatchSampler``). Each trajectory is split at its prompt:
+The trajectories of a call run through ``dockflow.agents.run_rollouts`` over the engine's turn sampler
+(``dockflow.engines.turn_sampler.turn_sampler``): on vLLM each at its own pace, every turn a request of its own;
+on the HF engine a turn of all of them at a time, one ``sample`` call per round. Each trajectory is split at its prompt:
 the prompt ids are left-padded to ``prompt_width``, everything after it (model turns and tool turns) is the
 response, right-padded to ``params.max_new_tokens``. ``attention_mask`` is 1 on every real token (the model attends
 to the tool turns), ``response_mask`` is the trajectory's mask: 1 on model tokens, 0 on tool tokens, so every
@@ -16,8 +17,8 @@ bounded by ``tools.max_total_tokens``, and its model tokens end within ``rollout
 (tool tokens past that width are cut: they are context for nothing). ``tool_record`` holds each trajectory's
 conversation and environment for the reward functions (``dockflow.agents.records``, docs/agents.md).
 
-The dock's prompt column is ``tools.max_total_tokens - rollout.max_new_tokens`` wide (a trajectory's prompt
-holds the tool schemas and an environment's observation, unknown until ``reset``), the response column
+The dock's prompt column is as wide as the longest train row's prompt rendered with the tool schemas and its
+environment's observation (``ToolTable.width``, measured when the worker starts), the response column
 ``rollout.max_new_tokens``. With partial rollout (``rollout.partial.token_budget``) the generator's
 ``generate_partial_into_dock`` runs them through ``ToolGroups``: each trajectory gets at most the budget of model
 tokens per work item, and one it stops is parked, mid-turn or between turns, with its environment, until a later
@@ -37,12 +38,13 @@ from tensordict import TensorDict
 
 from dockflow.agents import Rollout, ToolSpec, TrajectoryMetrics, run_rollouts, tool_spec
 from dockflow.agents.parking import ParkedTrajectory
+from dockflow.agents.prompt_width import ToolPromptError, tool_prompt_width
 from dockflow.agents.records import TrajectoryRecord, pack_record
 from dockflow.config import Config
 from dockflow.data import PromptFormat
 from dockflow.dock import TransferDock
 from dockflow.engines import GenerationEngine, SamplingParams
-from dockflow.engines.turn_sampler import BatchSampler
+from dockflow.engines.turn_sampler import turn_sampler
 from dockflow.eval.tool_scores import tool_rows
 from dockflow.rollout.plain import clipped_rows, dock_columns, generation_seed, rollout_metrics
 from dockflow.rollout.queue import QueueClient, QueueSettings, RolloutQueue
@@ -80,7 +82,7 @@ def sample_tool_rollouts(
     """One trajectory per item (a row: ``row["prompt"]`` messages; or a parked ``Sampled`` going on in its turn),
     all a turn at a time; turn ``t`` of the call samples with seed ``seed + t``. ``budget``: model tokens per
     trajectory in this call (partial rollout), past which it comes back parked."""
-    sampler = BatchSampler(engine, tokenizer, params, seed)
+    sampler = turn_sampler(engine, tokenizer, params, seed)
     rows: list[Any] = []
     for k, item in enumerate(items):
         if isinstance(item, Sampled):
@@ -107,9 +109,10 @@ def lay_out(samples: Sequence[Sampled], tokenizer: Any, spec: ToolSpec, prompt_w
         traj = out.trajectory
         p = traj.prompt_length
         if p > prompt_width:
-            raise ValueError(
-                f"a tool prompt has {p} tokens (tool schemas and the environment's observation "
-                f"included), more than the prompt width {prompt_width}: shorten it"
+            raise ToolPromptError(
+                f"a tool prompt rendered to {p} tokens, more than the {prompt_width} its row rendered to when the run "
+                "started (the prompt width): the environment's reset returned a longer observation than then; make "
+                "reset's observation for a row the same each time"
             )
         response = traj.token_ids[p:][:width_r]  # past the width: tool tokens only (mask 0), never trained on
         input_ids[k, prompt_width - p : prompt_width + len(response)] = torch.tensor(
@@ -174,13 +177,16 @@ def trajectory_means(ms: Sequence[TrajectoryMetrics]) -> dict[str, float]:
 
 class ToolTable:
     """The train rows as the tool loop takes them (``prompt``: messages, the answer and the row's other
-    columns, for an environment's ``reset``), the tools and the loop's chat template. One per worker."""
+    columns, for an environment's ``reset``), the tools, the loop's chat template and the prompt width: the
+    longest row as the loop renders it (``tool_prompt_width``: schemas and observation included, checked against
+    ``tools.max_total_tokens`` and the model's ``context``). One per worker."""
 
-    def __init__(self, cfg: Config, examples: list[Any], tokenizer: Any) -> None:
+    def __init__(self, cfg: Config, examples: list[Any], tokenizer: Any, context: int | None) -> None:
         self.rows = tool_rows(examples, PromptFormat.of(cfg.data))
         self.spec = tool_spec(cfg.tools, tokenizer)
         self.tokenizer = tokenizer
-        self.width = cfg.tools.max_total_tokens - cfg.rollout.max_new_tokens
+        self.width = tool_prompt_width(self.rows, tokenizer, self.spec, max_new_tokens=cfg.rollout.max_new_tokens,
+                                       context=context)
 
 
 def generate_tools_into_dock(

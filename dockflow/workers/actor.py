@@ -90,9 +90,9 @@ class ActorWorker(ModelWorker):
         self.prompts = PromptTable(
             PromptFormat.of(cfg.data).render_all([ex.prompt for ex in self.task.train], self.tokenizer), self.gen_engine
         )
-        check_prompt_lengths(self.prompts.templated, self.tokenizer, cfg.data,
-                             cfg.rollout.max_new_tokens, getattr(model.config, "max_position_embeddings", None))
-        self.tool_table = ToolTable(cfg, self.task.train, self.tokenizer) if cfg.tools.enabled else None
+        context = getattr(model.config, "max_position_embeddings", None)
+        check_prompt_lengths(self.prompts.templated, self.tokenizer, cfg.data, cfg.rollout.max_new_tokens, context)
+        self.tool_table = ToolTable(cfg, self.task.train, self.tokenizer, context) if cfg.tools.enabled else None
         self.columns = plan.role("actor").reads  # its states' dock columns
         self.policy_version = 0
         self.recipe = plan.recipe  # the algorithm: its loss, how its rows are batched

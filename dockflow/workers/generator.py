@@ -45,10 +45,11 @@ class GeneratorWorker:
         train = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint).train
         self.prompts = PromptTable(PromptFormat.of(cfg.data).render_all([ex.prompt for ex in train], tokenizer),
                                    self.engine)
+        context = getattr(self.model.config, "max_position_embeddings", None)
         excluded = check_prompt_lengths(self.prompts.templated, tokenizer, cfg.data, cfg.rollout.max_new_tokens,
-                                        getattr(self.model.config, "max_position_embeddings", None))
+                                        context)
         self.queue: RolloutQueue = rollout_queue(cfg, plan, excluded)  # used alone (one generator); parked groups live here
-        self.tool_table = ToolTable(cfg, train, tokenizer) if cfg.tools.enabled else None
+        self.tool_table = ToolTable(cfg, train, tokenizer, context) if cfg.tools.enabled else None
         self.policy_version = 0
 
     def ready(self) -> bool:

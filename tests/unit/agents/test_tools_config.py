@@ -15,17 +15,18 @@ def test_the_response_must_fit_in_the_trajectory() -> None:
         load_config(None, [TOOL, "data.chat_template=true", "tools.max_total_tokens=8"])
 
 
-def test_no_tools_by_default_and_a_tool_run_validates() -> None:
+def test_no_tools_by_default_and_a_tool_run_validates_on_both_engines() -> None:
     assert not load_config(None).tools.enabled
     cfg = load_config(None, [TOOL, "data.chat_template=true"])
     assert cfg.tools.enabled and cfg.tools.functions == ["tests.unit.agents.tools_for_tests:add"]
+    assert load_config(None, [TOOL, "data.chat_template=true", "engine.backend=vllm", "engine.device=cpu"]).tools.enabled
 
 
 @pytest.mark.parametrize(
     ("extra", "named"),
     [
         ([], "data.chat_template"),
-        (["data.chat_template=true", "engine.backend=vllm"], "engine.backend"),
+        (["data.chat_template=true", "engine.backend=cost_model"], "engine.backend"),
     ],
 )
 def test_what_the_tool_loop_cannot_run_is_refused(extra: list[str], named: str) -> None:

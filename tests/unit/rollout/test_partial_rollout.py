@@ -103,7 +103,7 @@ def same(a: Dock, b: Dock) -> None:
 def test_multi_turn_partial_rollout_resumes_across_a_checkpoint_in_the_right_turn(tool: str) -> None:
     cfg = load_config(None, [*RUN, *TOOLS, tool])
     tokenizer = qwen_style(build_char_tokenizer())
-    table = ToolTable(cfg, load_task(cfg.data, cfg.run.seed).train, tokenizer)
+    table = ToolTable(cfg, load_task(cfg.data, cfg.run.seed).train, tokenizer, None)
     engine = PrefixEngine(tokenizer, calculator_turns)
     full, history, queue = run(cfg, engine, tokenizer, None, table, checkpoint_after=None)
     g, n = cfg.rollout.prompts_per_iter, cfg.rollout.group_size
