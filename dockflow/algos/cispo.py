@@ -72,9 +72,10 @@ def cispo_loss(
 ) -> PolicyLossOutput:
     """CISPO's loss on [B, R] token tensors; ``advantages`` is per sample [B] or per token [B, R].
 
-    ``-min(ratio, epsilon_high).detach() * A * logp`` per token (times ``token_weights``, e.g. TIS weights), plus
-    ``kl_coef`` x the KL estimate; the sum over real tokens divided by ``token_denom`` (the mini-batch's response
-    tokens when this call sees one micro-batch of it; default this call's). ``clip_fraction`` is the share of
+    ``-min(ratio, epsilon_high).detach() * A * logp`` per token (times ``token_weights``, e.g. the rollout
+    correction's weights), plus ``kl_coef`` x the KL estimate; the sum over real tokens divided by
+    ``token_denom`` (the mini-batch's response tokens when this call sees one micro-batch of it; default this
+    call's). ``clip_fraction`` is the share of
     tokens whose weight was truncated with a positive advantage (TRL's ``cispo_clip_ratio``)."""
     import torch
 

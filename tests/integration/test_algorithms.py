@@ -1,6 +1,6 @@
 """Every algorithm's example config, shrunk to the tiny task, runs 2 iterations end to end and trains.
 Five runs also carry other features, to pay Ray's start-up once: REINFORCE++ runs disaggregated, one
-version stale, with truncated importance sampling; PF-PPO trains its actor on 2 data-parallel
+version stale, with token-truncated rollout correction; PF-PPO trains its actor on 2 data-parallel
 ranks (FSDP2, allgather-swap resharding, memory ledger) and resumes from its checkpoint; PPO trains its actor
 and its critic with the megatron engine, iteration 1 on 2 tensor-parallel ranks each, iteration 2 resumed from that
 checkpoint at TP=1 on 2 data-parallel megatron replicas; DPO trains the tiny Qwen3-MoE (from a fresh model: DPO's
