@@ -169,7 +169,7 @@ def policy_gradient_columns(cfg: Config, recipe: Algorithm) -> dict[str, list[st
     update = [*ROLLOUT, "response_mask", "old_log_prob", "advantages"]
     if recipe.kl_in_loss(cfg):
         update.append("ref_log_prob")
-    if cfg.train.tis_cap is not None:
+    if cfg.train.rollout_correction.mode is not None:
         update.append("rollout_log_prob")
     out["actor_update"] = update
     return out

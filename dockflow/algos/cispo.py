@@ -72,9 +72,10 @@ def cispo_loss(
 ) -> PolicyLossOutput:
     """CISPO's loss on [B, R] token tensors; ``advantages`` is per sample [B] or per token [B, R].
 
-    ``-min(ratio, epsilon_high).detach() * A * logp`` per token (times ``token_weights``, e.g. TIS weights), plus
-    ``kl_coef`` x the KL estimate; the sum over real tokens divided by ``token_denom`` (the mini-batch's response
-    tokens when this call sees one micro-batch of it; default this call's). ``clip_fraction`` is the share of
+    ``-min(ratio, epsilon_high).detach() * A * logp`` per token (times ``token_weights``, e.g. the rollout
+    correction's weights), plus ``kl_coef`` x the KL estimate; the sum over real tokens divided by
+    ``token_denom`` (the mini-batch's response tokens when this call sees one micro-batch of it; default this
+    call's). ``clip_fraction`` is the share of
     tokens whose weight was truncated with a positive advantage (TRL's ``cispo_clip_ratio``)."""
     import torch
 
@@ -110,23 +111,20 @@ class CISPO(Algorithm):
         return group_normalised(cfg, data)
 
     def policy_loss(self, cfg: Config, logp: torch.Tensor, micro: TensorDict, tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
-        """``cispo_loss`` over the mini-batch's response tokens, with ``train.tis_cap``'s token weights."""
-        from dockflow.algos.tis import truncated_is_weights
+        """``cispo_loss`` over the mini-batch's response tokens, with ``train.rollout_correction``'s weights."""
+        from dockflow.algos.rollout_correction import micro_batch_correction
 
         alg, kl = cfg.algorithm, self.kl_in_loss(cfg)
-        cap = cfg.train.tis_cap
-        tis = None if cap is None else truncated_is_weights(
-            micro["old_log_prob"], micro["rollout_log_prob"], micro["response_mask"], cap)
+        corr = micro_batch_correction(cfg, micro)
         out = cispo_loss(logp, micro["old_log_prob"], micro["advantages"], micro["response_mask"],
                          epsilon_high=alg.cispo.epsilon_high, ref_logp=micro["ref_log_prob"] if kl else None,
                          kl_coef=alg.kl_coef if kl else 0.0, kl_estimator=alg.kl_estimator, token_denom=tokens,
-                         token_weights=None if tis is None else tis.weights)
+                         token_weights=None if corr is None else corr.weights)
         metrics = {
             "train/pg_loss": float(out.pg_loss), "train/kl": float(out.kl), "train/clip_fraction": float(out.clip_fraction),
             "train/approx_kl_old": float(out.approx_kl_old),
             "train/loss": float(out.loss.detach()) * tokens / max(float(micro["response_mask"].sum()), 1.0),
         }
-        if tis is not None:
-            metrics["train/tis_weight_mean"] = float(tis.mean)
-            metrics["train/tis_truncated_fraction"] = float(tis.truncated_fraction)
+        if corr is not None:
+            metrics.update(corr.metrics)
         return out.loss, metrics

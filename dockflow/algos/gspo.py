@@ -24,6 +24,7 @@ from pydantic import Field
 from dockflow.algos.base import Algorithm, GroupNormSection, policy_gradient_columns
 from dockflow.algos.groups import group_normalised
 from dockflow.algos.losses import clipped_ratio
+from dockflow.algos.rollout_correction import SEQUENCE_MODES
 from dockflow.config.base import Section
 
 if TYPE_CHECKING:
@@ -48,10 +49,12 @@ class GSPOSection(GroupNormSection):
 
 
 def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
-              clip_low: float, clip_high: float, sequences: float | None = None) -> dict[str, torch.Tensor]:
+              clip_low: float, clip_high: float, sequences: float | None = None, *,
+              sequence_weights: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """GSPO's clipped surrogate on [B, R] token tensors. ``advantages`` is per token (a response's value broadcast
     over its tokens) or per response [B]; ``sequences``: responses in the whole mini-batch when this call sees a
     micro-batch of it (default: this call's). A response without tokens (masked out) adds nothing.
+    ``sequence_weights`` [B] (no grad) scale each response's term (a sequence-level rollout correction).
     Returns ``loss`` (with grad), and ``pg_loss``, ``clip_fraction``, ``ratio_mean``, ``log_ratio`` (no grad)."""
     import torch
 
@@ -64,6 +67,8 @@ def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     unclipped = -adv * ratio
     clipped = -adv * clipped_ratio(ratio, clip_low, clip_high)
     per_seq = torch.maximum(unclipped, clipped) * live
+    if sequence_weights is not None:
+        per_seq = per_seq * sequence_weights
     denom = float(sequences) if sequences is not None else max(float(live.sum()), 1.0)
     with torch.no_grad():
         n = max(float(live.sum()), 1.0)
@@ -78,8 +83,10 @@ class GSPO(Algorithm):
     kl = "loss"
 
     def check(self, cfg: Config) -> None:
-        if cfg.train.tis_cap is not None:
-            raise ValueError("train.tis_cap weights tokens, but GSPO's importance ratio is per response: set tis_cap: null")
+        mode = cfg.train.rollout_correction.mode
+        if mode is not None and mode not in SEQUENCE_MODES:
+            raise ValueError(f"train.rollout_correction.mode={mode} weights tokens, but GSPO's importance ratio is per "
+                             f"response: use one of {', '.join(SEQUENCE_MODES)}, or null")
 
     def consumers(self, cfg: Config) -> dict[str, list[str]]:
         return policy_gradient_columns(cfg, self)
@@ -90,16 +97,20 @@ class GSPO(Algorithm):
     def policy_loss(self, cfg: Config, logp: torch.Tensor, micro: TensorDict, tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
         """``gspo_loss`` over the rank's responses of the mini-batch, plus ``kl_coef`` x the token-mean KL."""
         from dockflow.algos.kl import kl_penalty
+        from dockflow.algos.rollout_correction import micro_batch_correction
         from dockflow.algos.utils import masked_mean
 
         alg, mask = cfg.algorithm, micro["response_mask"]
+        corr = micro_batch_correction(cfg, micro)
         out = gspo_loss(logp, micro["old_log_prob"], micro["advantages"], mask, alg.clip_eps, alg.gspo.clip_eps_high,
-                        sequences=cfg.train.mini_batch_size // cfg.train.dp)
+                        sequences=cfg.train.mini_batch_size // cfg.train.dp,
+                        sequence_weights=None if corr is None else corr.sequence_weights)
         loss, kl_value = out["loss"], 0.0
         if self.kl_in_loss(cfg):
             kl_tok = kl_penalty(logp, micro["ref_log_prob"], alg.kl_estimator)
             loss = loss + alg.kl_coef * masked_mean(kl_tok, mask.to(logp.dtype), tokens)
             kl_value = float(masked_mean(kl_tok.detach(), mask.to(logp.dtype)))
-        return loss, {"train/pg_loss": float(out["pg_loss"]), "train/kl": kl_value,
-                      "train/clip_fraction": float(out["clip_fraction"]), "train/seq_ratio_mean": float(out["ratio_mean"]),
-                      "train/loss": float(loss.detach())}
+        metrics = {"train/pg_loss": float(out["pg_loss"]), "train/kl": kl_value,
+                   "train/clip_fraction": float(out["clip_fraction"]), "train/seq_ratio_mean": float(out["ratio_mean"]),
+                   "train/loss": float(loss.detach())}
+        return loss, {**metrics, **(corr.metrics if corr is not None else {})}

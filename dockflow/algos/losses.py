@@ -7,8 +7,8 @@
   plus ``kl_coef`` times a KL estimate to the reference policy, averaged over all response tokens of the
   mini-batch (token-level mean). Clip-higher (DAPO, Yu et al., 2025): ``clip_eps_high`` decouples the upper bound
   of the ratio clip from the lower one, so low-probability tokens with a positive advantage can grow further.
-- ``clipped_surrogate``: that loss on an actor micro-batch under a config, with truncated importance sampling
-  (``train.tis_cap``) and the metrics the actor logs: the policy loss of GRPO, PPO, DAPO, PF-PPO, RLOO,
+- ``clipped_surrogate``: that loss on an actor micro-batch under a config, with the rollout correction's token
+  weights (``train.rollout_correction``) and the metrics the actor logs: the policy loss of GRPO, PPO, DAPO, PF-PPO, RLOO,
   REINFORCE++ and Dr. GRPO.
 
 Light at import: torch is imported inside the functions.
@@ -74,7 +74,7 @@ def clipped_policy_loss(
 
     The ratio is clipped to ``[1 - clip_eps, 1 + clip_eps_high]``; ``clip_eps_high=None`` means
     ``clip_eps`` (the symmetric PPO clip). ``token_weights`` [B, R] (no grad) scale each token's policy term,
-    e.g. truncated importance-sampling weights against the behaviour policy (``dockflow.algos.tis``).
+    e.g. the rollout correction's weights against the behaviour policy (``dockflow.algos.rollout_correction``).
 
     ``token_denom`` is the number of response tokens in the whole mini-batch when this call sees one
     micro-batch of it, so that summed micro-batch gradients equal the mini-batch token-level mean.
@@ -107,26 +107,23 @@ def clipped_policy_loss(
 def clipped_surrogate(recipe: Algorithm, cfg: Config, logp: torch.Tensor, micro: TensorDict, tokens: float,
                       clip_eps_high: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """``clipped_policy_loss`` on an actor micro-batch (``tokens``: the loss's denominator, the mini-batch's
-    response tokens), its KL term when ``recipe`` puts the KL in the loss, ``train.tis_cap``'s token weights;
+    response tokens), its KL term when ``recipe`` puts the KL in the loss, ``train.rollout_correction``'s weights;
     and the actor's metrics. ``clip_eps_high``: the upper ratio clip (None: ``algorithm.clip_eps``)."""
-    from dockflow.algos.tis import truncated_is_weights
+    from dockflow.algos.rollout_correction import micro_batch_correction
 
     alg, kl = cfg.algorithm, recipe.kl_in_loss(cfg)
-    cap = cfg.train.tis_cap
-    tis = None if cap is None else truncated_is_weights(
-        micro["old_log_prob"], micro["rollout_log_prob"], micro["response_mask"], cap)
+    corr = micro_batch_correction(cfg, micro)
     out = clipped_policy_loss(
         logp, micro["old_log_prob"], micro["advantages"], micro["response_mask"], clip_eps=alg.clip_eps,
         clip_eps_high=clip_eps_high, ref_logp=micro["ref_log_prob"] if kl else None,
         kl_coef=alg.kl_coef if kl else 0.0, kl_estimator=alg.kl_estimator, token_denom=tokens,
-        token_weights=None if tis is None else tis.weights,
+        token_weights=None if corr is None else corr.weights,
     )
     metrics = {
         "train/pg_loss": float(out.pg_loss), "train/kl": float(out.kl), "train/clip_fraction": float(out.clip_fraction),
         "train/approx_kl_old": float(out.approx_kl_old),
         "train/loss": float(out.loss.detach()) * tokens / max(float(micro["response_mask"].sum()), 1.0),
     }
-    if tis is not None:
-        metrics["train/tis_weight_mean"] = float(tis.mean)
-        metrics["train/tis_truncated_fraction"] = float(tis.truncated_fraction)
+    if corr is not None:
+        metrics.update(corr.metrics)
     return out.loss, metrics

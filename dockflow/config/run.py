@@ -29,7 +29,7 @@ from dockflow.config.algorithm import (
     section_classes,
     validate_algorithm,
 )
-from dockflow.config.base import Section, flatten_dict
+from dockflow.config.base import Section, flatten_dict, renamed_key
 from dockflow.config.data import ArithmeticConfig, DataConfig
 from dockflow.config.engine import CostModelConfig, EngineConfig, VLLMConfig
 from dockflow.config.reward import RewardConfig, RewardFunctionConfig, RewardModelConfig
@@ -131,15 +131,17 @@ class Config(Section):
         if self.placement.mode == "disaggregated" and (recipe.offline or recipe.samples_in_rounds(self)):
             why = offline if recipe.offline else f"algorithm.name={self.algorithm.name} samples in rounds (dynamic sampling)"
             raise ValueError(f"placement.mode=disaggregated generates ahead of the update, but {why}: run it colocated")
-        if tc.old_log_prob == "rollout" and (recipe.offline or tc.tis_cap is not None):
+        mode = tc.rollout_correction.mode
+        if tc.old_log_prob == "rollout" and (recipe.offline or mode is not None):
             raise ValueError(
                 "train.old_log_prob=rollout takes the generation engine's log-probs as old_log_prob: it needs on-line "
                 f"generation ({offline})" if recipe.offline else
-                "train.old_log_prob=rollout makes train.tis_cap's weights 1 (the behaviour log-probs are the rollout's): "
-                "set tis_cap: null"
+                f"train.old_log_prob=rollout makes train.rollout_correction.mode={mode}'s ratios 1 (the behaviour "
+                "log-probs are the rollout's): set train.rollout_correction.mode: null"
             )
-        if tc.tis_cap is not None and recipe.offline:
-            raise ValueError(f"train.tis_cap weights generated tokens, but {offline}: set tis_cap: null")
+        if mode is not None and recipe.offline:
+            raise ValueError(f"train.rollout_correction.mode={mode} weights generated tokens, but {offline}: "
+                             "set train.rollout_correction.mode: null")
         if self.rollout.partial.token_budget is not None and self.placement.mode != "disaggregated":
             raise ValueError("rollout.partial.token_budget parks unfinished groups in the generator workers: it needs "
                              "placement.mode: disaggregated")
@@ -220,7 +222,7 @@ class Config(Section):
             raise ValueError(
                 f"engine.backend=vllm with rollout.top_p={self.rollout.top_p}: vLLM's log-probs are of the top-p "
                 "renormalised distribution, the trainer's of the full vocabulary (logits / temperature), so every "
-                "rollout log-prob (old_log_prob=rollout, tis_cap, the drift metric) would differ by log(kept mass); "
+                "rollout log-prob (old_log_prob=rollout, rollout_correction, the drift metric) would differ by log(kept mass); "
                 "set rollout.top_p: 1.0"
             )
         if eng.device == "npu" and self.rollout.temperature != 1.0:
@@ -320,7 +322,11 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def config_from_dict(raw: dict[str, Any]) -> Config:
-    """Validate a nested dict; errors name the dotted key and the nearest valid key."""
+    """Validate a nested dict; errors name the dotted key and the nearest valid key (a replaced key: what to
+    write instead)."""
+    renamed = renamed_key(raw)
+    if renamed:
+        raise ConfigError(renamed)
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:

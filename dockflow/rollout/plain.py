@@ -22,10 +22,10 @@ def generation_seed(run_seed: int, iteration: int) -> int:
 
 
 def dock_columns(cfg: Config, out: TensorDict) -> TensorDict:
-    """What generation puts into the dock: the rollout and the engine's log-probs as ``rollout_log_prob`` (TIS
-    and the rollout-vs-trainer drift metric read them), also as ``old_log_prob`` when ``train.old_log_prob:
-    rollout`` (then no actor pass recomputes them); with tools, each trajectory's ``tool_record`` (its
-    conversation and environment, for the reward functions)."""
+    """What generation puts into the dock: the rollout and the engine's log-probs as ``rollout_log_prob`` (the
+    rollout correction and the rollout-vs-trainer drift metric read them), also as ``old_log_prob`` when
+    ``train.old_log_prob: rollout`` (then no actor pass recomputes them); with tools, each trajectory's
+    ``tool_record`` (its conversation and environment, for the reward functions)."""
     cols = out.select("input_ids", "attention_mask", "responses", "response_mask")
     cols["rollout_log_prob"] = out["rollout_log_prob"]
     if cfg.train.old_log_prob == "rollout":

@@ -40,7 +40,7 @@ COLUMNS: dict[str, torch.dtype] = {
     "values": torch.float32,  # [B, R]: the critic's value before each response token
     "old_log_prob": torch.float32,
     "ref_log_prob": torch.float32,
-    "rollout_log_prob": torch.float32,  # [B, R]: the generating engine's log-probs (behaviour policy: TIS, drift)
+    "rollout_log_prob": torch.float32,  # [B, R]: the generating engine's log-probs (the behaviour policy)
     "tool_record": torch.uint8,  # [B, tools.record_bytes]: a tool trajectory's conversation and environment
 }
 

@@ -1,6 +1,6 @@
 """Every algorithm's example config, shrunk to the tiny task, runs 2 iterations end to end and trains.
 Five runs also carry other features, to pay Ray's start-up once: REINFORCE++ runs disaggregated, one
-version stale, with truncated importance sampling; PF-PPO trains its actor on 2 data-parallel
+version stale, with token-truncated rollout correction; PF-PPO trains its actor on 2 data-parallel
 ranks (FSDP2, allgather-swap resharding, memory ledger) and resumes from its checkpoint; PPO trains its actor
 and its critic with the megatron engine, iteration 1 on 2 tensor-parallel ranks each, iteration 2 resumed from that
 checkpoint at TP=1 on 2 data-parallel megatron replicas; DPO trains the tiny Qwen3-MoE (from a fresh model: DPO's
@@ -67,7 +67,8 @@ def run_overrides(algorithm: str, tmp_path: Path) -> dict:
         extra |= {"train__engine": "megatron", "train__tp": 2}
     if algorithm == "reinforce_pp":  # also the asynchronous scheduler: a generator worker runs one version ahead
         extra |= {"placement__mode": "disaggregated", "train__max_staleness": 1, "placement__generator_cpus": 0}
-        extra["train__tis_cap"] = 2.0  # truncated IS against the generator's log-probs (one version behind)
+        # truncated IS against the generator's log-probs (one version behind)
+        extra |= {"train__rollout_correction__mode": "token_truncate", "train__rollout_correction__cap": 2.0}
     if algorithm == "gspo":  # also a reward model beside the verifier, on its own worker (1 CPU, as the actor)
         rm_dir = build_tiny_reward_model(tmp_path / "tiny-rm")
         extra |= {"reward__models": f"[{{path: {rm_dir}, weight: 0.5}}]", "reward__model_cpus": 1,
@@ -108,7 +109,7 @@ def test_two_iterations_train_the_policy(algorithm, ray_cluster, tiny_config, tm
         ages = read_metric_history(uri, summary["mlflow_run_id"], "staleness/max")
         assert [v for _, v in ages] == [0.0, 1.0]  # iteration 2 was generated before update 1 finished
         assert read_metric_history(uri, summary["mlflow_run_id"], "flow/idle_generator")
-        tis = [v for _, v in read_metric_history(uri, summary["mlflow_run_id"], "train/tis_weight_mean")]
+        tis = [v for _, v in read_metric_history(uri, summary["mlflow_run_id"], "train/rollout_is_weight_mean")]
         assert len(tis) == 2 and all(0.0 < w <= 2.0 for w in tis), tis
     if algorithm == "dpo":
         assert summary["margin_before"] is not None and summary["margin_after"] is not None

@@ -48,5 +48,14 @@ def test_a_response_with_no_tokens_adds_nothing():
 def test_gspo_config_defaults_are_the_papers_and_refuse_token_weights():
     cfg = load_config("configs/gspo_arith.yaml")
     assert cfg.algorithm.clip_eps == pytest.approx(3e-4) and cfg.algorithm.gspo.clip_eps_high == pytest.approx(4e-4)
-    with pytest.raises(ConfigError, match="GSPO's importance ratio is per response"):
-        load_config("configs/gspo_arith.yaml", ["placement.mode=disaggregated", "train.tis_cap=2"])
+    with pytest.raises(ConfigError, match="mode=token_mask weights tokens, but GSPO's importance ratio is per response"):
+        load_config("configs/gspo_arith.yaml", ["placement.mode=disaggregated", "train.rollout_correction.mode=token_mask"])
+    for mode in ("sequence_truncate", "sequence_mask", "geometric_mask"):  # one weight per response: GSPO takes it
+        cfg = load_config("configs/gspo_arith.yaml", [f"train.rollout_correction.mode={mode}"])
+        assert cfg.train.rollout_correction.mode == mode
+
+
+def test_sequence_weights_scale_each_responses_term():
+    logp, old, adv = torch.zeros(2, 3), torch.zeros(2, 3), torch.tensor([1.0, 2.0])
+    out = gspo_loss(logp, old, adv, MASK, clip_low=3e-4, clip_high=4e-4, sequence_weights=torch.tensor([0.5, 0.0]))
+    assert math.isclose(float(out["loss"]), -(1.0 * 0.5 + 2.0 * 0.0) / 2, rel_tol=1e-6)  # s = 1: -A_i x w_i

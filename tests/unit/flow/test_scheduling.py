@@ -86,7 +86,8 @@ def test_one_staleness_rule_for_both_drivers():
 def test_partial_rollout_and_tis_refuse_what_they_cannot_run():
     with pytest.raises(ConfigError, match="rollout.partial.token_budget"):
         load_config("configs/grpo_arith.yaml", ["rollout.partial.token_budget=4"])
-    with pytest.raises(ConfigError, match="train.tis_cap"):
-        load_config("configs/dpo_arith.yaml", ["train.tis_cap=2"])
-    cfg = load_config("configs/grpo_arith_async.yaml", ["rollout.partial.token_budget=4", "train.tis_cap=2"])
-    assert cfg.rollout.partial.token_budget == 4 and cfg.train.tis_cap == 2.0
+    with pytest.raises(ConfigError, match="train.rollout_correction.mode=token_truncate weights generated tokens"):
+        load_config("configs/dpo_arith.yaml", ["train.rollout_correction.mode=token_truncate"])
+    cfg = load_config("configs/grpo_arith_async.yaml",
+                      ["rollout.partial.token_budget=4", "train.rollout_correction.mode=token_truncate"])
+    assert cfg.rollout.partial.token_budget == 4 and cfg.train.rollout_correction.mode == "token_truncate"

@@ -1,4 +1,4 @@
-"""What generation writes into the dock under each ``train.old_log_prob`` / ``train.tis_cap`` setting (and, with tools,
+"""What generation writes into the dock under each ``train.old_log_prob`` / ``train.rollout_correction`` setting (and, with tools,
 each trajectory's ``tool_record``), and which worker states then exist."""
 
 import pytest
@@ -36,15 +36,15 @@ def test_rollout_source_stores_the_engine_log_probs_as_old_log_prob_and_drops_th
     assert "actor_infer" not in build_plan(cfg).consumers() and "old_log_prob" in build_plan(cfg).consumers()["actor_update"]
 
 
-def test_tis_keeps_the_behaviour_log_probs_beside_the_recomputed_ones():
-    cfg = load_config("configs/grpo_arith.yaml", ["train.tis_cap=2.0"])
+def test_rollout_correction_keeps_the_behaviour_log_probs_beside_the_recomputed_ones():
+    cfg = load_config("configs/grpo_arith.yaml", ["train.rollout_correction.mode=sequence_mask"])
     cols = dock_columns(cfg, _rollout())
     assert "rollout_log_prob" in cols.keys() and "old_log_prob" not in cols.keys()
     assert "rollout_log_prob" in build_plan(cfg).consumers()["actor_update"]
 
 
-@pytest.mark.parametrize("bad", [["train.tis_cap=2.0"], []])
-def test_rollout_source_refuses_tis_and_dpo(bad):
+@pytest.mark.parametrize("bad", [["train.rollout_correction.mode=token_truncate"], []])
+def test_rollout_source_refuses_rollout_correction_and_dpo(bad):
     config = "configs/grpo_arith.yaml" if bad else "configs/dpo_arith.yaml"
     with pytest.raises(ConfigError, match="train.old_log_prob=rollout"):
         load_config(config, ["train.old_log_prob=rollout", *bad])
