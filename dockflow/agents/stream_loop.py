@@ -20,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from dockflow.agents.trajectory import Step, Trajectory
 
+
 @runtime_checkable
 class TurnStream(Protocol):
     """An engine's turns as requests of their own (``dockflow.engines.vllm_turns.VLLMTurnStream``)."""
@@ -41,6 +42,70 @@ def _advance(steps: Sequence[Any], k: int, value: Sequence[int] | None) -> Step 
         return stop.value
 
 
+class _Driver:
+    """The books of one ``stream_trajectories`` call (the same rules as ``batch_loop.drive_trajectories``)."""
+
+    def __init__(self, steps: Sequence[Any], stream: TurnStream, stops: Collection[int], budget: int | None,
+                 turns: dict[int, list[int]] | None) -> None:
+        self.steps, self.stream, self.stops = steps, stream, stops
+        self.done: list[Trajectory | None] = [None] * len(steps)
+        self.current: dict[int, Step] = {}  # the request each live trajectory's generator waits at
+        self.to_submit: set[int] = set()
+        self.partial = {k: list(ids) for k, ids in (turns or {}).items()}
+        self.left = [budget] * len(steps)
+        self.parked: dict[int, list[int]] = {}
+        self.in_engine: dict[int, int] = {}  # trajectory -> tokens it asked for
+        self.advancing: dict[Future, int] = {}
+
+    def settle(self, k: int, result: Step | Trajectory) -> None:
+        if isinstance(result, Trajectory):
+            self.done[k] = result
+        else:
+            self.current[k] = result
+            self.to_submit.add(k)
+
+    def submit(self, pool: ThreadPoolExecutor) -> None:
+        """Every trajectory that asked: parked (its budget spent), submitted, or answered empty (its width spent)."""
+        for k in sorted(self.to_submit):
+            left = self.left[k]
+            if left is not None and left <= 0:
+                self.parked[k] = self.partial.pop(k, [])  # its generator waits at its yield; the caller keeps the rest
+                continue
+            ids, cap = self.current[k]
+            turn = self.partial.get(k, [])
+            want = cap - len(turn) if left is None else min(cap - len(turn), left)
+            if self.stream.submit(k, ids + turn, want):
+                self.in_engine[k] = want
+            else:  # an empty answer, as the batch sampler gives
+                self.advancing[pool.submit(_advance, self.steps, k, self.partial.pop(k, []))] = k
+        self.to_submit.clear()
+
+    def collect(self, pool: ThreadPoolExecutor) -> None:
+        """One engine step: each finished turn goes back to its trajectory (in a thread: its tools run there), or,
+        cut by the budget mid-turn, waits to be parked."""
+        for k, got in self.stream.step():
+            want = self.in_engine.pop(k)
+            turn = self.partial.pop(k, []) + list(got)
+            if self.left[k] is not None:
+                self.left[k] -= len(got)
+            ended = len(got) < want or (got and got[-1] in self.stops) or len(turn) >= self.current[k][1]
+            if ended or self.left[k] is None:
+                self.advancing[pool.submit(_advance, self.steps, k, turn)] = k
+            else:
+                self.partial[k] = turn
+                self.to_submit.add(k)
+
+    def wait_tools(self, stall_s: float) -> None:
+        """The trajectories whose tool turns are back (without waiting while the engine has work)."""
+        busy = self.stream.busy
+        ready, _ = wait(list(self.advancing), timeout=0 if busy else stall_s, return_when=FIRST_COMPLETED)
+        if not ready and not busy:
+            raise TimeoutError(f"trajectories {sorted(self.advancing.values())} did not come back from their tool "
+                               f"calls within {stall_s:g} s")
+        for future in ready:
+            self.settle(self.advancing.pop(future), future.result())
+
+
 def stream_trajectories(
     steps: Sequence[Any],
     stream: TurnStream,
@@ -54,62 +119,18 @@ def stream_trajectories(
     """``drive_trajectories``' contract (finished trajectories, and the turn in progress of each one ``budget``
     parked), each trajectory advanced as soon as its own turn is back. ``stall_s``: the longest the driver waits
     for a tool turn while the engine has nothing to run (the tools' own timeouts bound it first)."""
-    done: list[Trajectory | None] = [None] * len(steps)
-    current: dict[int, Step] = {}  # the request each live trajectory's generator waits at
-    to_submit: set[int] = set()
-    partial = {k: list(ids) for k, ids in (turns or {}).items()}
-    left = [budget] * len(steps)
-    parked: dict[int, list[int]] = {}
-    in_engine: dict[int, int] = {}  # trajectory -> tokens it asked for
-    advancing: dict[Future, int] = {}
+    books = _Driver(steps, stream, stops, budget, turns)
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tool-turn")
-
-    def settle(k: int, result: Step | Trajectory) -> None:
-        if isinstance(result, Trajectory):
-            done[k] = result
-            current.pop(k, None)
-        else:
-            current[k] = result
-            to_submit.add(k)
-
-    def back(k: int, turn: list[int]) -> None:  # the whole turn goes to its trajectory, in a thread
-        advancing[pool.submit(_advance, steps, k, turn)] = k
-
     try:
         for k in range(len(steps)):
-            settle(k, _advance(steps, k, None))
-        while to_submit or in_engine or advancing:
-            for k in sorted(to_submit):
-                if left[k] is not None and left[k] <= 0:
-                    parked[k] = partial.pop(k, [])  # its generator waits at its yield; the caller keeps the rest
-                    continue
-                ids, cap = current[k]
-                turn = partial.get(k, [])
-                want = cap - len(turn) if left[k] is None else min(cap - len(turn), left[k])
-                if stream.submit(k, ids + turn, want):
-                    in_engine[k] = want
-                else:  # its response width is spent: an empty answer, as the batch sampler gives
-                    back(k, partial.pop(k, []))
-            to_submit.clear()
+            books.settle(k, _advance(steps, k, None))
+        while books.to_submit or books.in_engine or books.advancing:
+            books.submit(pool)
             if stream.busy:
-                for k, got in stream.step():
-                    want = in_engine.pop(k)
-                    turn = partial.pop(k, []) + list(got)
-                    if left[k] is not None:
-                        left[k] -= len(got)
-                    if len(got) < want or (got and got[-1] in stops) or len(turn) >= current[k][1] or left[k] is None:
-                        back(k, turn)
-                    else:  # the budget ran out mid-turn: parked at the next round
-                        partial[k] = turn
-                        to_submit.add(k)
-            if advancing:
-                ready, _ = wait(list(advancing), timeout=0 if stream.busy else stall_s, return_when=FIRST_COMPLETED)
-                if not ready and not stream.busy:
-                    raise TimeoutError(f"trajectories {sorted(advancing.values())} did not come back from their tool "
-                                       f"calls within {stall_s:g} s")
-                for future in ready:
-                    settle(advancing.pop(future), future.result())
+                books.collect(pool)
+            if books.advancing:
+                books.wait_tools(stall_s)
     finally:
         stream.close()
         pool.shutdown(wait=True, cancel_futures=True)
-    return done, parked
+    return books.done, books.parked
