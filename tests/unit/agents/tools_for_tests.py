@@ -121,3 +121,38 @@ class Tape:
 
     def get_reward(self) -> float:
         return float(str(self.last) == self.answer)
+
+
+class Bank:
+    """A TRL environment the project's own demos never use: two tools that raise on bad amounts, a ``reset`` whose
+    observation (the balance and the goal, from the row's extra columns) is longer than the dataset's prompt, and a
+    reward that reads the final balance."""
+
+    def reset(self, balance: int, goal: int, **kwargs) -> str:
+        self.balance, self.goal = int(balance), int(goal)
+        return f" The account holds {self.balance} units; reach exactly {self.goal} units, then say Done."
+
+    def deposit(self, amount: int) -> int:
+        """Put money into the account.
+
+        Args:
+            amount: How many units to deposit; positive.
+        """
+        if amount <= 0:
+            raise ValueError(f"amount must be positive, got {amount}")
+        self.balance += amount
+        return self.balance
+
+    def withdraw(self, amount: int) -> int:
+        """Take money out of the account.
+
+        Args:
+            amount: How many units to withdraw; positive and at most the balance.
+        """
+        if not 0 < amount <= self.balance:
+            raise ValueError(f"amount must be in 1..{self.balance}, got {amount}")
+        self.balance -= amount
+        return self.balance
+
+    def get_reward(self) -> float:
+        return float(self.balance == self.goal)
