@@ -38,7 +38,13 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.utils._pytree import tree_map_only
 
 from dockflow.engines.interfaces import LossFn
-from dockflow.engines.lora import check_adapters
+from dockflow.engines.lora import (
+    check_adapters,
+    is_lora,
+    lora_partition_rules,
+    trainable_names,
+    trainable_state,
+)
 from dockflow.engines.swapped_generation import SwappedGeneration
 from dockflow.engines.torch_training import TorchTrainingEngine
 from dockflow.reshard import (
@@ -102,6 +108,8 @@ class FSDPTrainingEngine(SwappedGeneration, TorchTrainingEngine):
         if not dist.is_initialized():
             raise RuntimeError("FSDPTrainingEngine needs torch.distributed initialised (the actor's DP group) first")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if partition_rules is None and is_lora(model):  # PEFT's names: q_proj.base_layer.weight, lora_A, lora_B
+            partition_rules = lora_partition_rules()
         self.partition = ModelPartition(param_meta(model), partition_rules)  # full shapes, before sharding
         self.generation_model = empty_copy(model).to(engine_args.get("device", "cpu"))
         super().__init__(model, **engine_args)
@@ -216,8 +224,11 @@ class FSDPTrainingEngine(SwappedGeneration, TorchTrainingEngine):
         """Full model (LoRA: the adapters only) and optimizer state (collective); complete on rank 0, empty on the
         other ranks."""
         with self._update_on_device():
+            model = get_model_state_dict(self.model, options=ADAPTER_STATE if self.lora else FULL_STATE)
+            if self.lora:  # ignore_frozen_params keeps a tied weight's second name (lm_head.weight)
+                model = trainable_state(model, trainable_names(self.model))
             state = {
-                "model": get_model_state_dict(self.model, options=ADAPTER_STATE if self.lora else FULL_STATE),
+                "model": model,
                 "optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=FULL_STATE),
             }
             # Unsharded values (AdamW's step count) come back as the live tensors, which the swap-out would empty.

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from dockflow.config.sections import LoraConfig
+from dockflow.reshard.rules import DEFAULT_RULES, PartitionRules
 
 ADAPTER = "default"  # PEFT's name of the one adapter
 ADAPTER_DIR = "adapter"  # beside the merged final model: the adapter in PEFT's format
@@ -105,6 +106,14 @@ def load_adapters(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Load a LoRA checkpoint's adapter weights into ``model``; every adapter must be there (the base is not)."""
     check_adapters(model, state)
     model.load_state_dict(state, strict=False)
+
+
+def lora_partition_rules() -> PartitionRules:
+    """The reshard's partition rules for a PEFT model: a wrapped layer's weights (``q_proj.base_layer.weight``) as
+    the plain layer's, the adapters replicated (FSDP2 shards them over the DP ranks as any other; no TP here)."""
+    wrapped = [(pattern.replace(r"\.weight$", r"(\.base_layer)?\.weight$").replace(r"\.bias$", r"(\.base_layer)?\.bias$")
+                .replace(r"\.(weight|bias)$", r"(\.base_layer)?\.(weight|bias)$"), kind) for pattern, kind in DEFAULT_RULES]
+    return PartitionRules(rules=[(r"\.lora_(A|B)\.[^.]+\.weight$", "replicated"), *wrapped])
 
 
 def _base_name(name: str) -> str:
