@@ -79,6 +79,12 @@ def is_lora(model: nn.Module) -> bool:
     return peft is not None and isinstance(model, peft.PeftModel)
 
 
+def causal_lm(model: nn.Module) -> nn.Module:
+    """The HF causal LM that runs ``model``'s forward and ``generate`` (a LoRA model's, with its adapter layers;
+    hooks on the ``PeftModel`` itself would never fire, as its ``generate`` calls the inner model)."""
+    return model.get_base_model() if is_lora(model) else model
+
+
 def adapter_off(model: nn.Module) -> AbstractContextManager[Any]:
     """The block runs ``model`` without its adapters (the base model); a plain model as it is."""
     return model.disable_adapter() if is_lora(model) else nullcontext()

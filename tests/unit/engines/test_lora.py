@@ -124,6 +124,9 @@ def test_a_generator_takes_the_merged_weights_and_passes_the_sync_check(char_tok
 
     out = colocated.generate(["1+2=", "3+4="], SamplingParams(max_new_tokens=4, n=2), seed=0)
     assert out["responses"].shape == (4, 4)
+    mask = out["response_mask"]  # the rollout log-probs are the adapted policy's, as the trainer computes them
+    trainer = TorchTrainingEngine(policy, lr=LR).infer(out)
+    torch.testing.assert_close(out["rollout_log_prob"] * mask, trainer * mask, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize(
