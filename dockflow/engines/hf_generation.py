@@ -14,8 +14,8 @@ from tensordict import TensorDict
 from torch import nn
 
 from dockflow.engines.interfaces import GenerationEngine, SamplingParams
-from dockflow.engines.sampled_log_probs import SampledLogProbs
 from dockflow.engines.lora import causal_lm
+from dockflow.engines.sampled_log_probs import SampledLogProbs
 from dockflow.engines.sync_check import reference_log_probs
 from dockflow.engines.token_layout import decode_responses, first_eos_mask, left_pad_prompts, rollout_batch
 
