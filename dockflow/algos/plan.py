@@ -6,6 +6,7 @@
     plan.consumers()                     # dock consumer state -> the columns it reads (the dock's controllers)
     plan.sampling.rounds                 # generation rounds per iteration (DAPO's dynamic sampling: up to max_rounds)
     plan.dock_window(i)                  # the dock indices of iteration i's samples; plan.dock_capacity, plan.train_batch
+    plan.reference_in_actor              # model.lora: the actor's base model (adapter off) is the reference
 
 Every room that asks "which workers does this run have, on what resources, reading and writing which columns,
 with which settings" reads the plan (worker creation, the device checks, the dock's consumers, Eq. 5's device
@@ -99,6 +100,9 @@ class RunPlan:
     extra_consumers: dict[str, tuple[str, ...]] = field(default_factory=dict)  # states no role owns (snapshot)
     recipe: Algorithm | None = None  # the algorithm: its advantages, its loss, its reward shaping
     max_staleness: int = 0  # train.max_staleness: iterations generation may run ahead of the update
+    # model.lora: the reference policy is the actor's own base model (its adapter off), so the actor ranks write
+    # ref_log_prob and there is no reference worker, nor a copy of its weights
+    reference_in_actor: bool = False
 
     def has(self, name: str) -> bool:
         return name in self.roles
@@ -161,14 +165,18 @@ def plan_roles(cfg: Config, recipe: Algorithm) -> RunPlan:
         return {n: tuple(states[n]) for n in names if n in states}
 
     rl, placement = not recipe.offline, cfg.placement
+    reference = recipe.uses_reference(cfg)
+    in_actor = reference and cfg.model.lora is not None  # LoRA: the base model is the reference
     generators = placement.generators if placement.mode == "disaggregated" else 0
     rollout = ("input_ids", "attention_mask", "responses")
     roles = [
-        Role("actor", cfg.train.actor_ranks, reads=owned("actor_infer", "actor_update"),
-             writes=("old_log_prob", *(generated if rl and not generators else ()))),
+        Role("actor", cfg.train.actor_ranks,
+             reads=owned("actor_infer", "actor_update", *(("ref_infer",) if in_actor else ())),
+             writes=("old_log_prob", *(("ref_log_prob",) if in_actor else ()),
+                     *(generated if rl and not generators else ()))),
         Role("generator", generators, writes=tuple(generated)),
         Role("rollout_queue", 1 if generators > 1 else 0),
-        Role("reference", int(recipe.uses_reference(cfg)), reads=owned("ref_infer"), writes=("ref_log_prob",)),
+        Role("reference", int(reference and not in_actor), reads=owned("ref_infer"), writes=("ref_log_prob",)),
         Role("critic", int(recipe.critic) * cfg.train.critic_ranks, reads=owned("critic_infer", "critic_update"),
              writes=("values",), section=recipe.critic_section(cfg)),
         Role("reward", int(rl), reads=owned("reward", "advantage"),
@@ -186,4 +194,4 @@ def plan_roles(cfg: Config, recipe: Algorithm) -> RunPlan:
         extra[SNAPSHOT_CONSUMER] = tuple(generated)
     return RunPlan(roles=planned, sampling=recipe.sampling(cfg), global_batch=cfg.global_batch,
                    train_batch=recipe.train_batch(cfg), extra_consumers=extra, recipe=recipe,
-                   max_staleness=cfg.train.max_staleness)
+                   max_staleness=cfg.train.max_staleness, reference_in_actor=in_actor)

@@ -21,6 +21,7 @@ from dockflow.config.reward import RewardConfig, RewardFunctionConfig, RewardMod
 from dockflow.config.run import Config, ConfigError, config_from_dict, load_config, parse_overrides
 from dockflow.config.sections import (
     CheckpointConfig,
+    LoraConfig,
     RayConfig,
     RegistryConfig,
     TinyModelConfig,
@@ -37,6 +38,7 @@ __all__ = [
     "CriticSection",
     "DataConfig",
     "EngineConfig",
+    "LoraConfig",
     "PreferenceSection",
     "RayConfig",
     "RegistryConfig",

@@ -120,6 +120,7 @@ class Config(Section):
         self._check_dp()
         self._check_engine()
         self._check_tools()
+        self._check_lora()
         if self.data.source == "file" and not self.data.train_path:
             raise ValueError("data.source is 'file' but data.train_path is not set: give a JSONL or Parquet path")
         return self
@@ -202,6 +203,18 @@ class Config(Section):
         if tc.engine != "megatron" and (tc.tp > 1 or tc.pp > 1):
             raise ValueError(f"train.tp={tc.tp} / train.pp={tc.pp} split the model with megatron: set "
                              "train.engine=megatron (fsdp parallelises by train.dp only)")
+
+    def _check_lora(self) -> None:
+        """Where LoRA runs: the torch and FSDP2 engines, HF generation (the model-dependent checks, target names and
+        ranks, come where the model is built: ``dockflow.engines.lora``)."""
+        if self.model.lora is None:
+            return
+        if self.train.engine == "megatron":
+            raise ValueError("model.lora with train.engine=megatron is not supported yet: set train.engine: fsdp "
+                             "(train.dp >= 2 shards with FSDP2), or model.lora: null")
+        if self.engine.backend != "hf":
+            raise ValueError(f"model.lora with engine.backend={self.engine.backend} is not supported yet (only HF "
+                             "generation takes the adapter): set engine.backend: hf, or model.lora: null")
 
     def _check_engine(self) -> None:
         """engine.backend against engine.device, and what vLLM's log-probs can stand for."""

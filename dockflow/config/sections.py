@@ -58,6 +58,24 @@ class TinyModelConfig(Section):
     moe_intermediate_size: int = Field(128, ge=1, description="qwen3_moe only: inner size of each expert's MLP.")
 
 
+class LoraConfig(Section):
+    """LoRA on the policy (PEFT's ``LoraConfig``): only the adapters train; the base model stays frozen and is the
+    reference policy (the adapter switched off)."""
+
+    rank: int = Field(8, ge=1, description="LoRA rank r of every adapter (PEFT's r): at most each target's smaller "
+                      "dimension.")
+    alpha: float = Field(16.0, gt=0.0, description="LoRA alpha (PEFT's lora_alpha): the adapter's output is scaled "
+                         "by alpha / rank.")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on each adapter's input while training "
+                           "(PEFT's lora_dropout).")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1,
+        description="Linear layers that get an adapter, by name or dotted-name suffix (PEFT's target_modules); "
+        "each must match at least one linear layer of the decoder (not lm_head).",
+    )
+
+
 class ModelConfig(Section):
     path: str | None = Field(
         None,
@@ -73,6 +91,11 @@ class ModelConfig(Section):
     )
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Parameter dtype.")
+    lora: LoraConfig | None = Field(
+        None,
+        description="LoRA RL: train low-rank adapters on the frozen model (rank, alpha, dropout, target_modules; "
+        "docs/engines.md); null = full fine-tuning.",
+    )
 
 
 class SFTConfig(Section):

@@ -49,7 +49,8 @@ def create_engines(
     inputs: EngineInputs, model: nn.Module, tokenizer: Any, device: str | None = None, cpus: float = 1.0
 ) -> tuple[TrainingEngine, GenerationEngine]:
     """Training and generation engines over one policy module (colocated: HF generation shares its weights, vLLM
-    holds its own copy and sleeps while training runs). ``device``: None = ``engine.device``, checked here (the
+    holds its own copy and sleeps while training runs); with ``inputs.lora`` the policy is PEFT's LoRA model over
+    ``model`` (only the adapters train). ``device``: None = ``engine.device``, checked here (the
     worker-side device check); ``cpus``: what the worker reserved (the cost model divides its work by it)."""
     ec = inputs.engine
     if device is None:
@@ -60,6 +61,10 @@ def create_engines(
         gen = create_generation_engine(inputs, model, tokenizer, device, cpus)
         return CostModelTraining(ec.cost_model, cpus, model), gen
     tc = inputs.train
+    if inputs.lora is not None:  # the policy's adapters (the config refuses megatron): PEFT wraps it before sharding
+        from dockflow.engines.lora import with_lora
+
+        model = with_lora(model, inputs.lora, inputs.seed)
     common = dict(lr=tc.lr, weight_decay=tc.weight_decay, grad_clip=tc.grad_clip, infer_batch_size=tc.infer_batch_size,
                   temperature=inputs.rollout.temperature, device=device,
                   gradient_checkpointing=tc.gradient_checkpointing)

@@ -38,6 +38,13 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.utils._pytree import tree_map_only
 
 from dockflow.engines.interfaces import LossFn
+from dockflow.engines.lora import (
+    check_adapters,
+    is_lora,
+    lora_partition_rules,
+    trainable_names,
+    trainable_state,
+)
 from dockflow.engines.swapped_generation import SwappedGeneration
 from dockflow.engines.torch_training import TorchTrainingEngine
 from dockflow.reshard import (
@@ -55,6 +62,7 @@ from dockflow.reshard import (
 from dockflow.reshard.state import local_tensor
 
 FULL_STATE = StateDictOptions(full_state_dict=True, cpu_offload=True)
+ADAPTER_STATE = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)  # LoRA
 
 
 def shard_model(model: nn.Module) -> nn.Module:
@@ -100,6 +108,8 @@ class FSDPTrainingEngine(SwappedGeneration, TorchTrainingEngine):
         if not dist.is_initialized():
             raise RuntimeError("FSDPTrainingEngine needs torch.distributed initialised (the actor's DP group) first")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if partition_rules is None and is_lora(model):  # PEFT's names: q_proj.base_layer.weight, lora_A, lora_B
+            partition_rules = lora_partition_rules()
         self.partition = ModelPartition(param_meta(model), partition_rules)  # full shapes, before sharding
         self.generation_model = empty_copy(model).to(engine_args.get("device", "cpu"))
         super().__init__(model, **engine_args)
@@ -211,10 +221,14 @@ class FSDPTrainingEngine(SwappedGeneration, TorchTrainingEngine):
     # -- checkpoints: full (unsharded) state dicts, the same model keys as DP=1 --------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Full model and optimizer state (collective); complete on rank 0, empty on the other ranks."""
+        """Full model (LoRA: the adapters only) and optimizer state (collective); complete on rank 0, empty on the
+        other ranks."""
         with self._update_on_device():
+            model = get_model_state_dict(self.model, options=ADAPTER_STATE if self.lora else FULL_STATE)
+            if self.lora:  # ignore_frozen_params keeps a tied weight's second name (lm_head.weight)
+                model = trainable_state(model, trainable_names(self.model))
             state = {
-                "model": get_model_state_dict(self.model, options=FULL_STATE),
+                "model": model,
                 "optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=FULL_STATE),
             }
             # Unsharded values (AdamW's step count) come back as the live tensors, which the swap-out would empty.
@@ -224,7 +238,10 @@ class FSDPTrainingEngine(SwappedGeneration, TorchTrainingEngine):
         """Every rank loads the full state and keeps its shard; then reshards for generation (collective)."""
         self._to_update()
         options = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(self.model, state["model"], options=options)
+        if self.lora:  # the adapters only: the frozen base is the run's initial model
+            check_adapters(self.model, state["model"])
+        model_options = StateDictOptions(full_state_dict=True, strict=not self.lora)
+        set_model_state_dict(self.model, state["model"], options=model_options)
         set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=options)
         for values in self.optimizer.state.values():  # AdamW's step counts arrive in storages that cannot be swapped
             for key, value in values.items():

@@ -14,6 +14,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from dockflow.engines.interfaces import GenerationEngine, SamplingParams
+from dockflow.engines.lora import causal_lm
 from dockflow.engines.sampled_log_probs import SampledLogProbs
 from dockflow.engines.sync_check import reference_log_probs
 from dockflow.engines.token_layout import decode_responses, first_eos_mask, left_pad_prompts, rollout_batch
@@ -69,16 +70,17 @@ class HFGenerationEngine(GenerationEngine):
         gen = torch.Generator().manual_seed(seed)
         was_training = self.model.training
         self.model.eval()
+        model = causal_lm(self.model)  # what generate() runs: a LoRA model's HF module (its adapters on)
         try:
             for start in range(0, input_ids.shape[0], self.batch_size):
                 sl = slice(start, start + self.batch_size)
                 # generate() samples from the global RNG; seed it per chunk from our own generator.
                 torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
                 ids, mask = input_ids[sl].to(self.device), attention_mask[sl].to(self.device)
-                cache = reserved_cache(self.model, ids.shape[1] + max_new_tokens)
-                prefill_shared_prompts(self.model, ids, mask, cache)
-                with SampledLogProbs(self.model, temperature) as recorder:  # one step's logits at a time
-                    sequences = self.model.generate(
+                cache = reserved_cache(model, ids.shape[1] + max_new_tokens)
+                prefill_shared_prompts(model, ids, mask, cache)
+                with SampledLogProbs(model, temperature) as recorder:  # one step's logits at a time
+                    sequences = model.generate(
                         input_ids=ids,
                         attention_mask=mask,
                         past_key_values=cache,

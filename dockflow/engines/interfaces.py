@@ -26,7 +26,7 @@ import torch
 from tensordict import TensorDict
 
 from dockflow.config.engine import EngineConfig
-from dockflow.config.sections import RolloutConfig, TrainConfig
+from dockflow.config.sections import LoraConfig, RolloutConfig, TrainConfig
 from dockflow.engines.sync_check import SyncProbe
 
 
@@ -34,13 +34,14 @@ from dockflow.engines.sync_check import SyncProbe
 class EngineInputs:
     """What building a policy's engines reads of a run's config: the ``engine``, ``train`` (optimizer, data
     parallelism, stage timeout) and ``rollout`` (temperature, generation batch) sections, the model's dtype
-    (``model.dtype``) and the seed (``run.seed``), both for vLLM."""
+    (``model.dtype``) and the seed (``run.seed``), both for vLLM; ``model.lora`` (None: full fine-tuning)."""
 
     engine: EngineConfig
     train: TrainConfig
     rollout: RolloutConfig
     dtype: str
     seed: int
+    lora: LoraConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,10 @@ class TrainingEngine(ABC):
     def load_state(self, store: Any, step: int, part: str, saved: Any) -> None:
         """Restore what :meth:`save_state` returned (``saved``) and wrote into checkpoint ``step``."""
         self.load_state_dict(saved)
+
+    def infer_reference(self, batch: TensorDict) -> torch.Tensor:
+        """:meth:`infer` under the reference policy when it is this engine's base model (LoRA: the adapter off)."""
+        raise NotImplementedError(f"{type(self).__name__} holds no reference policy")
 
     @abstractmethod
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -24,6 +24,7 @@ from dockflow.engines.logprobs import (
     packs,
     response_log_probs,
 )
+from dockflow.engines.lora import adapter_off, is_lora, load_adapters, trainable_names, trainable_state
 from dockflow.engines.micro_batches import micro_batch_bounds
 
 
@@ -53,7 +54,10 @@ class TorchTrainingEngine(TrainingEngine):
         # A policy's head gives log-probs at the sampling temperature (they must match the behaviour policy);
         # a critic passes response_values instead.
         self.response_fn = response_fn or partial(response_log_probs, temperature=temperature)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
+        # only what trains has optimizer state (LoRA: the adapters; the frozen base never gets a grad)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay)
+        self.lora = is_lora(model)  # then checkpoints hold the adapters only
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch  # None: micro-batches of micro_batch_size rows
 
     def policy_module(self) -> nn.Module:
@@ -107,6 +111,13 @@ class TorchTrainingEngine(TrainingEngine):
     def infer(self, batch: TensorDict) -> torch.Tensor:
         return batched_response_outputs(self.model, batch, self.infer_batch_size, self._response)
 
+    def infer_reference(self, batch: TensorDict) -> torch.Tensor:
+        """LoRA: the base model's outputs (the adapter off), the reference policy of a LoRA run."""
+        if not self.lora:
+            raise NotImplementedError("only a LoRA policy holds its reference (the base model): model.lora is null")
+        with adapter_off(self.model):
+            return self.infer(batch)
+
     def train_mini_batch(self, batch: TensorDict, loss_fn: LossFn, micro_batch_size: int) -> dict[str, float]:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -141,10 +152,17 @@ class TorchTrainingEngine(TrainingEngine):
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        """Model (LoRA: the adapters only; the base is the run's initial model) and optimizer state."""
+        model = self.model.state_dict()
+        if self.lora:
+            model = trainable_state(model, trainable_names(self.model))
+        return {"model": model, "optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
+        if self.lora:
+            load_adapters(self.model, state["model"])
+        else:
+            self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:

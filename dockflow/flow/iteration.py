@@ -192,6 +192,8 @@ class RunTasks:
             refs.update(on_ranks(workers.actors, "old_log_prob", "compute_old_log_prob", i))
         if workers.reference is not None:
             refs["ref_log_prob"] = workers.reference.compute_ref_log_prob.remote(i)
+        elif self.plan.reference_in_actor:  # LoRA: the actor ranks' base model, the adapter off
+            refs.update(on_ranks(workers.actors, "ref_log_prob", "compute_ref_log_prob", i))
         refs.update(on_ranks(workers.critics, "values", "compute_values", i))
         results = yield refs
         advantages: RoundAdvantages | None = results.pop("advantage", None)

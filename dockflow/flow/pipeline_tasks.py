@@ -172,7 +172,7 @@ def setup(config: str, overrides: list[str], params: RunParams, address: str | N
 
     from dockflow.flow.initial_model import prepare_initial_model
     from dockflow.flow.run_record import RunRecord
-    from dockflow.flow.run_setup import check_model_path, check_reward_functions, run_dir_of
+    from dockflow.flow.run_setup import check_lora_fits, check_model_path, check_reward_functions, run_dir_of
     from dockflow.flow.supervisor import RunSupervisor
     from dockflow.storage import run_store
     from dockflow.tracking import Tracker, run_tags
@@ -193,6 +193,7 @@ def setup(config: str, overrides: list[str], params: RunParams, address: str | N
         state = RunRecord.from_dict(store.read_part(step, "driver", weights_only=False)) if step is not None else None
         if state is None:
             check_model_path(cfg)  # a resumed run starts from its staged initial model
+            check_lora_fits(cfg)
         tracker = Tracker.start(cfg.tracking, cfg.run.output_dir, cfg.run.name, params=cfg.flat() if state is None else None,
                                  tags={**run_tags(cfg.algorithm.name, cfg.model.path, cfg.dock.backend, cfg.run.name), "driver": "kfp"},
                                  run_id=state.mlflow_run_id if state else None)

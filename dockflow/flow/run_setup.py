@@ -4,6 +4,7 @@ functions.
 
     check_reward_functions(cfg)             # RewardError naming the path or the missing column, before any worker
     check_model_path(cfg)                   # ModelFilesError naming model.path, before Ray starts (a new run)
+    check_lora_fits(cfg)                    # LoraError: model.lora's targets and rank against that model
     write_run_config(cfg, run_dir_of(cfg))
 """
 
@@ -58,3 +59,23 @@ def check_model_path(cfg: Config) -> None:
         check_model_dir(Path(path))
     except ModelFilesError as exc:
         raise ModelFilesError(f"model.path: {exc}") from None
+
+
+def check_lora_fits(cfg: Config) -> None:
+    """``model.lora``'s target modules and rank against the model a new run starts from (its architecture alone,
+    built on the meta device): :class:`~dockflow.engines.lora.LoraError`, one line, before Ray and SFT. An
+    ``s3://`` or registered model is checked where the actor builds its engines."""
+    lora, path = cfg.model.lora, cfg.model.path
+    if lora is None or cfg.model.continue_from != "base" or (path or "").startswith("s3://"):
+        return
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from dockflow.engines.lora import check_targets
+    from dockflow.models import build_char_tokenizer
+    from dockflow.models.factory import tiny_model_config
+
+    config = AutoConfig.from_pretrained(path) if path else tiny_model_config(cfg.model.tiny, build_char_tokenizer())
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    check_targets(model, lora)

@@ -89,7 +89,7 @@ def run_single_process(cfg: Config, model_dir: str) -> dict[str, list]:
     # ---- set-up: what the actor and reward workers build when they start ----
     init_worker_process(cfg.ray, cfg.run.seed)  # torch threads and seeds, as in a model worker
     model, tokenizer = load_model_and_tokenizer(fetch_model(model_dir, cfg.checkpoint), dtype=cfg.model.dtype)
-    inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed)
+    inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed, cfg.model.lora)
     train_engine, gen_engine = create_engines(inputs, model, tokenizer, cpus=cfg.ray.actor_cpus)
     task = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint)
     table = PromptTable(PromptFormat.of(cfg.data).render_all([ex.prompt for ex in task.train], tokenizer), gen_engine)

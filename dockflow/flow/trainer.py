@@ -24,7 +24,13 @@ from dockflow.flow import run_checkpoint
 from dockflow.flow.initial_model import prepare_initial_model
 from dockflow.flow.iteration import ProgressFn
 from dockflow.flow.run_record import RunRecord
-from dockflow.flow.run_setup import check_model_path, check_reward_functions, run_dir_of, write_run_config
+from dockflow.flow.run_setup import (
+    check_lora_fits,
+    check_model_path,
+    check_reward_functions,
+    run_dir_of,
+    write_run_config,
+)
 from dockflow.flow.session import RunSession
 from dockflow.storage import run_store
 from dockflow.tracking import Tracker, run_tags
@@ -112,6 +118,7 @@ def train(cfg: Config, resume: bool = False, on_iteration: ProgressFn | None = N
     state = start_state(store, resume, cfg.run.name)
     if state is None:
         check_model_path(cfg)  # a resumed run starts from its staged initial model
+        check_lora_fits(cfg)
     tags = run_tags(cfg.algorithm.name, cfg.model.path, cfg.dock.backend, cfg.run.name)
     tracker = Tracker.start(cfg.tracking, cfg.run.output_dir, cfg.run.name, params=cfg.flat(), tags=tags,
                             run_id=state.mlflow_run_id if state else None)

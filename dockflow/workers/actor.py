@@ -33,6 +33,7 @@ from dockflow.data.task_identity import task_identity
 from dockflow.dock import DockBatch, DockRequest, TransferDock
 from dockflow.engines import EngineInputs, create_engines
 from dockflow.engines.devices import process_group_backend
+from dockflow.engines.lora import is_lora, merged_weights, save_lora_model
 from dockflow.engines.sync_check import SYNC_CHECK, LogProbDrift, SyncChecker
 from dockflow.eval import EvalInputs, evaluate_policy
 from dockflow.eval.fingerprint import EvalIdentity, eval_identity
@@ -82,7 +83,7 @@ class ActorWorker(ModelWorker):
         self.replica = ModelReplica(rank, cfg.train.tp, cfg.train.pp, cfg.train.dp)
         self.model_group = model_group(self.replica)
         model, self.tokenizer = load_model_and_tokenizer(fetch_model(model_dir, cfg.checkpoint), dtype=cfg.model.dtype)
-        inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed)
+        inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed, cfg.model.lora)
         self.train_engine, self.gen_engine = create_engines(inputs, model, self.tokenizer,
                                                             cpus=plan.role("actor").cpus)  # this rank's share
         self.engine = self.train_engine  # the checkpointed one
@@ -148,6 +149,16 @@ class ActorWorker(ModelWorker):
         out = {"timing/old_log_prob_s": seconds, "timing/old_log_prob_wait_s": waited.seconds}
         return self._report({**out, **drift.metrics()})
 
+    def compute_ref_log_prob(self, iteration: int) -> dict[str, float]:
+        """With ``model.lora`` (``RunPlan.reference_in_actor``): the reference policy's log-probs, from this rank's
+        own module with the adapter off (the base model), into ``ref_log_prob``; each rank its share."""
+        bs = self.cfg.train.infer_batch_size
+        request = DockRequest("ref_infer", bs, self.columns["ref_infer"], window=self.plan.dock_window(iteration))
+        batches = consume(self.dock, request, self.cfg.global_batch // self.dp) if self.reads_dock else None
+        seconds = fill_column(self.dock, self._shared(batches), "ref_log_prob",
+                              lambda batch: self.train_engine.infer_reference(batch.data), writes=self.reads_dock)
+        return self._report({"timing/ref_log_prob_s": seconds})
+
     def update(self, iteration: int) -> dict[str, float]:
         """Train on the iteration's samples with the algorithm's loss: mini-batches as they become ready, then
         further epochs. Samples more than ``train.max_staleness`` policy versions old are masked out of the loss
@@ -205,7 +216,9 @@ class ActorWorker(ModelWorker):
         """For the generator workers (disaggregated placement): (metrics with the policy version, the version and
         current weights). Called with ``num_returns=2``, so the driver fetches the metrics and never the weights."""
         start = time.perf_counter()
-        published = {"version": self.policy_version, "weights": dict(self.train_engine.named_weights()),
+        # LoRA: the adapters merged into full HF-named weights, which a generator's plain model loads as they are
+        weights = merged_weights(self.policy) if is_lora(self.policy) else self.train_engine.named_weights()
+        published = {"version": self.policy_version, "weights": dict(weights),
                      "probe": self.sync_checker.next_probe(self.policy, len(self.tokenizer))}
         return {"policy_version": float(self.policy_version), "timing/publish_s": time.perf_counter() - start}, published
 
@@ -263,8 +276,11 @@ class ActorWorker(ModelWorker):
         self.policy_version = state["policy_version"]
 
     def save_hf(self, path: str) -> str:
-        """The current policy as an HF model directory."""
-        self.policy.save_pretrained(path)
+        """The current policy as an HF model directory (LoRA: merged, with the adapter in ``adapter/``)."""
+        if is_lora(self.policy):
+            save_lora_model(self.policy, path)
+        else:
+            self.policy.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         return path
 

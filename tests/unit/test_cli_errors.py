@@ -51,6 +51,14 @@ def cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "override without =": ([CONFIG, "train.lr"], "override 'train.lr' is not of the form section.key=value"),
         "override not YAML": ([CONFIG, "train.lr=[1"], "override 'train.lr=[1': the value is not valid YAML"),
         "checks across sections": ([CONFIG, "train.dp=3"], "train.dp=3 must divide train.mini_batch_size"),
+        "LoRA on megatron": ([CONFIG, "model.lora={rank: 4}", "train.engine=megatron"],
+                             "model.lora with train.engine=megatron is not supported yet: set train.engine: fsdp"),
+        "LoRA target the model lacks": ([CONFIG, "model.lora={target_modules: [q_proj, qkv]}"],
+                                        "model.lora.target_modules: 'qkv' matches no linear layer of the model; its "
+                                        "linear layers are down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj"),
+        "LoRA rank above a target's size": ([CONFIG, "model.lora={rank: 200, target_modules: [k_proj]}"],
+                                            "model.lora.rank=200 exceeds model.layers.0.self_attn.k_proj (128 -> 64): "
+                                            "set model.lora.rank <= 64"),
         "data file missing": ([CONFIG, *file_data, f"data.train_path={tmp / 'none.jsonl'}"],
                               f"dataset file '{tmp / 'none.jsonl'}' not found"),
         "malformed row": ([CONFIG, *file_data, f"data.train_path={bad_rows}"], f"{bad_rows}:2: invalid JSON"),

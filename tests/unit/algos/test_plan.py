@@ -222,3 +222,28 @@ def test_only_the_drivers_build_the_run_plan():
                 if name in ("build_plan", "plan_roles") or (name == "plan" and isinstance(node.func, ast.Attribute)):
                     builders.append(path.relative_to(root).as_posix())
     assert set(builders) <= drivers and builders.count("flow/trainer.py") == 1, builders
+
+
+def test_with_lora_the_actor_ranks_are_the_reference_and_the_infer_stage_asks_them():
+    """``model.lora`` with a KL term: no reference worker; the actor ranks own ``ref_infer`` (the reference's columns)
+    and write ``ref_log_prob`` from their base model, the adapter off."""
+    cfg = load_config("configs/grpo_arith_lora.yaml", ["train.dp=2"])
+    plan, full = build_plan(cfg), build_plan(load_config("configs/grpo_arith_lora.yaml", ["model.lora=null"]))
+    assert plan.reference_in_actor and not full.reference_in_actor
+    assert not plan.has("reference") and full.role("reference").reads["ref_infer"] == plan.role("actor").reads["ref_infer"]
+    assert "ref_log_prob" in plan.role("actor").writes and plan.consumers() == full.consumers()
+    assert plan.model_cpus() == full.model_cpus() - cfg.ray.reference_cpus
+    assert not build_plan(load_config("configs/grpo_arith_lora.yaml", ["algorithm.kl_coef=0"])).reference_in_actor
+
+    class Rank:  # a worker handle: ``method.remote(*args)`` -> (rank, method, args)
+        def __init__(self, k: int):
+            self.k = k
+
+        def __getattr__(self, method: str):
+            return SimpleNamespace(remote=lambda *args: (self.k, method, args))
+
+    parts = RunParts(cfg=cfg, plan=plan, workers=Workers(actors=[Rank(0), Rank(1)]), dock=None, sampler=None,
+                     store=None, tracker=None, state=None)
+    refs = next(RunTasks(parts, 0).stage("infer", 3))
+    assert refs["ref_log_prob"] == (0, "compute_ref_log_prob", (3,))
+    assert refs["ref_log_prob/1"] == (1, "compute_ref_log_prob", (3,))
