@@ -230,7 +230,7 @@ class VLLMGenerationEngine(GenerationEngine):
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
 
-        self._ready()
+        self.ready()
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         caps = caps if caps is not None else [max_tokens] * len(requests)
         sps = [VLLMSamplingParams(**sampling_kwargs(params, cap, eos, s, n))
@@ -255,7 +255,7 @@ class VLLMGenerationEngine(GenerationEngine):
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
 
-        self._ready()
+        self.ready()
         sp = VLLMSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
         rows = tokens.tolist()
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], sp, use_tqdm=False)
@@ -318,7 +318,7 @@ class VLLMGenerationEngine(GenerationEngine):
             self.llm.wake_up(tags=list(self.asleep))
             self.asleep = []
 
-    def _ready(self) -> None:
+    def ready(self) -> None:
         """Before sampling: weights loaded (a pending restore) and all memory awake."""
         if self._source is not None:
             self.load_weights(iter(self._source()))

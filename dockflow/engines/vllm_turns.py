@@ -32,7 +32,7 @@ class VLLMTurnStream(TurnLedger):
 
     def __init__(self, engine: VLLMGenerationEngine, tokenizer: Any, params: SamplingParams, seed: int) -> None:
         super().__init__(tokenizer, params)
-        engine._ready()  # a pending restore loaded and the memory awake, as before any vLLM call
+        engine.ready()  # a pending restore loaded and the memory awake, as before any vLLM call
         self.engine, self.seed = engine, seed
         self.asked: dict[int, int] = defaultdict(int)
         self.running: dict[str, tuple[int, int]] = {}  # request id -> (trajectory, cap)

@@ -64,19 +64,32 @@ def test_a_sync_that_fails_its_check_stops_the_cli_with_one_line(tiny_overrides,
     assert "weight sync 1 did not take: VLLMGenerationEngine's log-probs of 4 probe sequences" in last, last
 
 
+def _assert_corrected(cfg, run_id: str, share: str) -> None:
+    """The rollout correction's metrics were logged every iteration; with the engines in agreement each ratio is 1
+    and nothing is masked or truncated."""
+    for key in ("train/rollout_is_ratio_mean", "train/rollout_is_ratio_max"):
+        values = _history(cfg, run_id, key)
+        assert values and all(abs(v - 1) < 1e-2 for v in values.values()), (key, values)
+    shares = _history(cfg, run_id, share)
+    assert shares and all(v == 0 for v in shares.values()), shares
+
+
 def test_colocated_actor_syncs_vllm_every_iteration(ray_cluster, tiny_config):
-    cfg = tiny_config("vllm-colocated", 2, **VLLM, **CENTRALIZED)
+    """With the sequence-level mask of rollout correction (TRL's sequence_mask) over vLLM's log-probs."""
+    cfg = tiny_config("vllm-colocated", 2, **VLLM, **CENTRALIZED, train__rollout_correction__mode="sequence_mask")
     out = train(cfg)
     assert out["iterations"] == 2
     _assert_engines_agree(cfg, out["mlflow_run_id"], 2)
+    _assert_corrected(cfg, out["mlflow_run_id"], "train/rollout_is_masked_share")
 
 
 def test_disaggregated_generator_checks_the_published_weights(ray_cluster, tiny_config):
     cfg = tiny_config("vllm-gen", 3, placement__mode="disaggregated", placement__generator_cpus=0,
-                      train__max_staleness=1, **VLLM)
+                      train__max_staleness=1, train__rollout_correction__mode="token_truncate", **VLLM)
     out = train(cfg)
     assert out["iterations"] == 3
     checks = _history(cfg, out["mlflow_run_id"], "reshard/sync_check_max_diff")
     assert checks and all(v < 1e-3 for v in checks.values()), checks
     drift = _history(cfg, out["mlflow_run_id"], "rollout/logprob_abs_diff_max")
     assert drift and all(v < 1e-3 for v in drift.values()), drift  # on-policy samples only
+    _assert_corrected(cfg, out["mlflow_run_id"], "train/rollout_is_truncated_share")

@@ -33,7 +33,11 @@ class StandInLLM:
         self.events: list[str] = []
         self.loaded: dict[str, torch.Tensor] = {}
         config = SimpleNamespace(model_config=SimpleNamespace(max_model_len=128))
-        self.llm_engine = SimpleNamespace(vllm_config=config)
+        self.llm_engine = SimpleNamespace(vllm_config=config, add_request=self._add_request)
+
+    def _add_request(self, request_id, prompt, params):
+        assert params.output_kind == "final" and params.seed is not None  # the finished turn only, seeded per turn
+        self.events.append(f"add_request:{request_id}")
 
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
         assert isinstance(method, str), "weight-sync methods are called by name (worker_extension_cls)"
@@ -70,6 +74,9 @@ def stand_in_vllm(monkeypatch):
     inputs.TokensPrompt = dict  # a TypedDict in vLLM
     monkeypatch.setitem(sys.modules, "vllm", vllm)
     monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+    sampling = types.ModuleType("vllm.sampling_params")
+    sampling.RequestOutputKind = SimpleNamespace(FINAL_ONLY="final")
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", sampling)
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     monkeypatch.delenv("VLLM_ASCEND_ENABLE_NZ", raising=False)
     for key in ("LD_PRELOAD", "VLLM_DIST_IDENT"):  # set, then removed: the test's values are undone after it
@@ -127,6 +134,26 @@ def test_colocated_sleep_sync_wake_order(stand_in_vllm):
     llm.events.clear()
     engine.generate(PROMPTS, SamplingParams(max_new_tokens=4), seed=0)
     assert llm.events[-1] == "generate" and "load_weight_bucket" in llm.events
+
+
+def test_a_tool_turn_stream_waits_for_the_synced_weights(stand_in_vllm):
+    """Colocated on a device: a turn stream (tool rollouts) opened while vLLM sleeps without weights is refused
+    like ``generate``; after the sync (which wakes vLLM) each turn is a request of its own."""
+    from dockflow.engines.vllm_generation import ColocatedTraining
+
+    tok, model, engine = _setup()
+    train = ColocatedTraining(TorchTrainingEngine(model, lr=1e-3), engine)
+    train.infer(engine.generate(PROMPTS, SamplingParams(max_new_tokens=4, n=2), seed=0))
+    params = SamplingParams(max_new_tokens=4, greedy=True)
+    with pytest.raises(RuntimeError, match="level 2"):
+        engine.turn_stream(tok, params, seed=0)
+    engine.load_weights(train.generation_weights())  # wakes the weights, loads, wakes the KV cache
+    engine.llm.events.clear()
+    stream = engine.turn_stream(tok, params, seed=0)
+    assert stream.submit(3, [1, 5, 6], 4) and stream.busy
+    assert not stream.submit(4, [1, 5, 6], 0)  # no room: nothing asked of vLLM
+    assert stream.submit(3, [1, 5, 6, 7], 3)  # its next turn: a request of its own, seeded apart
+    assert engine.llm.events == ["add_request:turn-3-0", "add_request:turn-3-1"]
 
 
 def test_tensor_parallel_uses_worker_processes_and_host_tensors(stand_in_vllm):
