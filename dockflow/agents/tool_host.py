@@ -108,6 +108,12 @@ def _serve(conn: Connection, tools: Sequence[Callable[..., Any]], factory: Calla
             conn.send((False, str(exc) or type(exc).__name__))
 
 
+# One fork at a time (hosts start from the threads of ``stream_loop`` too): a child forked while another host's
+# start still holds the ends meant for its own child would inherit them, and that host's child would then not be
+# seen to exit (its ``join`` waits out its timeout) nor its pipe to close until the sibling ends too.
+_FORKING = threading.Lock()
+
+
 class ToolHost:
     """A child process holding the tools (and, with ``factory``, one environment instance: one host per rollout).
 
@@ -148,10 +154,11 @@ class ToolHost:
     def _start(self) -> Connection:
         if self._conn is None:
             ctx = multiprocessing.get_context("fork")
-            parent, child = ctx.Pipe()
-            self._proc = ctx.Process(target=_serve, args=(child, self.tools, self._make), daemon=True)
-            self._proc.start()
-            child.close()
+            with _FORKING:
+                parent, child = ctx.Pipe()
+                self._proc = ctx.Process(target=_serve, args=(child, self.tools, self._make), daemon=True)
+                self._proc.start()
+                child.close()
             self._conn = parent
         return self._conn
 
@@ -223,6 +230,11 @@ class ToolHost:
             "its instances picklable (e.g. drop open handles in __getstate__)"
         )
 
+    def kill(self) -> None:
+        """Send the child SIGKILL without waiting for it (``close`` reaps it); a no-op when none runs."""
+        if self._proc is not None:
+            self._proc.kill()
+
     def close(self) -> None:
         """Kill the child (a no-op when none runs)."""
         if self._proc is not None:
@@ -286,6 +298,8 @@ class ToolHostPool:
         return None
 
     def close(self) -> None:
+        for host in self._hosts:  # every child signalled first, then each reaped: no join waits on a live one
+            host.kill()
         for host in self._hosts:
             host.close()
 

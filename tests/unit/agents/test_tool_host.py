@@ -119,3 +119,46 @@ def test_an_environment_lives_in_the_child_and_is_lost_when_killed() -> None:
 def test_the_tools_section_rejects_bad_input_with_one_line(fields: dict, words: str) -> None:
     with pytest.raises(ValidationError, match=words):
         ToolsConfig(**fields)
+
+
+def _written_pipes(pid: int) -> set[str]:
+    """The pipes process ``pid`` holds a write end of (``pipe:[inode]``)."""
+    out = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        with open(f"/proc/{pid}/fdinfo/{fd}") as info:
+            flags = int(next(line for line in info if line.startswith("flags:")).split()[1], 8)
+        if target.startswith("pipe:") and flags & os.O_WRONLY:
+            out.add(target)
+    return out
+
+
+def test_children_started_from_many_threads_hold_no_siblings_exit_pipe() -> None:
+    """The tool pool starts children from the stream driver's threads. A child forked while another host was
+    starting its own would inherit the write end of that sibling's exit pipe (its sentinel): reaping the sibling
+    then waited out the join timeout, until this child ended too. Here no child holds a write end of another
+    child's exit pipe, and a pool reaps its children at once."""
+    import threading
+
+    from dockflow.agents.tool_host import ToolHostPool
+
+    with ToolHostPool([add, wait], timeout_s=5.0) as pool:
+        gate = threading.Barrier(6)
+
+        def call() -> None:
+            gate.wait()
+            pool.call("wait", {"seconds": 0.5})  # all at once: a child each
+
+        threads = [threading.Thread(target=call) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        hosts = list(pool._hosts)
+        assert len(hosts) >= 4
+        exit_pipes = {h.pid: os.readlink(f"/proc/self/fd/{h._proc.sentinel}") for h in hosts}
+        for h in hosts:
+            others = {pipe for pid, pipe in exit_pipes.items() if pid != h.pid}
+            assert not _written_pipes(h.pid) & others, h.pid
+        pids = list(exit_pipes)
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)  # all reaped on close
