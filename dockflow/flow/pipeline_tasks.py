@@ -190,7 +190,7 @@ def setup(config: str, overrides: list[str], params: RunParams, address: str | N
         end_previous_attempt(cfg.run.name, namespace)
         store = run_store(cfg.checkpoint, cfg.run)
         step = store.latest()
-        state = RunRecord.from_dict(store.read_part(step, "driver", weights_only=False)) if step is not None else None
+        state = RunRecord.from_dict(store.read_part(step, "driver")) if step is not None else None
         if state is None:
             check_model_path(cfg)  # a resumed run starts from its staged initial model
             check_lora_fits(cfg)

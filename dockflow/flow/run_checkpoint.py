@@ -32,7 +32,7 @@ def commit_checkpoint(store, step: int, rec: RunRecord, cfg: Config) -> None:
 
 def read_record(store, step: int) -> RunRecord:
     """The driver's record in checkpoint ``step`` (written by this DockFlow or the one before: ``RunRecord.from_dict``)."""
-    return RunRecord.from_dict(store.read_part(step, "driver", weights_only=False))
+    return RunRecord.from_dict(store.read_part(step, "driver"))
 
 
 def restore_workers(store, workers: Workers, step: int, cfg: Config) -> None:
