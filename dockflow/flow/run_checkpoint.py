@@ -11,6 +11,7 @@ from typing import Any
 from dockflow.config import Config
 from dockflow.flow.run_record import RunRecord
 from dockflow.flow.waiting import wait_stages
+from dockflow.redact import redact_config
 from dockflow.workers import Workers
 
 
@@ -26,7 +27,7 @@ def stateful(workers: Workers) -> dict[str, Any]:
 def commit_checkpoint(store, step: int, rec: RunRecord, cfg: Config) -> None:
     """After the workers wrote their parts: the driver's record and the config, then the manifest (the commit)."""
     store.write_part(step, "driver", rec.to_dict())
-    store.write_part(step, "config", cfg.model_dump())  # what produced it, readable without the run directory
+    store.write_part(step, "config", redact_config(cfg.model_dump()))  # what produced it, secrets hidden
     store.commit(step, {"iteration": step, "accuracy": rec.last_accuracy})
 
 
