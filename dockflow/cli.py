@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from dockflow.config import ConfigError, load_config
+from dockflow.redact import redact_text
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -113,7 +114,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     def head_lost(message: str) -> None:  # from the watch thread: the main one waits in Ray
         progress.close()
-        print(f"dockflow train: error: {message}", file=sys.stderr, flush=True)
+        print(f"dockflow train: error: {redact_text(message)}", file=sys.stderr, flush=True)
         os._exit(2)
 
     try:
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         ours = type(exc).__module__.startswith(("dockflow.", "pipelines.")) or isinstance(exc, (ConfigError, FileNotFoundError))
         if not ours:
             raise
-        print(f"dockflow {args.command}: error: {exc}", file=sys.stderr)
+        print(f"dockflow {args.command}: error: {redact_text(str(exc))}", file=sys.stderr)
         return 2
 
 

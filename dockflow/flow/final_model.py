@@ -21,6 +21,7 @@ from dockflow.algos import recipe_of
 from dockflow.config import Config
 from dockflow.flow.run_record import ACCURACY, RunRecord
 from dockflow.flow.waiting import wait_stages
+from dockflow.redact import redact_config
 from dockflow.tracking import Tracker, plot_curves
 from dockflow.tracking.champion import Rescorer, decide_champion, decision_metrics
 from dockflow.tracking.tags import identity_tags
@@ -49,7 +50,7 @@ def finish(cfg: Config, run_dir: Path, workers: Workers, store: Any, tracker: Tr
         rescore = champion_rescorer(cfg, workers, tracker.tracking_uri)
         out["registry"] = register(cfg, tracker, final, final_score(cfg, state), tags=tags, rescore=rescore)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "summary.json").write_text(json.dumps(out, indent=2))
+    (run_dir / "summary.json").write_text(json.dumps(redact_config(out), indent=2))
     tracker.flush_deferred(run_dir / "metrics_unsent.jsonl")
     tracker.set_tags({"final_model": final, "checkpoint_uri": store.location()})  # pointers, not copies
     log_artifacts(tracker, run_dir, state)

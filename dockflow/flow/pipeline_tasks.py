@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from dockflow.flow.supervisor import HEADLINES, supervisor_name
+from dockflow.redact import redact_text
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +191,7 @@ def setup(config: str, overrides: list[str], params: RunParams, address: str | N
         end_previous_attempt(cfg.run.name, namespace)
         store = run_store(cfg.checkpoint, cfg.run)
         step = store.latest()
-        state = RunRecord.from_dict(store.read_part(step, "driver", weights_only=False)) if step is not None else None
+        state = RunRecord.from_dict(store.read_part(step, "driver")) if step is not None else None
         if state is None:
             check_model_path(cfg)  # a resumed run starts from its staged initial model
             check_lora_fits(cfg)
@@ -212,9 +213,9 @@ def setup(config: str, overrides: list[str], params: RunParams, address: str | N
             tracker.end("FAILED")  # the supervisor, if any, is ended by teardown or its attach grace
             raise
     print(f"run {cfg.run.name}: {'resumed from iteration ' + str(step) if step else 'started'}; "
-          f"MLflow run {tracker.run_id} at {tracker.tracking_uri}", flush=True)
+          f"MLflow run {tracker.run_id} at {redact_text(tracker.tracking_uri)}", flush=True)
     return {"namespace": namespace, "run_name": cfg.run.name, "mlflow_run_id": tracker.run_id,
-            "checkpoint_uri": status["checkpoint_uri"], "tracking_uri": tracker.tracking_uri,
+            "checkpoint_uri": status["checkpoint_uri"], "tracking_uri": redact_text(tracker.tracking_uri),
             "experiment_id": tracker.experiment_id, "resumed_from": str(step or 0)}
 
 
@@ -349,7 +350,9 @@ def kfp_metrics(metrics: dict[str, float], artifact: Any) -> None:
 
 
 def mlflow_link(tracking_uri: str, experiment_id: str, run_id: str) -> str:
-    """Markdown pointing at the MLflow run: a link for a tracking server, the ``mlflow ui`` command otherwise."""
+    """Markdown pointing at the MLflow run: a link for a tracking server, the ``mlflow ui`` command otherwise (the
+    URI's credentials hidden: ``dockflow.redact``)."""
+    tracking_uri = redact_text(tracking_uri)
     if tracking_uri.startswith(("http://", "https://")):
         url = f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
         return f"[MLflow run {run_id}]({url})"

@@ -11,6 +11,7 @@ from typing import Any
 from dockflow.config import Config
 from dockflow.flow.run_record import RunRecord
 from dockflow.flow.waiting import wait_stages
+from dockflow.redact import redact_config
 from dockflow.workers import Workers
 
 
@@ -26,13 +27,13 @@ def stateful(workers: Workers) -> dict[str, Any]:
 def commit_checkpoint(store, step: int, rec: RunRecord, cfg: Config) -> None:
     """After the workers wrote their parts: the driver's record and the config, then the manifest (the commit)."""
     store.write_part(step, "driver", rec.to_dict())
-    store.write_part(step, "config", cfg.model_dump())  # what produced it, readable without the run directory
+    store.write_part(step, "config", redact_config(cfg.model_dump()))  # what produced it, secrets hidden
     store.commit(step, {"iteration": step, "accuracy": rec.last_accuracy})
 
 
 def read_record(store, step: int) -> RunRecord:
     """The driver's record in checkpoint ``step`` (written by this DockFlow or the one before: ``RunRecord.from_dict``)."""
-    return RunRecord.from_dict(store.read_part(step, "driver", weights_only=False))
+    return RunRecord.from_dict(store.read_part(step, "driver"))
 
 
 def restore_workers(store, workers: Workers, step: int, cfg: Config) -> None:

@@ -4,7 +4,7 @@
     rec.record_eval(0, {"eval/test_accuracy": 0.25})       # RunTasks._evaluate
     rec.record_iteration(1, metrics, samples=16)            # RunTasks.close (adds train/samples to metrics)
     store.write_part(step, "driver", rec.checkpoint_copy(ahead).to_dict())
-    rec = RunRecord.from_dict(store.read_part(step, "driver", weights_only=False))
+    rec = RunRecord.from_dict(store.read_part(step, "driver"))
 
 One field per fact: the held-out evaluations are one list of ``(step, scores)``; the accuracy curve
 (``accuracies``) is derived from it. Light (no torch): the supervisor's status reads it.

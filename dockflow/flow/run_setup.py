@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from dockflow.config import Config
+from dockflow.redact import redact_config
 
 
 def run_dir_of(cfg: Config) -> Path:
@@ -23,9 +24,9 @@ def run_dir_of(cfg: Config) -> Path:
 
 
 def write_run_config(cfg: Config, run_dir: Path) -> None:
-    """The run's resolved config as ``config.yaml`` in ``run_dir``."""
+    """The run's resolved config as ``config.yaml`` in ``run_dir`` (logged to MLflow: its secrets hidden)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(redact_config(cfg.model_dump()), sort_keys=False))
 
 
 def check_reward_functions(cfg: Config) -> None:

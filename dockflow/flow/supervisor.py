@@ -29,6 +29,8 @@ import time
 import warnings
 from typing import Any
 
+from dockflow.redact import redact_text
+
 log = logging.getLogger(__name__)
 
 PHASES = ("starting", "ready", "running", "done", "failed", "finished", "stopped")
@@ -166,7 +168,7 @@ class RunSupervisor:
         iteration = self.session.state.iteration if self.session is not None else 0
         return {"phase": self.phase, "error": self.error, "epoch": self.epoch, "iteration": iteration,
                 "iterations": self.cfg.train.iterations, "mlflow_run_id": self.tracker.run_id,
-                "experiment_id": self.tracker.experiment_id, "tracking_uri": self.tracker.tracking_uri,
+                "experiment_id": self.tracker.experiment_id, "tracking_uri": redact_text(self.tracker.tracking_uri),
                 "checkpoint_uri": self.store.location(), "stage_timeout_s": self.cfg.train.stage_timeout_s}
 
     def follow(self, stream: str, cursor: int, heartbeat: bool = True, wait_s: float = 5.0) -> dict[str, Any]:

@@ -287,6 +287,16 @@ class RolloutQueue:
                 "regenerated": self.regenerated, "overflow": self.overflow}
 
 
+def checkpoint_types() -> tuple[type, ...]:
+    """The classes a checkpoint's in-flight part holds (the queue's state: parked groups, their trajectories with
+    tools); its reader rebuilds these and refuses any other (``dockflow.storage.part_format``)."""
+    from dockflow.agents.parking import ParkedTrajectory
+    from dockflow.agents.trajectory import Trajectory, TrajectoryMetrics
+    from dockflow.rollout.multi_turn import Finished, Sampled
+
+    return (ParkedGroup, _Iteration, Sampled, Finished, ParkedTrajectory, Trajectory, TrajectoryMetrics)
+
+
 class RolloutQueueTimeout(RuntimeError):
     """The generators' shared rollout queue did not answer in time."""
 

@@ -14,7 +14,7 @@ Models and input files (``objects.py``): ``stage_model`` copies a model director
 from dockflow.storage.backends import open_store, run_store
 from dockflow.storage.checkpoint_store import CheckpointStore
 from dockflow.storage.local import LocalCheckpointStore
-from dockflow.storage.manifest import CheckpointError, Manifest, PartInfo
+from dockflow.storage.manifest import CheckpointError, Manifest, OldCheckpointError, PartInfo
 from dockflow.storage.objects import (
     fetch_file,
     fetch_model,
@@ -31,6 +31,7 @@ __all__ = [
     "CheckpointStore",
     "LocalCheckpointStore",
     "Manifest",
+    "OldCheckpointError",
     "PartInfo",
     "S3CheckpointStore",
     "fetch_file",

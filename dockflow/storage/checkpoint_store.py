@@ -9,6 +9,11 @@ Protocol, for one checkpoint of step ``s``:
    deletes old checkpoints (keeping the last ``keep`` and, optionally, the best by a metric of ``meta``);
 3. on resume: ``step = store.latest()`` then ``store.read_part(step, name)`` and ``store.read_meta(step)``.
 
+Parts are data only (``dockflow.storage.part_format``): reading one parses JSON and tensor bytes, never a pickle.
+The manifest records each part's size and sha256; with a checkpoint key (``dockflow.storage.signing``) it is
+signed too, and the signature is checked before any part is read. Without a key the sha256 only catches
+corruption: whoever can write the bucket can rewrite a part and its manifest alike.
+
 The interface never needs a rename of a folder, so object stores implement it with plain puts. The protocol
 itself (commit checks, manifest, verification, retention) lives here; a backend only provides a few
 primitives on the files of one step: save a part, put/get a small text file, list files, fetch a file with
@@ -20,10 +25,9 @@ from __future__ import annotations
 import logging
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
-from typing import Any, Literal
-
-import torch
+from typing import Any, BinaryIO, Literal
 
 from dockflow.storage.manifest import (
     MANIFEST_NAME,
@@ -31,6 +35,7 @@ from dockflow.storage.manifest import (
     RECORD_SUFFIX,
     CheckpointError,
     Manifest,
+    OldCheckpointError,
     PartInfo,
     check_part_name,
     meta_json_check,
@@ -40,10 +45,12 @@ from dockflow.storage.manifest import (
     record_json,
     step_dirname,
 )
+from dockflow.storage.part_format import read_part_file, write_part_file
+from dockflow.storage.signing import checkpoint_key
 
 log = logging.getLogger(__name__)
 
-#: What ``_fetch`` yields: a readable source for ``torch.load`` (a path or an open binary file), the bytes'
+#: What ``_fetch`` yields: a readable source for ``read_part_file`` (a path or an open binary file), the bytes'
 #: size and their sha256; None when the file is missing.
 Fetched = tuple[Any, int, str] | None
 
@@ -75,7 +82,7 @@ class CheckpointStore(ABC):
 
     @abstractmethod
     def _save_part(self, step: int, name: str, obj: Any) -> PartInfo:
-        """Stream ``torch.save(obj)`` into ``part_filename(name)`` of ``step``; it becomes visible whole."""
+        """Stream ``obj`` (``self._encode``) into ``part_filename(name)`` of ``step``; it becomes visible whole."""
 
     @abstractmethod
     def _put_text(self, step: int, filename: str, text: str) -> None:
@@ -97,7 +104,7 @@ class CheckpointStore(ABC):
     def _fetch(self, step: int, filename: str, keep_data: bool) -> AbstractContextManager[Fetched]:
         """Context manager yielding ``(source, size, sha256)`` of a file of ``step``, or None if missing.
 
-        With ``keep_data`` the source must stay readable by ``torch.load`` inside the context (a local
+        With ``keep_data`` the source must stay readable by ``read_part_file`` inside the context (a local
         path, or a temporary copy of a remote object); without it only size and digest are needed."""
 
     @abstractmethod
@@ -106,9 +113,14 @@ class CheckpointStore(ABC):
 
     # ---- the protocol, shared by every backend ----
 
+    @staticmethod
+    def _encode(obj: Any, f: BinaryIO) -> None:
+        """Write ``obj`` as a data-only part into ``f`` (what every backend's ``_save_part`` streams)."""
+        write_part_file(obj, f)
+
     def write_part(self, step: int, name: str, obj: Any) -> PartInfo:
-        """``torch.save`` ``obj`` as part ``name`` of step ``step`` (streamed; the part becomes visible
-        whole), then write the part's record (size + sha256)."""
+        """Save ``obj`` as part ``name`` of step ``step`` (data only: ``dockflow.storage.part_format``; streamed,
+        the part becomes visible whole), then write the part's record (size + sha256)."""
         check_part_name(name)
         if self._get_text(step, MANIFEST_NAME) is not None:
             raise CheckpointError(
@@ -169,19 +181,20 @@ class CheckpointStore(ABC):
         if not expected:
             raise CheckpointError(f"cannot commit {where}: it holds no parts; call write_part first")
         manifest = Manifest(step=step, meta=meta, parts=written)
-        self._put_text(step, MANIFEST_NAME, manifest.to_json())
+        self._put_text(step, MANIFEST_NAME, manifest.to_json(checkpoint_key()))
         self._retain(step, meta)
         return manifest
 
     def read_manifest(self, step: int) -> Manifest:
-        """The manifest of a committed checkpoint (CheckpointError if there is none)."""
+        """The manifest of a committed checkpoint (CheckpointError if there is none, or if a checkpoint key is
+        set and the manifest's signature does not match it)."""
         where = self.location(step)
         text = self._get_text(step, MANIFEST_NAME)
         if text is None:
             raise CheckpointError(
                 f"checkpoint {where} is not committed (no {MANIFEST_NAME}); committed steps: {self.list_steps()}"
             )
-        manifest = Manifest.from_json(text, f"{where}/{MANIFEST_NAME}")
+        manifest = Manifest.from_json(text, f"{where}/{MANIFEST_NAME}", checkpoint_key())
         if manifest.step != step:
             raise CheckpointError(
                 f"manifest {where}/{MANIFEST_NAME} is for step {manifest.step}, not {step}: delete that checkpoint"
@@ -209,10 +222,10 @@ class CheckpointStore(ABC):
                 self._check_fetched(step, info, got)
         return manifest
 
-    def read_part(self, step: int, name: str, *, map_location: str = "cpu", weights_only: bool = True) -> Any:
-        """Load a part of a committed checkpoint after checking its size and sha256.
-
-        ``weights_only=False`` is needed for objects such as numpy RNG states."""
+    def read_part(self, step: int, name: str, *, types: Iterable[type] = ()) -> Any:
+        """Read a part of a committed checkpoint after checking the manifest (its signature, with a key) and the
+        part's size and sha256. Data only: ``types`` are the dataclasses the part may hold (any other class is
+        refused; ``dockflow.storage.part_format``)."""
         manifest = self.read_manifest(step)
         if name not in manifest.parts:
             raise CheckpointError(
@@ -220,7 +233,7 @@ class CheckpointStore(ABC):
             )
         with self._fetch(step, part_filename(name), keep_data=True) as got:
             source = self._check_fetched(step, manifest.parts[name], got)
-            return torch.load(source, map_location=map_location, weights_only=weights_only)
+            return read_part_file(source, f"{self.location(step)}/{part_filename(name)}", types)
 
     def list_steps(self) -> list[int]:
         """Committed steps (manifest present), ascending; parts are not verified here."""
@@ -248,6 +261,8 @@ class CheckpointStore(ABC):
                 break
             try:
                 self.verify(step)
+            except OldCheckpointError:
+                raise  # never skipped: the run would silently start over next to it
             except CheckpointError as exc:
                 log.warning("ignoring checkpoint %s: %s", step_dirname(step), exc)
                 continue

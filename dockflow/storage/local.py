@@ -20,8 +20,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
-
 from dockflow.storage.checkpoint_store import CheckpointStore, Fetched
 from dockflow.storage.manifest import (
     MANIFEST_NAME,
@@ -101,7 +99,7 @@ class LocalCheckpointStore(CheckpointStore):
             d.mkdir(parents=True, exist_ok=True)
             with open(tmp, "xb") as f:
                 w = HashingWriter(f)
-                torch.save(obj, w)
+                self._encode(obj, w)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, final)  # made durable by the directory fsync after the part's record

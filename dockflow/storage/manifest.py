@@ -2,9 +2,14 @@
 
 A checkpoint of step 10 is a folder (local) or key prefix (object store) ``step-000010/`` holding:
 
-- ``<name>.pt``: one part per writer (``torch.save`` of a state dict, RNG states, any object);
-- ``<name>.pt.json``: the part's record (size + sha256), written by the part's writer right after the part;
-- ``manifest.json``: written last, by ``commit``; a checkpoint is committed iff its manifest exists.
+- ``<name>.safetensors``: one part per writer, data only (``dockflow.storage.part_format``: tensors in
+  safetensors, the rest of the tree as JSON in its metadata; nothing in it is unpickled when read);
+- ``<name>.safetensors.json``: the part's record (size + sha256), written by the part's writer right after it;
+- ``manifest.json``: written last, by ``commit``; a checkpoint is committed iff its manifest exists. With a
+  checkpoint key (``dockflow.storage.signing``) it carries an HMAC of its content, checked before any part is read.
+
+Format 1 (DockFlow before data-only parts: ``<name>.pt``, written by ``torch.save``) is refused in one line
+(``OldCheckpointError``): loading it would unpickle whatever the bucket holds.
 
 Nothing here touches storage; the backends do.
 """
@@ -12,6 +17,7 @@ Nothing here touches storage; the backends do.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import re
 import time
@@ -20,10 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 1: pickled parts (torch.save), refused
 MANIFEST_NAME = "manifest.json"
-PART_SUFFIX = ".pt"
-RECORD_SUFFIX = ".pt.json"
+PART_SUFFIX = ".safetensors"
+RECORD_SUFFIX = ".safetensors.json"
 
 _STEP_RE = re.compile(r"^step-(\d{6,})$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -31,6 +37,10 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be written, committed or read; the message names the path and what to do."""
+
+
+class OldCheckpointError(CheckpointError):
+    """A checkpoint of format 1 (pickled parts): never loaded, and never skipped silently by ``latest``."""
 
 
 def step_dirname(step: int) -> str:
@@ -46,7 +56,7 @@ def parse_step_dirname(name: str) -> int | None:
 
 
 def steps_of_paths(paths: Iterable[str]) -> dict[int, bool]:
-    """Steps found in paths relative to the store's root (``'step-000010/actor.pt'``) and whether each is
+    """Steps found in paths relative to the store's root (``'step-000010/actor.safetensors'``) and whether each is
     committed (has ``manifest.json``); other paths are ignored."""
     out: dict[int, bool] = {}
     for path in paths:
@@ -105,29 +115,68 @@ class Manifest:
     parts: dict[str, PartInfo]
     created_unix: float = field(default_factory=time.time)
 
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "format_version": FORMAT_VERSION,
-                "step": self.step,
-                "created_unix": self.created_unix,
-                "meta": self.meta,
-                "parts": {n: p.to_dict() for n, p in sorted(self.parts.items())},
-            },
-            indent=1,
-        )
+    def body(self) -> dict[str, Any]:
+        """The manifest's content, without its signature."""
+        return {
+            "format_version": FORMAT_VERSION,
+            "step": self.step,
+            "created_unix": self.created_unix,
+            "meta": self.meta,
+            "parts": {n: p.to_dict() for n, p in sorted(self.parts.items())},
+        }
+
+    def to_json(self, key: bytes | None = None) -> str:
+        """The manifest file; with ``key``, signed (``signature``: HMAC-SHA256 of the canonical body)."""
+        d = self.body()
+        if key is not None:
+            d["signature"] = signature(d, key)
+        return json.dumps(d, indent=1)
 
     @classmethod
-    def from_json(cls, text: str, where: str) -> Manifest:
-        """Parse a manifest; ``where`` (its path) goes into the error message."""
+    def from_json(cls, text: str, where: str, key: bytes | None = None) -> Manifest:
+        """Parse a manifest; ``where`` (its path) goes into the error message. With ``key`` its signature must
+        match (an unsigned manifest, or one signed with another key, is refused)."""
         try:
             d = json.loads(text)
-            if d.get("format_version") != FORMAT_VERSION:
-                raise ValueError(f"format_version {d.get('format_version')!r}, expected {FORMAT_VERSION}")
+            version = d.get("format_version")
+        except (ValueError, AttributeError) as exc:
+            raise CheckpointError(f"manifest {where} is unreadable ({exc}): delete that checkpoint") from None
+        if version == 1:
+            raise OldCheckpointError(
+                f"checkpoint {where.rsplit('/', 1)[0]} has pickled parts (format 1, DockFlow before data-only "
+                "checkpoints), which this DockFlow never loads: resume it with the DockFlow that wrote it, or start "
+                "afresh with another checkpoint.dir (or delete its step-* folders)"
+            )
+        if key is not None:
+            check_signature(d, key, where)
+        try:
+            if version != FORMAT_VERSION:
+                raise ValueError(f"format_version {version!r}, expected {FORMAT_VERSION}")
             parts = {n: PartInfo.from_dict(n, p) for n, p in d["parts"].items()}
             return cls(step=int(d["step"]), meta=dict(d["meta"]), parts=parts, created_unix=float(d["created_unix"]))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CheckpointError(f"manifest {where} is unreadable ({exc}): delete that checkpoint") from None
+
+
+def signature(body: dict[str, Any], key: bytes) -> str:
+    """HMAC-SHA256 (hex) of a manifest body, over its canonical JSON (sorted keys, no spaces)."""
+    canonical = json.dumps({k: v for k, v in body.items() if k != "signature"}, sort_keys=True, separators=(",", ":"))
+    return hmac.new(key, canonical.encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def check_signature(d: dict[str, Any], key: bytes, where: str) -> None:
+    """Raise unless the parsed manifest ``d`` carries the signature ``key`` makes of it."""
+    got = d.get("signature")
+    if not isinstance(got, str):
+        raise CheckpointError(
+            f"manifest {where} is not signed, but a checkpoint key is set (DOCKFLOW_CHECKPOINT_KEY): it was written "
+            "without the key, or by someone else; resume from a signed checkpoint"
+        )
+    if not hmac.compare_digest(got, signature(d, key)):
+        raise CheckpointError(
+            f"manifest {where} has a signature that does not match this run's checkpoint key "
+            "(DOCKFLOW_CHECKPOINT_KEY): it was changed after it was written, or signed with another key"
+        )
 
 
 def record_json(info: PartInfo) -> str:
@@ -156,7 +205,7 @@ def meta_json_check(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 class HashingWriter:
-    """Write-only file wrapper that counts bytes and computes sha256 as ``torch.save`` (or a download)
+    """Write-only file wrapper that counts bytes and computes sha256 as a part (or a download)
     streams into it; with ``f=None`` the bytes are only counted and hashed. ``md5=True`` also computes their MD5
     (to compare with an S3 ETag)."""
 

@@ -5,11 +5,11 @@
     store.commit(10, {"iteration": 10})               # one process, after all writers are done
     step = store.latest(); state = store.read_part(step, "actor")
 
-Same layout and commit rule as the local store, under the key prefix: ``<prefix>/step-000010/actor.pt``,
-``actor.pt.json`` (the part's record), and ``manifest.json`` PUT last. A PUT (or a completed multipart upload)
+Same layout and commit rule as the local store, under the key prefix: ``<prefix>/step-000010/actor.safetensors``,
+``actor.safetensors.json`` (the part's record), and ``manifest.json`` PUT last. A PUT (or a completed multipart upload)
 is atomic, so readers never see half an object and a checkpoint exists iff its manifest object exists.
 
-- Transfers stream: ``write_part`` runs ``torch.save`` through a hashing writer into a spooled temporary file
+- Transfers stream: ``write_part`` writes the data-only part through a hashing writer into a spooled temporary file
   (memory up to 16 MiB, then the temp directory), then uploads it in 16 MiB parts; ``read_part`` streams the
   object into a temporary file, checks its size and sha256 against the manifest, and only then loads it.
 - Every request is retried on transient errors (connection refused/reset, timeouts, HTTP 5xx, 429) with
@@ -33,7 +33,6 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any, Literal
 
-import torch
 from minio import Minio
 from minio.deleteobjects import DeleteObject
 
@@ -116,7 +115,7 @@ class S3CheckpointStore(CheckpointStore):
         with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES) as f:
             w = HashingWriter(f)
             try:
-                torch.save(obj, w)
+                self._encode(obj, w)
             except OSError as exc:
                 raise CheckpointError(
                     f"cannot stage checkpoint part s3://{self.bucket}/{key} ({exc}): "

@@ -28,6 +28,7 @@ from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH,
 
 from dockflow.config.base import flatten_dict
 from dockflow.config.sections import TrackingConfig
+from dockflow.redact import redact_value
 from dockflow.tracking.store import (
     TrackingError,
     apply_http_env_defaults,
@@ -44,10 +45,11 @@ RunStatus = Literal["FINISHED", "FAILED", "KILLED"]
 
 
 def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """Nested dicts become dotted keys; values become strings cut to MLflow's limit (with a warning)."""
+    """Nested dicts become dotted keys; values become strings cut to MLflow's limit (with a warning), their
+    secrets hidden (``dockflow.redact``: a URI's password, a key named like a secret)."""
     out: dict[str, str] = {}
     for name, value in flatten_dict(params, prefix).items():
-        text = str(value)
+        text = str(redact_value(name, value))
         if len(text) > MAX_PARAM_VAL_LENGTH:
             log.warning("param %s is %d chars; MLflow keeps %d, truncating", name, len(text), MAX_PARAM_VAL_LENGTH)
             text = text[: MAX_PARAM_VAL_LENGTH - 3] + "..."
@@ -153,7 +155,8 @@ class Tracker:
 
         Raises TrackingError naming the URI when the store or server cannot be used."""
         uri = resolve_tracking_uri(cfg.uri, store_dir)
-        all_tags = {"dockflow.output_dir": str(Path(store_dir).absolute()), **{k: str(v) for k, v in (tags or {}).items()}}
+        all_tags = {"dockflow.output_dir": str(Path(store_dir).absolute()),
+                    **{k: str(redact_value(k, v)) for k, v in (tags or {}).items()}}
         client = _open_client(uri)
         resumed = run_id is not None
         try:
@@ -213,7 +216,7 @@ class Tracker:
             self._call("logging params", self._client.log_batch, self.run_id, params=batch)
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
-        batch = [RunTag(k, str(v)) for k, v in tags.items()]
+        batch = [RunTag(k, str(redact_value(k, v))) for k, v in tags.items()]
         for chunk in _chunks(batch, MAX_PARAMS_TAGS_PER_BATCH):
             self._call("setting tags", self._client.log_batch, self.run_id, tags=chunk)
 

@@ -14,6 +14,8 @@ from urllib.parse import urlparse
 
 from mlflow.exceptions import MlflowException
 
+from dockflow.redact import redact_text
+
 # HTTP bounds for a tracking server, applied when the user has not set them: an unreachable server fails in
 # seconds instead of MLflow's default of minutes (120 s timeout, 7 retries with exponential backoff).
 HTTP_ENV_DEFAULTS = {
@@ -27,7 +29,10 @@ _TRANSPORT_CODES = {"INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_
 
 
 class TrackingError(RuntimeError):
-    """MLflow tracking failed; the message names the tracking URI and what to do."""
+    """MLflow tracking failed; the message names the tracking URI (its credentials hidden) and what to do."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(redact_text(str(message)))
 
 
 def resolve_tracking_uri(uri: str | None, store_dir: str | Path) -> str:

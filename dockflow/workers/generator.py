@@ -23,7 +23,7 @@ from dockflow.rollout.multi_turn import ToolTable, generate_tools_into_dock
 from dockflow.rollout.partial import generate_partial_into_dock
 from dockflow.rollout.plain import generate_into_dock
 from dockflow.rollout.prompts import PromptTable
-from dockflow.rollout.queue import QueueClient, RolloutQueue, rollout_queue
+from dockflow.rollout.queue import QueueClient, RolloutQueue, checkpoint_types, rollout_queue
 from dockflow.storage.objects import fetch_model
 from dockflow.workers.runtime import init_worker_process
 
@@ -123,7 +123,7 @@ class GeneratorWorker:
     def load_inflight(self, store: Any, step: int, queue: Any = None) -> list[int]:
         """Put a checkpoint's in-flight samples back into their windows and restore the queue; returns their
         iterations."""
-        part = store.read_part(step, "inflight", weights_only=False)
+        part = store.read_part(step, "inflight", types=checkpoint_types())
         for j, w in part["windows"].items():
             self.dock.reset(window=self.plan.dock_window(j))
             self.dock.put(w["indices"], w["data"], w["meta"])

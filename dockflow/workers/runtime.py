@@ -74,7 +74,7 @@ class ModelWorker:
             store.write_part(step, self.part, state)
 
     def load(self, store, step: int) -> None:
-        state = store.read_part(step, self.part, weights_only=False)
+        state = store.read_part(step, self.part)
         self.engine.load_state(store, step, self.part, state["engine"])
         set_rng_state(state["rng"])
         self.load_extra(state)

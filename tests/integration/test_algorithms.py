@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 from dockflow.flow.run_checkpoint import read_record
 from dockflow.flow.trainer import train
 from dockflow.models.tiny_reward_model import build_tiny_reward_model
+from dockflow.rollout.queue import checkpoint_types
 from dockflow.storage import run_store
 from dockflow.tracking import read_metric_history, resolve_tracking_uri
 from dockflow.workers.resources import build_plan
@@ -156,7 +157,7 @@ def test_a_run_resumed_with_generations_in_flight_repeats_and_loses_no_sample(ra
     full = train(cfg)
     final = load_file(str(Path(full["final_model"]) / "model.safetensors"))
     store = run_store(cfg.checkpoint, cfg.run)
-    inflight = store.read_part(2, "inflight", weights_only=False)
+    inflight = store.read_part(2, "inflight", types=checkpoint_types())
     assert list(inflight["windows"]) == [2] and len(inflight["windows"][2]["indices"]) == cfg.global_batch
     assert inflight["queue"]["parked"], "nothing was parked: partial rollout did not run"
     store.delete(4)
@@ -188,7 +189,7 @@ def check_megatron_run(cfg, summary, rank_weights, critics, initial: dict[str, t
     assert all(torch.equal(final[k], rank_weights[-1][0][k]) for k in rank_weights[-1][0])
     store = run_store(cfg.checkpoint, cfg.run)
     for part in ("actor", "critic"):
-        assert store.read_part(1, part, weights_only=False)["engine"] == {"dist_checkpoint": f"{part}.mcore"}
+        assert store.read_part(1, part)["engine"] == {"dist_checkpoint": f"{part}.mcore"}
         assert sum(p.startswith(f"{part}.mcore.") and p.endswith(".distcp") for p in store.list_parts(1)) == 2
         steps = [dist_checkpoint_common(store, step, f"{part}.mcore")["optimizer"]["step"] for step in (1, 2)]
         assert steps[0] > 0 and steps[1] == 2 * steps[0], (part, steps)

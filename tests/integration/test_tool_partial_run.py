@@ -21,6 +21,7 @@ from dockflow.flow.sft import SFTInputs, sft_warm_start
 from dockflow.flow.tool_sft import ToolDemonstrations
 from dockflow.flow.trainer import train
 from dockflow.models import load_tokenizer
+from dockflow.rollout.queue import checkpoint_types
 from dockflow.storage import run_store
 from dockflow.tracking import read_metric_history, resolve_tracking_uri
 from dockflow.workers.resources import build_plan
@@ -47,7 +48,7 @@ def parked_trajectories(queue_state: dict) -> list[ParkedTrajectory]:
 def parking_points(store, steps: list[int]) -> dict[int, list[tuple[int, bool]]]:
     """For each checkpoint, where its parked trajectories stopped: (the turn they resume in, mid-turn or not)."""
     return {step: sorted({(p.resumes_in, bool(p.turn)) for p in parked_trajectories(
-        store.read_part(step, "inflight", weights_only=False)["queue"])}) for step in steps}
+        store.read_part(step, "inflight", types=checkpoint_types())["queue"])}) for step in steps}
 
 
 def demonstrated_call_tokens(cfg: Config) -> int:
@@ -89,7 +90,7 @@ def test_a_tool_run_resumed_with_parked_trajectories_repeats_bit_for_bit(ray_clu
                    f"((turn, mid-turn) per checkpoint: {where}, token budget {budget}); the sampled texts "
                    "decide it: no trajectory called the calculator as demonstrated")
     step = later[0]
-    inflight = store.read_part(step, "inflight", weights_only=False)
+    inflight = store.read_part(step, "inflight", types=checkpoint_types())
     assert list(inflight["windows"]) == [step] and "tool_record" in inflight["windows"][step]["data"].keys()
     for newer in range(step + 1, 5):
         store.delete(newer)

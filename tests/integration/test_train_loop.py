@@ -94,8 +94,8 @@ def test_train_learns_logs_and_resumes_bit_identically_through_s3(ray_cluster, t
     checks = read_metric_history(resolve_tracking_uri(None, split.run.output_dir), first_half["mlflow_run_id"],
                                  "reshard/sync_check_max_diff")
     assert checks and all(v < 1e-4 for _, v in checks), checks
-    on_policy = run_store(split.checkpoint, split.run).read_part(2, "actor", weights_only=False)["engine"]
-    reference = run_store(full_cfg.checkpoint, full_cfg.run).read_part(2, "actor", weights_only=False)["engine"]
+    on_policy = run_store(split.checkpoint, split.run).read_part(2, "actor")["engine"]
+    reference = run_store(full_cfg.checkpoint, full_cfg.run).read_part(2, "actor")["engine"]
     for k, v in reference["model"].items():
         assert torch.equal(v, on_policy["model"][k]), f"{k}: max_staleness 0 with a generator worker differs from sync"
     assert _flat(reference["optimizer"]) == _flat(on_policy["optimizer"])

@@ -1,6 +1,6 @@
 """The driver's record of a run (``RunRecord``): what the run records, its checkpoint part (a part of the format
-before, ``tests/fixtures/old_driver_part``, which DockFlow at 92f1559 wrote, is refused in one line), and
-``summary.json``."""
+before is refused in one line; the checkpoint ``tests/fixtures/old_driver_part``, which DockFlow at 92f1559 wrote
+with pickled parts, is refused by the store before any part is read), and ``summary.json``."""
 
 import logging
 import math
@@ -13,6 +13,7 @@ from dockflow.config import load_config
 from dockflow.flow.final_model import final_score, summary
 from dockflow.flow.run_record import RECORD_FORMAT, RecordFormatError, RunRecord
 from dockflow.storage.local import LocalCheckpointStore
+from dockflow.storage.manifest import OldCheckpointError
 
 OLD_PART_DIR = Path(__file__).parents[2] / "fixtures" / "old_driver_part"  # step-000003/, a committed checkpoint
 SCORES_0 = {"eval/test_accuracy": 0.25, "eval/test_pass_at_8": 0.625}
@@ -31,9 +32,17 @@ def a_record() -> RunRecord:
     )
 
 
+def test_a_pickled_checkpoint_is_refused_in_one_line_and_never_skipped():
+    store = LocalCheckpointStore(OLD_PART_DIR, keep=3)
+    for read in (store.latest, lambda: store.read_part(3, "driver")):
+        with pytest.raises(OldCheckpointError) as err:
+            read()
+        assert "\n" not in str(err.value) and "pickled parts" in str(err.value) and "checkpoint.dir" in str(err.value)
+
+
 def test_a_driver_part_of_the_format_before_is_refused_in_one_line():
-    old = LocalCheckpointStore(OLD_PART_DIR, keep=3).read_part(3, "driver", weights_only=False)
-    assert "record_format" not in old
+    old = {"iteration": 3, "history": [], "evals": [(0, 0.25)], "samples": 48, "restarts": 0, "init_metrics": {},
+           "mlflow_run_id": None, "resumed_from": None, "eval_scores": [], "inflight": {}}  # the fixture's keys
     with pytest.raises(RecordFormatError) as err:
         RunRecord.from_dict(old)
     assert "\n" not in str(err.value) and "format none" in str(err.value) and "start a new run" in str(err.value)
@@ -46,7 +55,7 @@ def test_the_part_is_plain_values_and_round_trips_through_a_store(tmp_path):
     store = LocalCheckpointStore(tmp_path, keep=1)
     store.write_part(3, "driver", data)
     store.commit(3, {"iteration": 3})
-    assert RunRecord.from_dict(store.read_part(3, "driver", weights_only=True)) == rec  # no pickled classes
+    assert RunRecord.from_dict(store.read_part(3, "driver")) == rec  # data only: no classes
 
 
 def test_unknown_keys_are_dropped_with_a_warning_and_unknown_formats_refused(caplog):

@@ -19,7 +19,8 @@ from dockflow.models import build_char_tokenizer, build_tiny_model
 from dockflow.rollout.multi_turn import ToolTable
 from dockflow.rollout.partial import generate_partial_into_dock
 from dockflow.rollout.prompts import PromptTable, iteration_sampler
-from dockflow.rollout.queue import QueueClient, RolloutQueue, queue_settings
+from dockflow.rollout.queue import QueueClient, RolloutQueue, checkpoint_types, queue_settings
+from dockflow.storage.part_format import read_part_file, write_part_file
 from dockflow.workers.resources import build_plan
 from tests.unit.agents.chat import PrefixEngine, call, qwen_style
 
@@ -60,7 +61,7 @@ def calculator_turns(text: str) -> list[str]:
 
 def run(cfg, engine, tokenizer, table, tools, checkpoint_after: int | None, iterations: int = 4):
     """Generate ``iterations`` iterations into a dock; after ``checkpoint_after`` the queue goes through a
-    checkpoint (torch.save / torch.load, as ``save_inflight`` / ``load_inflight``) into a new queue."""
+    checkpoint (its data-only part format, as ``save_inflight`` / ``load_inflight``) into a new queue."""
     plan = build_plan(cfg)
     dock, queue, history = Dock(), RolloutQueue(queue_settings(cfg, plan)), []
     sampler = iteration_sampler(cfg, plan)
@@ -73,8 +74,8 @@ def run(cfg, engine, tokenizer, table, tools, checkpoint_after: int | None, iter
         dock.versions = []
         if it == checkpoint_after:
             buffer = io.BytesIO()
-            torch.save(queue.state_dict(), buffer)
-            state = torch.load(io.BytesIO(buffer.getvalue()), weights_only=False)
+            write_part_file(queue.state_dict(), buffer)
+            state = read_part_file(io.BytesIO(buffer.getvalue()), "inflight", checkpoint_types())
             queue = RolloutQueue(queue_settings(cfg, plan))
             queue.load_state_dict(state)
     return dock, history, queue

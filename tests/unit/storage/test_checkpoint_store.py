@@ -43,7 +43,8 @@ def test_round_trip(make_store) -> None:
     assert torch.equal(got_rng["torch"], rng["torch"])
     assert got_rng["python"] == rng["python"]
     # Nothing temporary is left behind.
-    assert sorted(store._list_files(10)) == ["actor.pt", "actor.pt.json", "manifest.json", "rng.pt", "rng.pt.json"]
+    assert sorted(store._list_files(10)) == ["actor.safetensors", "actor.safetensors.json", "manifest.json",
+                                             "rng.safetensors", "rng.safetensors.json"]
     if isinstance(store, LocalCheckpointStore):
         assert sorted(p.name for p in (store.root / "step-000010").iterdir()) == sorted(store._list_files(10))
 
@@ -68,19 +69,19 @@ def test_corrupted_part_is_detected(make_store, raw, caplog: pytest.LogCaptureFi
     store = make_store(keep=3)
     _save(store, 1)
     _save(store, 2)
-    data = bytearray(raw.get(store, 2, "actor.pt"))
+    data = bytearray(raw.get(store, 2, "actor.safetensors"))
     data[len(data) // 2] ^= 0xFF  # same size, different bytes
-    raw.put(store, 2, "actor.pt", bytes(data))
-    with pytest.raises(CheckpointError, match=r"step-000002/actor\.pt is corrupt"):
+    raw.put(store, 2, "actor.safetensors", bytes(data))
+    with pytest.raises(CheckpointError, match=r"step-000002/actor\.safetensors is corrupt"):
         store.read_part(2, "actor")
     with caplog.at_level(logging.WARNING, logger="dockflow.storage"):
         assert store.latest() == 1
     assert "corrupt" in caplog.text
-    raw.put(store, 2, "actor.pt", b"short")  # truncated
+    raw.put(store, 2, "actor.safetensors", b"short")  # truncated
     with pytest.raises(CheckpointError, match="size 5"):
         store.verify(2)
-    raw.delete(store, 2, "actor.pt")
-    with pytest.raises(CheckpointError, match=r"step-000002/actor\.pt is missing"):
+    raw.delete(store, 2, "actor.safetensors")
+    with pytest.raises(CheckpointError, match=r"step-000002/actor\.safetensors is missing"):
         store.read_part(2, "actor")
     assert store.latest() == 1
 
@@ -102,12 +103,12 @@ def test_missing_part_errors(make_store, raw) -> None:
     with pytest.raises(CheckpointError, match="meta key 't' is not JSON-serializable"):
         store.commit(5, {"t": torch.zeros(1)})
     store.write_part(8, "actor", {})
-    raw.delete(store, 8, "actor.pt.json")  # the writer died before its record
+    raw.delete(store, 8, "actor.safetensors.json")  # the writer died before its record
     with pytest.raises(CheckpointError, match=r"parts \['actor'\] have no record"):
         store.commit(8, {})
     store.write_part(9, "actor", {})
-    raw.put(store, 9, "actor.pt", b"cut")  # the part changed after its record was written
-    with pytest.raises(CheckpointError, match=r"step-000009/actor\.pt is 3 bytes but its record says"):
+    raw.put(store, 9, "actor.safetensors", b"cut")  # the part changed after its record was written
+    with pytest.raises(CheckpointError, match=r"step-000009/actor\.safetensors is 3 bytes but its record says"):
         store.commit(9, {})
     with pytest.raises(CheckpointError, match="invalid checkpoint part name"):
         store.write_part(6, "../evil", {})

@@ -38,7 +38,7 @@ def test_a_resumed_lora_run_equals_an_uninterrupted_one(make_store):
     store.commit(1, {"iteration": 1})
     full.step()
 
-    part = store.read_part(1, "actor", weights_only=False)["engine"]
+    part = store.read_part(1, "actor")["engine"]
     assert part["model"] and all(".lora_" in name for name in part["model"])  # no base weight is saved
     adapters = {n for n, p in full.engine.model.named_parameters() if p.requires_grad}
     assert set(part["model"]) == adapters and len(part["optimizer"]["state"]) == len(adapters)

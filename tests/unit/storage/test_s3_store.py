@@ -52,7 +52,7 @@ def test_round_trip_multipart_and_pickle(s3_checkpoint_dir: str, tmp_path: Path,
     again = _open(s3_checkpoint_dir, tmp_path)  # a resumed run
     assert again.latest() == 3 and again.list_parts(3) == ["actor", "driver"]
     assert torch.equal(again.read_part(3, "actor")["w"], big["w"])
-    assert again.read_part(3, "driver", weights_only=False)["iteration"] == 3
+    assert again.read_part(3, "driver")["iteration"] == 3
     assert s3_env.secret_key not in repr(store) and s3_env.endpoint in repr(store)
 
 
@@ -73,11 +73,11 @@ def test_interrupted_upload_falls_back(
 
     with (
         monkeypatch.context() as patch,
-        pytest.raises(CheckpointError, match=r"S3 upload .*driver\.pt .* failed after 1 try"),
+        pytest.raises(CheckpointError, match=r"S3 upload .*driver\.safetensors .* failed after 1 try"),
     ):
         patch.setattr(store._client, "_upload_part", dying_upload)
         store.write_part(2, "driver", {"w": torch.zeros(5_000_000)})
-    assert sorted(store._list_files(2)) == ["actor.pt", "actor.pt.json"]  # the aborted upload left nothing
+    assert sorted(store._list_files(2)) == ["actor.safetensors", "actor.safetensors.json"]  # the aborted upload left nothing
     with pytest.raises(CheckpointError, match=r"parts \['driver'\] were not written"):
         store.commit(2, {}, parts=["actor", "driver"])
     with caplog.at_level(logging.WARNING, logger="dockflow.storage"):

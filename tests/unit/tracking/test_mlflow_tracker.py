@@ -10,7 +10,7 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
-from dockflow.config import TrackingConfig
+from dockflow.config import TrackingConfig, load_config
 from dockflow.tracking import Tracker, TrackingError, read_metric_history
 
 
@@ -170,3 +170,19 @@ def test_ending_a_run_sends_the_metrics_it_still_holds(default_run: tuple[Path, 
     assert tracker.metric_history("held/x") == []
     tracker.end("FAILED")  # a run that fails still logs what it measured
     assert tracker.metric_history("held/x") == [(1, 1.0)]
+
+
+def test_params_and_tags_show_no_password(default_run: tuple[Path, Tracker]) -> None:
+    """A credentialed tracking.uri (and any URI value) reaches MLflow's params and tags redacted (dockflow.redact)."""
+    run_dir, first = default_run
+    secret, uri = "s3cr3t-PW", "https://ann:s3cr3t-PW@mlflow.example:5000"
+    cfg = load_config(None, [f"tracking.uri={uri}", f"model.path={uri}/model"])
+    tracker = Tracker.start(TrackingConfig(uri=first.tracking_uri), run_dir, "redacted", params=cfg.flat(),
+                            tags={"model": cfg.model.path})
+    tracker.set_tags({"final_model": f"{uri}/final"})
+    run = MlflowClient(tracker.tracking_uri).get_run(tracker.run_id)
+    tracker.end()
+    shown = {**run.data.params, **run.data.tags}
+    assert shown["tracking.uri"] == "https://ann:***@mlflow.example:5000"
+    assert shown["final_model"] == "https://ann:***@mlflow.example:5000/final"
+    assert not [k for k, v in shown.items() if secret in v]
