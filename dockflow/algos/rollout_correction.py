@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from tensordict import TensorDict
 
     from dockflow.config import Config
-    from dockflow.config.sections import RolloutCorrectionConfig
+    from dockflow.config.correction import RolloutCorrectionConfig
 
 SEQUENCE_MODES = ("sequence_truncate", "sequence_mask", "geometric_mask")
 LOG_RATIO_BOUND = 20.0

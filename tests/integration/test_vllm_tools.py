@@ -22,6 +22,8 @@ from dockflow.config import Config
 from dockflow.config.tools import ToolsConfig
 from dockflow.engines import EngineInputs, HFGenerationEngine, SamplingParams
 from dockflow.rollout.multi_turn import lay_out, sample_tool_rollouts
+from dockflow.rollout.queue import checkpoint_types
+from dockflow.storage.part_format import read_part_file, write_part_file
 from tests.fixtures.tool_model import Script, conversations, learn_conversations, tool_tokenizer
 from tests.unit.agents.chat import call
 from tests.unit.agents.tools_for_tests import Bank, add, wait
@@ -133,14 +135,14 @@ def test_a_hung_tool_is_killed_at_its_timeout_and_its_trajectory_goes_on(tok, vl
 
 
 def test_a_parked_tool_trajectory_resumes_bit_identically(tok, vllm_engine) -> None:
-    """Parked by the token budget (mid-turn and between turns), through a checkpoint's torch.save / torch.load,
+    """Parked by the token budget (mid-turn and between turns), through a checkpoint part's write and read,
     then resumed: the same ids, log-probs and rewards as the run kept in memory, and as the run never parked."""
     whole = _rollouts(vllm_engine, tok, BANK, ENVIRONMENT)
     parked = _rollouts(vllm_engine, tok, BANK, ENVIRONMENT, budget=20)
     assert all(s.parked for s in parked)
     buffer = io.BytesIO()
-    torch.save(parked, buffer)
-    restored = torch.load(io.BytesIO(buffer.getvalue()), weights_only=False)
+    write_part_file(parked, buffer)  # as the generator's in-flight part holds them
+    restored = read_part_file(io.BytesIO(buffer.getvalue()), "inflight", checkpoint_types())
     runs = []
     for items in (parked, restored):
         out = items

@@ -9,7 +9,7 @@ import torch
 from dockflow.algos.losses import clipped_policy_loss
 from dockflow.algos.rollout_correction import rollout_correction
 from dockflow.config import ConfigError, load_config
-from dockflow.config.sections import RolloutCorrectionConfig
+from dockflow.config.correction import RolloutCorrectionConfig
 
 # Token ratios old / rollout: response 0 = [1, 5, 3] (3 tokens), response 1 = [0.5, 1, pad] (2 tokens).
 # Sequence ratios (product): 15 and 0.5; geometric means: 15 ** (1/3) = 2.466 and 0.5 ** (1/2) = 0.7071.
