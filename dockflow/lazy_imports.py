@@ -11,7 +11,8 @@ DockFlow code path calls.
 them executes, Transformers' availability probe for its package answers False, so the module skips that import;
 then the module gets its real probe back and, when the package is installed, a forwarder that imports the function
 on its first call and calls it. Same names, same results; only a process that calls one pays for the import. A
-Transformers release that moves these names only loses the saving (the module is executed as it is).
+Transformers release that moves these names only loses the saving (the module is executed as it is). The probe is
+swapped only while that one module executes, which happens once per process, while a model's modules import.
 """
 
 from __future__ import annotations
