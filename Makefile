@@ -44,7 +44,7 @@ OTHER_KERNELS := $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo avx2
 # other's compute. One OpenMP thread per process: two workers each spinning two threads on two cores made the
 # engine tests 5.6x slower (96 s against 17 s). pytest exits 5 when it collects no test; that is not a failure.
 TEST_WORKERS ?= 2
-XDIST := OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+XDIST := OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: setup
 	ATEN_CPU_CAPABILITY=$(OTHER_KERNELS) $(BIN)/python -m pytest -m kernels -q -p no:cacheprovider tests/unit/engines
 	$(XDIST) tests; rc=$$?; \

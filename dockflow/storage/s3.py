@@ -31,10 +31,8 @@ from __future__ import annotations
 import contextlib
 import tempfile
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from minio import Minio
-from minio.deleteobjects import DeleteObject
 
 from dockflow.config import CheckpointConfig
 from dockflow.storage.checkpoint_store import CheckpointStore, Fetched
@@ -55,6 +53,9 @@ from dockflow.storage.s3_client import (
     load_credentials,
     parse_s3_url,
 )
+
+if TYPE_CHECKING:  # minio is imported when a request is made (s3_client.py says why)
+    from minio import Minio
 
 __all__ = ["Credentials", "S3CheckpointStore", "S3Options", "is_transient", "load_credentials", "parse_s3_url"]
 
@@ -165,6 +166,7 @@ class S3CheckpointStore(CheckpointStore):
         manifest_key = self._key(step, MANIFEST_NAME)
         self._s3.call("delete", manifest_key, lambda: self._client.remove_object(self.bucket, manifest_key))
         keys = [self._key(step, name) for name in self._list_files(step)]
+        from minio.deleteobjects import DeleteObject
 
         def remove() -> None:
             errors = list(self._client.remove_objects(self.bucket, [DeleteObject(k) for k in keys]))

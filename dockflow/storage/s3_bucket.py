@@ -21,12 +21,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 import urllib3
-from minio import Minio
-from minio.datatypes import Object
-from minio.error import InvalidResponseError, MinioException, S3Error
 from urllib3.exceptions import SSLError
 
 from dockflow.storage.manifest import CheckpointError, HashingWriter
@@ -39,7 +36,12 @@ from dockflow.storage.s3_client import (
     http_status,
     is_transient,
     make_client,
+    minio_error,
 )
+
+if TYPE_CHECKING:  # minio is imported when a request is made (s3_client.py says why)
+    from minio import Minio
+    from minio.datatypes import Object
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -124,7 +126,7 @@ class S3Bucket:
         """A one-line CheckpointError for a failure that another try would not fix."""
         opts = self.options
         head = f"S3 {op} {self.url(key)} at {opts.endpoint_url} failed"
-        code = exc.code if isinstance(exc, S3Error) else None
+        code = exc.code if minio_error(exc, "S3Error") else None
         source = self._creds_source
         if code in CRED_CODES:
             msg = f"{head}: the endpoint rejected the credentials from {source} ({code}): {CRED_ADVICE}"
@@ -144,7 +146,7 @@ class S3Bucket:
                 f"{head}: TLS failed ({describe(exc)}): if the endpoint serves plain HTTP set checkpoint.s3_secure: "
                 "false (or use an http:// endpoint); for a private CA set SSL_CERT_FILE to its certificate"
             )
-        elif isinstance(exc, InvalidResponseError):
+        elif minio_error(exc, "InvalidResponseError"):
             msg = (
                 f"{head}: the answer is not from an S3 API (HTTP {http_status(exc)}): check checkpoint.s3_endpoint "
                 f"(from {opts.endpoint_source}); for MinIO use the API port (usually 9000), not the console"
@@ -157,6 +159,8 @@ class S3Bucket:
 
     def call(self, op: str, key: str | None, fn: Callable[[], T]) -> T:
         """Run one request, retrying transient failures with exponential backoff; CheckpointError otherwise."""
+        from minio.error import MinioException
+
         opts = self.options
         t0 = time.monotonic()
         for attempt in range(1, opts.attempts + 1):
@@ -186,6 +190,7 @@ class S3Bucket:
     def ensure(self, root: str, create: bool) -> None:
         """Fail early: endpoint, credentials and bucket are checked by one listing request under ``root`` (a
         key prefix, ``''`` for the whole bucket); a missing bucket is created with ``create``."""
+        from minio.error import S3Error
 
         def probe() -> bool:
             try:
@@ -212,6 +217,8 @@ class S3Bucket:
         log.info("created S3 bucket %s at %s", self.bucket, self.options.endpoint_url)
 
     def _stream(self, key: str, sink: BinaryIO | None, md5: bool) -> Downloaded | None:
+        from minio.error import S3Error
+
         if sink is not None:
             sink.seek(0)
             sink.truncate()
@@ -272,6 +279,7 @@ class S3Bucket:
 
     def stat(self, key: str) -> Object | None:
         """The object's size, ETag and metadata (a HEAD request); None when it does not exist."""
+        from minio.error import S3Error
 
         def head() -> Object | None:
             try:

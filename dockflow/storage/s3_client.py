@@ -14,16 +14,15 @@ retries and error wording live in ``s3_bucket.py``.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import certifi
 import urllib3
-from minio import Minio
-from minio.error import InvalidResponseError, S3Error, ServerError
-from minio.helpers import check_bucket_name
 from urllib3.exceptions import (
     IncompleteRead,
     InvalidChunkLength,
@@ -36,6 +35,12 @@ from urllib3.exceptions import TimeoutError as Urllib3Timeout
 
 from dockflow.config import CheckpointConfig
 from dockflow.storage.manifest import CheckpointError
+
+# ``minio`` is imported where a client is made or its errors are read, never at import: it imports pycryptodome and
+# cffi (0.7 s), which every process that imports ``dockflow.storage`` (each worker) would pay without reaching S3.
+# An exception can only be one of minio's when minio is loaded, so the error helpers ask only then.
+if TYPE_CHECKING:
+    from minio import Minio
 
 ENV_ENDPOINT = ("DOCKFLOW_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 ENV_REGION = ("AWS_REGION", "AWS_DEFAULT_REGION")
@@ -136,6 +141,8 @@ def parse_s3_url(url: str, what: str = "checkpoint.dir") -> tuple[str, str]:
         raise CheckpointError(f"{what} '{url}' is not an s3://bucket/prefix URL")
     bucket, _, prefix = url[len("s3://") :].partition("/")
     try:
+        from minio.helpers import check_bucket_name
+
         check_bucket_name(bucket, strict=True)
     except ValueError as exc:
         raise CheckpointError(f"{what} '{url}': invalid bucket name '{bucket}' ({exc})") from None
@@ -202,6 +209,8 @@ def _split_endpoint(raw: str, source: str) -> tuple[str, bool]:
 def make_client(opts: S3Options) -> tuple[Minio, str | None]:
     """A client for ``opts`` with this process's credentials, and where they came from (None: anonymous).
     The client never retries by itself: ``S3Bucket.call`` does, bounded and worded."""
+    from minio import Minio
+
     creds = load_credentials()
     http = urllib3.PoolManager(
         timeout=urllib3.Timeout(connect=opts.connect_timeout_s, read=opts.read_timeout_s),
@@ -222,10 +231,17 @@ def make_client(opts: S3Options) -> tuple[Minio, str | None]:
     return client, creds.source if creds else None
 
 
+def minio_error(exc: BaseException, *names: str) -> bool:
+    """``exc`` is an instance of one of ``minio.error``'s classes ``names`` (False while minio is not loaded: then
+    nothing raised one)."""
+    errors = sys.modules.get("minio.error")
+    return errors is not None and isinstance(exc, tuple(getattr(errors, n) for n in names))
+
+
 def describe(exc: BaseException) -> str:
     """One line about an error from the client or the HTTP layer (never holds credentials: requests are
     signed in headers, and neither headers nor bodies of requests are part of these messages)."""
-    if isinstance(exc, S3Error):
+    if minio_error(exc, "S3Error"):
         text = f"{exc.code}: {exc.message}"
     else:
         text = f"{type(exc).__name__}: {exc}"
@@ -235,11 +251,11 @@ def describe(exc: BaseException) -> str:
 
 def http_status(exc: BaseException) -> int | None:
     """The HTTP status behind a client error, when there is one."""
-    if isinstance(exc, S3Error):
+    if minio_error(exc, "S3Error"):
         return exc.response.status if exc.response is not None else None
-    if isinstance(exc, ServerError):
+    if minio_error(exc, "ServerError"):
         return exc.status_code
-    if isinstance(exc, InvalidResponseError):
+    if minio_error(exc, "InvalidResponseError"):
         return getattr(exc, "_code", None)
     return None
 
@@ -250,7 +266,7 @@ def is_transient(exc: BaseException) -> bool:
         return False
     if isinstance(exc, (*_TRANSIENT_HTTP, ConnectionError, TimeoutError)):
         return True
-    if isinstance(exc, S3Error) and exc.code in _TRANSIENT_CODES:
+    if minio_error(exc, "S3Error") and exc.code in _TRANSIENT_CODES:
         return True
     status = http_status(exc)
     return status is not None and (status >= 500 or status == 429)

@@ -66,7 +66,7 @@ def test_no_module_imports_another_modules_private_name() -> None:
 
 def test_the_formerly_cyclic_modules_import_first_in_a_fresh_process() -> None:
     """Loading a config imports no reward module; each module that sat on a cycle imports before its partner,
-    and the pipeline drivers without the CLI driver."""
+    and the pipeline drivers without the CLI driver; nothing imports scikit-learn, SciPy's optimizer or minio."""
     code = (
         "import sys\n"
         "from dockflow.config import load_config\n"
@@ -76,6 +76,10 @@ def test_the_formerly_cyclic_modules_import_first_in_a_fresh_process() -> None:
         "import dockflow.rewards.sequence_classifier, dockflow.flow.sft\n"
         "import dockflow.flow.pipeline_tasks, dockflow.flow.supervisor\n"
         "assert 'dockflow.flow.trainer' not in sys.modules, 'a pipeline driver imported the CLI driver'\n"
+        # dockflow.lazy_imports: a model's Transformers modules import neither scikit-learn nor SciPy's optimizer,
+        # and dockflow.storage not minio (seconds of every worker's start-up)
+        "import transformers.generation.candidate_generator, transformers.loss.loss_utils\n"
+        "assert not {'sklearn', 'scipy.optimize', 'minio'} & set(sys.modules), 'an import that could wait'\n"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True,
                           timeout=300)
