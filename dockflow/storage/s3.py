@@ -33,7 +33,6 @@ import tempfile
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
-
 from dockflow.config import CheckpointConfig
 from dockflow.storage.checkpoint_store import CheckpointStore, Fetched
 from dockflow.storage.manifest import (
