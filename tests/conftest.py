@@ -28,6 +28,8 @@ def pytest_collection_modifyitems(items):
     ``torch.set_num_threads`` with a no-op and binds OpenMP threads: a process forked from it after that inherits
     a pool it cannot shrink and hangs or crashes (the gloo tests' ranks start from a fork server instead,
     ``fixtures/ranks.py``; the tool sandbox forks). DockFlow's workers never fork after vLLM
-    starts; the test process does, so the order is fixed here."""
+    starts; the test process does, so the order is fixed here. ``make test`` passes xdist ``--no-loadscope-reorder``:
+    without it the loadfile scheduler re-sorts the files by their number of tests and this order is lost. (The tool
+    children of ``test_vllm_tools.py`` fork after vLLM started: pure Python, no OpenMP, which is safe.)"""
     items.sort(key=_weight)  # stable: the others keep their order
     items.sort(key=lambda item: item.get_closest_marker("vllm_in_process") is not None)
