@@ -36,7 +36,8 @@ class StandInLLM:
         config = SimpleNamespace(model_config=SimpleNamespace(max_model_len=128))
         self.llm_engine = SimpleNamespace(vllm_config=config, add_request=self._add_request)
 
-    def _add_request(self, request_id, prompt, params):
+    def _add_request(self, request_id, prompt, params, lora_request=None):
+        self.lora_request = lora_request
         assert params.output_kind == "final" and params.seed is not None  # the finished turn only, seeded per turn
         self.events.append(f"add_request:{request_id}")
 
