@@ -25,7 +25,7 @@ class Engines:
         from dockflow.engines import EngineInputs, SamplingParams, create_engines
 
         self.cfg = cfg
-        inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed)
+        inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed, cfg.model.lora)
         self.train, self.gen = create_engines(inputs, model, tokenizer, device="cpu", cpus=threads)
         task = generate_arithmetic(cfg.data.arithmetic, cfg.run.seed)
         self.prompts = PromptFormat.of(cfg.data).render_all([ex.prompt for ex in task.train], tokenizer)

@@ -251,6 +251,18 @@ def held_out_accuracy(model: Any, tokenizer: Any, cfg: Config) -> float:
     return evaluate_policy(model, tokenizer, examples, scoring)["eval/test_accuracy"]
 
 
+def peft_config(cfg: Config) -> Any:
+    """PEFT's ``LoraConfig`` of ``model.lora`` (GRPOTrainer's ``peft_config``: the same adapters as DockFlow's
+    ``with_lora``), or None for full fine-tuning."""
+    lora = cfg.model.lora
+    if lora is None:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                      target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM")
+
+
 def run_trl(
     cfg: Config, model_dir: str, work_dir: str | Path, on_iteration: Callable[[], None] | None = None
 ) -> TRLRun:
@@ -276,6 +288,7 @@ def run_trl(
         train_dataset=Dataset.from_list(prompt_rows(cfg, tokenizer)),
         processing_class=tokenizer,
         callbacks=[callback],
+        peft_config=peft_config(cfg),
     )
     trainer.remove_callback(PrinterCallback)  # the same logging each step, without printing it
     trainer.train()

@@ -21,7 +21,9 @@ actually generated, ND the 2 cores both use; ``tps`` is its mean over iterations
     python -m benchmarks.vs_trl --out runs/bench_vs_trl.json [--setups tiny,larger] [--modes sync,async]
         [--tiny-iterations 60] [--larger-iterations 5] [--pairs 3] [section.key=value ...]
 
-With ``--setups`` naming a subset, the other setups' records already in ``--out`` are kept.
+With ``--setups`` naming a subset, the other setups' records already in ``--out`` are kept. A ``model.lora=...``
+override trains LoRA adapters in both systems (TRL: ``GRPOTrainer(peft_config=...)`` with the same rank, alpha,
+dropout and targets, ``trl_grpo.peft_config``).
 
 Prints a table and writes ``{"machine": ..., "results": [...], "comparison": [...]}``: one record per system
 and setup (``system``, ``setup``, ``tps``, ``accuracy_before``, ``accuracy_after``, ``iterations``, ``wall_s``,

@@ -205,16 +205,17 @@ class Config(Section):
                              "train.engine=megatron (fsdp parallelises by train.dp only)")
 
     def _check_lora(self) -> None:
-        """Where LoRA runs: the torch and FSDP2 engines, HF generation (the model-dependent checks, target names and
-        ranks, come where the model is built: ``dockflow.engines.lora``)."""
+        """Where LoRA runs: the torch and FSDP2 engines, HF and vLLM generation (vLLM takes the adapter alone at each
+        sync: ``dockflow.engines.vllm_lora``); the model-dependent checks, target names and ranks, come where the
+        model is built (``dockflow.engines.lora``)."""
         if self.model.lora is None:
             return
         if self.train.engine == "megatron":
             raise ValueError("model.lora with train.engine=megatron is not supported yet: set train.engine: fsdp "
                              "(train.dp >= 2 shards with FSDP2), or model.lora: null")
-        if self.engine.backend != "hf":
-            raise ValueError(f"model.lora with engine.backend={self.engine.backend} is not supported yet (only HF "
-                             "generation takes the adapter): set engine.backend: hf, or model.lora: null")
+        if self.engine.backend not in ("hf", "vllm"):
+            raise ValueError(f"model.lora with engine.backend={self.engine.backend} is not supported (HF and vLLM "
+                             "generation take the adapter): set engine.backend: hf or vllm, or model.lora: null")
 
     def _check_engine(self) -> None:
         """engine.backend against engine.device, and what vLLM's log-probs can stand for."""

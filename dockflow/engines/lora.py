@@ -3,6 +3,8 @@
     model = with_lora(model, cfg.model.lora, seed)   # a PeftModel: only the lora_A / lora_B weights train
     with adapter_off(model): ...                     # the base model: the reference policy, no weight copy
     merged_weights(model)                            # HF-named weights with each adapter merged in (generators)
+    adapter_tensors(weights)                         # the adapters alone, in PEFT's saved names (vLLM's adapter sync)
+    merge_adapters(base_weights(model), adapters, s) # a plain model's weights with those adapters merged in
     save_lora_model(model, path)                     # merged HF directory + ``adapter/`` in PEFT's own format
 
 The training engines find out by ``is_lora`` and then checkpoint only what trains (``trainable_state``).
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -141,6 +143,52 @@ def merged_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
             continue
         weight = param.detach()
         yield _base_name(name), (weight + deltas[name] if name in deltas else weight)
+
+
+def base_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The base model's weights under the plain HF model's names (a LoRA model's adapters left out; a plain model's
+    weights as they are)."""
+    for name, param in model.named_parameters():
+        if ".lora_" not in name:
+            yield _base_name(name), param.detach()
+
+
+def saved_adapter_name(name: str) -> str | None:
+    """An adapter weight's name as PEFT's ``save_pretrained`` writes it (``...q_proj.lora_A.weight``, the adapter's
+    name dropped), from a live PEFT model's (``...q_proj.lora_A.default.weight``) or a saved one; None for a name
+    that is no adapter weight."""
+    for part in ("lora_A", "lora_B"):
+        live, saved = f".{part}.{ADAPTER}.weight", f".{part}.weight"
+        if name.endswith(live):
+            return name.removesuffix(live) + saved
+        if name.endswith(saved):
+            return name
+    return None
+
+
+def adapter_tensors(weights: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The adapter weights of a stream of a LoRA model's weights, under PEFT's saved names (no copies); every other
+    weight (the frozen base) is passed over."""
+    out = {}
+    for name, tensor in weights:
+        saved = saved_adapter_name(name)
+        if saved is not None:
+            out[saved] = tensor.detach()
+    return out
+
+
+@torch.no_grad()
+def merge_adapters(base: Iterable[tuple[str, torch.Tensor]], adapters: dict[str, torch.Tensor],
+                   scaling: float) -> Iterator[tuple[str, torch.Tensor]]:
+    """``base`` (plain HF names) with ``adapters`` (:func:`adapter_tensors`'s names) merged in:
+    ``W + scaling B A`` for every weight an adapter targets, the others as they are."""
+    for name, weight in base:
+        module = f"base_model.model.{name.removesuffix('.weight')}"
+        a, b = adapters.get(f"{module}.lora_A.weight"), adapters.get(f"{module}.lora_B.weight")
+        if a is None or b is None or not name.endswith(".weight"):
+            yield name, weight
+        else:
+            yield name, weight + scaling * (b.to(weight.dtype) @ a.to(weight.dtype))
 
 
 def merged_model(model: nn.Module) -> nn.Module:

@@ -24,6 +24,8 @@ imports without it.
   (``LLM.sleep(level)``: KV cache freed, weights offloaded (1) or dropped (2)); the next sync empties the
   allocator's cache, wakes the weights, loads, then wakes the KV cache (``LLM.wake_up(tags)``), so update and
   generation share one device. vLLM's CPU backend has no sleep mode: there both copies stay in host memory.
+- ``model.lora``: the base weights load once, then each sync sends the adapter alone and every request names it
+  (``dockflow.engines.vllm_lora``, with the merged-weights fallback); ``sync_bytes`` is what the last sync sent.
 """
 
 from __future__ import annotations
@@ -31,10 +33,8 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -44,6 +44,7 @@ from torch import nn
 from dockflow.config.engine import kv_cache_gb, sleep_level
 from dockflow.engines.devices import empty_device_cache
 from dockflow.engines.interfaces import EngineInputs, GenerationEngine, LossFn, SamplingParams, TrainingEngine
+from dockflow.engines.lora import causal_lm
 from dockflow.engines.sync_check import WeightSyncError
 from dockflow.engines.token_layout import decode_responses, left_pad_prompts, rollout_batch
 from dockflow.engines.vllm_convert import (
@@ -57,6 +58,8 @@ from dockflow.engines.vllm_convert import (
     sampling_kwargs,
     weight_buckets,
 )
+from dockflow.engines.vllm_lora import AdapterSync
+from dockflow.engines.vllm_process import flask_proxies_bound, spawn_settings_restored
 
 log = logging.getLogger(__name__)
 
@@ -114,45 +117,6 @@ def stage_model_files(model: nn.Module, tokenizer: Any, directory: str) -> str:
     return directory
 
 
-@contextmanager
-def flask_proxies_bound() -> Iterator[None]:
-    """While vLLM starts: flask's request-bound proxies (``request``, ``session``, ``g``, ``current_app``) resolve.
-
-    vLLM 0.32's CPU platform, when it starts, scans every attribute of every loaded module with
-    ``hasattr(value, "__dict__")`` (``vllm/triton_utils/dispatcher.py``, ``_rebind_kernels``); outside a request
-    those proxies raise RuntimeError, not AttributeError, so vLLM cannot start in a process that imported flask
-    (an MLflow or S3 test server, a user's module). A throwaway request context binds them; nothing else changes."""
-    flask = sys.modules.get("flask")
-    if flask is None:
-        yield
-        return
-    with flask.Flask("dockflow-vllm-start").test_request_context():
-        yield
-
-
-# vLLM's own settings, which it reads while it runs; everything else it sets is for the processes it starts.
-VLLM_RUNTIME_PREFIXES = ("VLLM_", "TORCHINDUCTOR_", "TRITON_")
-
-
-@contextmanager
-def spawn_settings_restored() -> Iterator[None]:
-    """While vLLM is imported and starts: what it writes into ``os.environ`` for the processes it spawns (its CPU platform
-    sets ``LD_PRELOAD`` to torch's libgomp, ``KMP_*``, ``LOCAL_WORLD_SIZE=1``, ...) is undone afterwards, so it
-    does not leak into every process the DockFlow worker starts later (a torch.distributed spawn, a reward
-    sandbox). vLLM's runtime settings (``VLLM_RUNTIME_PREFIXES``) stay."""
-    before = dict(os.environ)
-    try:
-        yield
-    finally:
-        for key in set(os.environ) | set(before):
-            if key.startswith(VLLM_RUNTIME_PREFIXES) or os.environ.get(key) == before.get(key):
-                continue
-            if key in before:
-                os.environ[key] = before[key]
-            else:
-                del os.environ[key]
-
-
 class VLLMGenerationEngine(GenerationEngine):
     """Sampling with an in-process ``vllm.LLM``; log-probs, EOS and lengths as :class:`HFGenerationEngine`'s."""
 
@@ -178,14 +142,20 @@ class VLLMGenerationEngine(GenerationEngine):
             # vLLM-Ascend's NZ weight format (on by default) makes wake_up raise; RL setups on Ascend turn it off.
             os.environ["VLLM_ASCEND_ENABLE_NZ"] = "0"
         self._files = tempfile.TemporaryDirectory(prefix="dockflow-vllm-")
-        model_dir = stage_model_files(model, tokenizer, self._files.name)
+        model_dir = stage_model_files(causal_lm(model), tokenizer, self._files.name)
+        kwargs = engine_kwargs(inputs.engine, model_dir, inputs.dtype, inputs.seed, self.sleep_level)
         with flask_proxies_bound(), spawn_settings_restored():  # importing vllm sets some of them too
+            # model.lora: the adapter alone at each sync (dockflow.engines.vllm_lora), else the merged weights
+            self.adapters = None if inputs.lora is None else AdapterSync.start(inputs.lora, model)
             from vllm import LLM
 
-            self.llm = LLM(**engine_kwargs(inputs.engine, model_dir, inputs.dtype, inputs.seed, self.sleep_level))
+            self.llm = LLM(**kwargs, **(self.adapters.engine_kwargs() if self.adapters else {}))
+        if self.adapters is not None:
+            self.adapters.check_targets(self._rpc)
         self.max_model_len = int(self.llm.llm_engine.vllm_config.model_config.max_model_len)
         self.asleep: list[str] = []  # memory tags vLLM released (weights, kv_cache)
         self._source: WeightSource | None = None
+        self.sync_bytes = 0  # the bytes the last sync handed to vLLM (the adapter's alone under model.lora)
         self.load_weights((name, p.detach()) for name, p in model.named_parameters())
 
     # -- sampling ------------------------------------------------------------------------------------------
@@ -235,7 +205,8 @@ class VLLMGenerationEngine(GenerationEngine):
         caps = caps if caps is not None else [max_tokens] * len(requests)
         sps = [VLLMSamplingParams(**sampling_kwargs(params, cap, eos, s, n))
                for s, (_, n), cap in zip(request_seeds(seed, requests), requests, caps, strict=True)]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sps, use_tqdm=False)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sps, use_tqdm=False,
+                                    lora_request=self.lora_request())
         row_caps = [cap for (_, n), cap in zip(requests, caps, strict=True) for _ in range(n)]
         rows, logp, lengths = response_rows(completions_in_order(outputs), max_tokens, eos, pad, row_caps)
         return rows_as_tensors(rows, logp, lengths, max_tokens)
@@ -258,7 +229,8 @@ class VLLMGenerationEngine(GenerationEngine):
         self.ready()
         sp = VLLMSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
         rows = tokens.tolist()
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], sp, use_tqdm=False)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], sp, use_tqdm=False,
+                                    lora_request=self.lora_request())
         return torch.tensor([[float(pos[tok].logprob) for pos, tok in zip(out.prompt_logprobs[1:], row[1:], strict=True)]
                              for out, row in zip(outputs, rows, strict=True)])
 
@@ -270,27 +242,44 @@ class VLLMGenerationEngine(GenerationEngine):
         if it sleeps), then wake the KV cache. A parameter no bucket held fails the sync; the prefix cache is
         dropped (its entries were computed with the old weights)."""
         label = f"weight sync {self.loads}" if self.loads else "the initial weight load"
+        dropped = self.sleep_level == 2 and "weights" in self.asleep  # vLLM holds no base weights now
         if "weights" in self.asleep:
             empty_device_cache(self.device)  # the update's cached blocks back to the device before vLLM takes it
             self.llm.wake_up(tags=["weights"])
             self.asleep.remove("weights")
-        to_cpu = self.vc.tensor_parallel_size > 1  # worker processes get serialized host tensors
-        self._rpc("begin_weight_sync", label)
-        for bucket in weight_buckets(checkpoint_weights(weights, self.tie_word_embeddings), self.bucket_bytes):
-            if to_cpu:
-                bucket = [(n, t.detach().to("cpu")) for n, t in bucket]
-            self._rpc("load_weight_bucket", label, bucket)
-        missing = sorted({name for report in self._rpc("finish_weight_sync", label) for name in report["missing"]})
-        if missing:
-            shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
-            raise WeightSyncError(f"{label} did not take: vLLM got no new values for {shown}; the training "
-                                  "engine's weights do not cover the generation model")
+        if self.adapters is None:
+            self.sync_bytes = self._load_full(weights, label)
+        else:  # model.lora: the base once (or merged), then the adapter alone
+            full, adapters = self.adapters.full_weights(weights, base=not self.loads or dropped)
+            self.sync_bytes = 0 if full is None else self._load_full(full, label)
+            self.sync_bytes += self.adapters.load(self._rpc, adapters, label, first=not self.loads)
         self._wake()
         if not self.llm.reset_prefix_cache():
             raise WeightSyncError(f"{label}: vLLM could not drop its prefix cache (requests still running), so it "
                                   "would serve KV computed with the old weights")
         self._source = None
         self.loads += 1
+
+    def _load_full(self, weights: Iterable[tuple[str, torch.Tensor]], label: str) -> int:
+        """Every weight of the model through vLLM's layerwise reload, in buckets; returns the bytes sent."""
+        to_cpu = self.vc.tensor_parallel_size > 1  # worker processes get serialized host tensors
+        sent = 0
+        self._rpc("begin_weight_sync", label)
+        for bucket in weight_buckets(checkpoint_weights(weights, self.tie_word_embeddings), self.bucket_bytes):
+            if to_cpu:
+                bucket = [(n, t.detach().to("cpu")) for n, t in bucket]
+            self._rpc("load_weight_bucket", label, bucket)
+            sent += sum(t.numel() * t.element_size() for _, t in bucket)
+        missing = sorted({name for report in self._rpc("finish_weight_sync", label) for name in report["missing"]})
+        if missing:
+            shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+            raise WeightSyncError(f"{label} did not take: vLLM got no new values for {shown}; the training "
+                                  "engine's weights do not cover the generation model")
+        return sent
+
+    def lora_request(self) -> Any:
+        """The ``LoRARequest`` of the adapter the last sync loaded, which every request passes (None without)."""
+        return None if self.adapters is None else self.adapters.lora_request()
 
     def _rpc(self, method: str, label: str, *args: Any) -> list[Any]:
         """One weight-sync method on every vLLM worker, bounded by ``train.stage_timeout_s`` (a TP worker process

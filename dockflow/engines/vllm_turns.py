@@ -56,7 +56,8 @@ class VLLMTurnStream(TurnLedger):
         sp = VLLMSamplingParams(**sampling_kwargs(self.params, cap, self.eos, turn_seed(self.seed, k, turn), 1))
         sp.output_kind = RequestOutputKind.FINAL_ONLY  # the finished turn only, as LLM.generate asks
         request_id = f"turn-{k}-{turn}"
-        self.engine.llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(ids)), sp)
+        self.engine.llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(ids)), sp,
+                                               lora_request=self.engine.lora_request())
         self.running[request_id] = (k, cap)
         return True
 

@@ -13,6 +13,11 @@ here:
   its own, so vLLM keeps its kernel from the first load: its ``process_weights_after_loading`` is run again;
 - a parameter that no bucket named keeps its old values: :meth:`finish_weight_sync` returns those names.
 
+With ``model.lora`` (vLLM started with ``enable_lora``) a sync is the adapter alone: :meth:`load_adapter` builds
+vLLM's ``LoRAModel`` from the adapter's tensors in memory (PEFT's names, no file) and makes it the one adapter
+held, under the id the engine's requests then name (``dockflow.engines.vllm_lora``);
+:meth:`lora_targets_missing` says which ``target_modules`` this model's LoRA layers do not cover.
+
 Imported by vLLM (by its dotted name) in the worker process, and by the tests; ``vllm`` itself is imported only
 inside the methods.
 """
@@ -43,8 +48,51 @@ def shared_parameter_modules(model: nn.Module) -> list[nn.Module]:
     return out
 
 
-class WeightSyncWorker:
-    """Methods added to vLLM's worker (``self`` is the worker: ``model_runner``, ``vllm_config``)."""
+def expected_lora_modules(supported: list[str], packed: dict[str, list[str]]) -> set[str]:
+    """The module names an adapter may target in vLLM's model: its LoRA-capable layers, a packed layer by the names
+    it packs (Qwen2's ``qkv_proj`` as q_proj / k_proj / v_proj), as vLLM's ``WorkerLoRAManager`` expects them."""
+    out: set[str] = set()
+    for module in supported:
+        out.update(packed.get(module, [module]))
+    return out
+
+
+class LoRAAdapterWorker:
+    """The adapter-sync methods added to vLLM's worker (``self`` is the worker: ``model_runner``)."""
+
+    def lora_targets_missing(self, targets: list[str]) -> list[str] | None:
+        """None when vLLM runs without LoRA; else the ``targets`` (PEFT target names) no LoRA layer covers."""
+        manager = getattr(self.model_runner, "lora_manager", None)
+        if manager is None:
+            return None
+        adapters = manager._adapter_manager
+        expected = expected_lora_modules(list(adapters.supported_lora_modules), adapters.packed_modules_mapping)
+        return [t for t in targets if t.rsplit(".", 1)[-1] not in expected]
+
+    def load_adapter(self, lora_id: int, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> int:
+        """Make ``tensors`` (PEFT's saved names: ``...q_proj.lora_A.weight``) with PEFT config ``config`` the one
+        adapter vLLM holds, as ``lora_id``; every earlier adapter is dropped. Returns the bytes taken."""
+        from vllm.lora.lora_model import LoRAModel
+        from vllm.lora.peft_helper import PEFTHelper
+
+        manager = self.model_runner.lora_manager
+        helper = PEFTHelper.from_dict({**config, "vllm_max_position_embeddings": manager.max_position_embeddings})
+        helper.validate_legal(manager.lora_config)
+        adapters = manager._adapter_manager
+        mapper = getattr(adapters.model, "hf_to_vllm_mapper", None)
+        lora = LoRAModel.from_lora_tensors(
+            lora_id, tensors, helper, device="cpu", dtype=manager.lora_config.lora_dtype,
+            model_vocab_size=manager.vocab_size, weights_mapper=None if mapper is None else mapper.get_rename_mapper())
+        with torch.no_grad():
+            adapters.remove_all_adapters()
+            adapters.add_adapter(lora)
+            adapters.activate_adapter(lora_id)
+        return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+class WeightSyncWorker(LoRAAdapterWorker):
+    """Methods added to vLLM's worker (``self`` is the worker: ``model_runner``, ``vllm_config``); the adapter sync's
+    from :class:`LoRAAdapterWorker`."""
 
     def begin_weight_sync(self) -> None:
         """Start a sync: layers back to their checkpoint layout, loaders that process each layer once it is whole."""
@@ -83,5 +131,6 @@ class WeightSyncWorker:
                 method = getattr(module, "quant_method", None)
                 if method is not None:
                     method.process_weights_after_loading(module)
-        expected = {name for name, _ in model.named_parameters()}
+        # a LoRA layer holds its base layer's weights as ``<layer>.base_layer.weight``; loaders name them plainly
+        expected = {name.replace(".base_layer.", ".") for name, _ in model.named_parameters()}
         return {"missing": sorted(expected - self._dockflow_loaded)}

@@ -82,6 +82,7 @@ def sft_cache_key(inputs: SFTInputs) -> str:
     URI and manifest digest (or its objects' ETags), ``s3://`` data files by the sha256 in their metadata (or
     their ETag): nothing is downloaded here."""
     model = inputs.model.model_dump()
+    model["lora"] = None  # the warm start trains the whole model before model.lora wraps it: LoRA runs share it
     path, data, storage = inputs.model.path, inputs.data, inputs.storage
     if path and is_s3_uri(path):
         model["path"] = path.rstrip("/")

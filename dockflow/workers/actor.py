@@ -33,7 +33,7 @@ from dockflow.data.task_identity import task_identity
 from dockflow.dock import DockBatch, DockRequest, TransferDock
 from dockflow.engines import EngineInputs, create_engines
 from dockflow.engines.devices import process_group_backend
-from dockflow.engines.lora import is_lora, merged_weights, save_lora_model
+from dockflow.engines.lora import adapter_tensors, is_lora, merged_weights, save_lora_model
 from dockflow.engines.sync_check import SYNC_CHECK, LogProbDrift, SyncChecker
 from dockflow.eval import EvalInputs, evaluate_policy
 from dockflow.eval.fingerprint import EvalIdentity, eval_identity
@@ -216,8 +216,13 @@ class ActorWorker(ModelWorker):
         """For the generator workers (disaggregated placement): (metrics with the policy version, the version and
         current weights). Called with ``num_returns=2``, so the driver fetches the metrics and never the weights."""
         start = time.perf_counter()
-        # LoRA: the adapters merged into full HF-named weights, which a generator's plain model loads as they are
-        weights = merged_weights(self.policy) if is_lora(self.policy) else self.train_engine.named_weights()
+        # LoRA: vLLM generators take the adapter alone (their base is the run's initial model); HF generators the
+        # adapters merged into full HF-named weights, which a generator's plain model loads as they are
+        if is_lora(self.policy):
+            weights = adapter_tensors(self.policy.named_parameters()) if self.cfg.engine.backend == "vllm" else \
+                merged_weights(self.policy)
+        else:
+            weights = self.train_engine.named_weights()
         published = {"version": self.policy_version, "weights": dict(weights),
                      "probe": self.sync_checker.next_probe(self.policy, len(self.tokenizer))}
         return {"policy_version": float(self.policy_version), "timing/publish_s": time.perf_counter() - start}, published

@@ -39,7 +39,8 @@ class GeneratorWorker:
         self.dock = dock
         self.model, tokenizer = load_model_and_tokenizer(fetch_model(model_dir, cfg.checkpoint), dtype=cfg.model.dtype)
         self.model.eval()
-        inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed)
+        # model.lora: vLLM takes the published adapter alone on this plain base model; HF engines the merged weights
+        inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed, cfg.model.lora)
         self.engine = create_generation_engine(inputs, self.model, tokenizer, cpus=cfg.placement.generator_cpus)
         self.tokenizer = tokenizer
         train = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint).train

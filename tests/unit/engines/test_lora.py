@@ -17,7 +17,15 @@ from torch import nn
 
 from dockflow.config import LoraConfig
 from dockflow.engines import HFGenerationEngine, TorchTrainingEngine
-from dockflow.engines.lora import LoraError, check_targets, merged_weights, save_lora_model, with_lora
+from dockflow.engines.lora import (
+    LoraError,
+    adapter_tensors,
+    check_targets,
+    merge_adapters,
+    merged_weights,
+    save_lora_model,
+    with_lora,
+)
 from dockflow.engines.sync_check import SyncChecker, WeightSyncError
 
 LR, CLIP = 1e-2, 0.5
@@ -145,3 +153,23 @@ def test_targets_that_do_not_fit_the_model_are_one_line(lora: LoraConfig, messag
     with pytest.raises(LoraError) as err:
         check_targets(model, lora)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_vllms_merged_fallback_rebuilds_the_merged_weights_from_the_adapter_alone():
+    """Where vLLM cannot take the adapter (``dockflow.engines.vllm_lora``), a generator merges the published adapter
+    (PEFT's saved names) into its own plain base: the trainer's ``merged_weights``, bit for bit."""
+    from dockflow.engines.vllm_lora import AdapterSync, lora_unsupported, peft_config
+
+    policy = lora_model()
+    adapters = adapter_tensors(policy.named_parameters())
+    assert adapters and all(n.endswith((".lora_A.weight", ".lora_B.weight")) for n in adapters)
+    assert len(adapters) == 2 * sum(".lora_A." in n for n, _ in policy.named_parameters())
+    expected = dict(merged_weights(policy))
+    sync = AdapterSync(LORA, tiny_qwen2(40), why_merged="stand-in")  # a generator's plain base model
+    full, _ = sync.full_weights(iter(adapters.items()), base=False)
+    got = dict(full)
+    assert sorted(got) == sorted(expected) and all(torch.equal(got[n], expected[n]) for n in got)
+    assert dict(merge_adapters(iter(got.items()), {}, 2.0)).keys() == got.keys()  # nothing to merge: as it was
+    assert sync.engine_kwargs() == {} and sync.lora_request() is None
+    assert peft_config(LORA) == {"r": 4, "lora_alpha": 8.0, "target_modules": LORA.target_modules, "bias": "none"}
+    assert "above vLLM's largest max_lora_rank (512)" in lora_unsupported(LoraConfig(rank=513), "Qwen2ForCausalLM")

@@ -15,8 +15,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dockflow.config import Config
+from dockflow.config import Config, LoraConfig
 from dockflow.engines import EngineInputs, SamplingParams, TorchTrainingEngine
+from dockflow.engines.lora import with_lora
 from dockflow.engines.vllm_convert import checkpoint_weights
 from dockflow.models import build_char_tokenizer, build_tiny_model
 
@@ -35,7 +36,8 @@ class StandInLLM:
         config = SimpleNamespace(model_config=SimpleNamespace(max_model_len=128))
         self.llm_engine = SimpleNamespace(vllm_config=config, add_request=self._add_request)
 
-    def _add_request(self, request_id, prompt, params):
+    def _add_request(self, request_id, prompt, params, lora_request=None):
+        self.lora_request = lora_request
         assert params.output_kind == "final" and params.seed is not None  # the finished turn only, seeded per turn
         self.events.append(f"add_request:{request_id}")
 
@@ -45,10 +47,14 @@ class StandInLLM:
         if method == "load_weight_bucket":
             for name, tensor in args[0]:
                 self.loaded[name] = tensor.clone()
-        return [{"missing": []}] * self.kwargs["tensor_parallel_size"]
+        if method == "load_adapter":  # (id, tensors, PEFT config)
+            self.adapter = args
+        answer = {"lora_targets_missing": [], "load_adapter": 1}.get(method, {"missing": []})
+        return [answer] * self.kwargs["tensor_parallel_size"]
 
-    def generate(self, prompts, sampling_params, *, use_tqdm=True):
+    def generate(self, prompts, sampling_params, *, use_tqdm=True, lora_request=None):
         self.events.append("generate")
+        self.lora_request = lora_request
         eos = sampling_params[0].stop_token_ids[0]
         sample = SimpleNamespace(index=0, token_ids=[eos], logprobs=[{eos: SimpleNamespace(logprob=-0.1)}],
                                  finish_reason="stop")
@@ -87,14 +93,16 @@ def stand_in_vllm(monkeypatch):
     return emptied
 
 
-def _setup(device: str = "cuda", tp: int = 1, colocated: bool = True):
+def _setup(device: str = "cuda", tp: int = 1, colocated: bool = True, lora: LoraConfig | None = None):
     from dockflow.engines.vllm_generation import VLLMGenerationEngine
 
     cfg = Config(engine={"backend": "vllm", "device": device, "vllm": {"tensor_parallel_size": tp,
                                                                         "weight_bucket_mb": 0.01}})
     tok = build_char_tokenizer()
     model = build_tiny_model(cfg.model.tiny, tok, seed=0)
-    inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed)
+    if lora is not None:
+        model = with_lora(model, lora, seed=0)
+    inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed, lora)
     return tok, model, VLLMGenerationEngine(model, tok, inputs, colocated=colocated)
 
 
@@ -209,3 +217,30 @@ def test_a_worker_that_does_not_answer_fails_the_sync_after_the_stage_timeout(st
     with pytest.raises(WeightSyncError, match=r"did not finish begin_weight_sync within 1800 s \(train.stage_timeout_s\)"):
         engine.load_weights(model.named_parameters())
     assert seen == [1800.0]
+
+
+def test_lora_syncs_send_the_adapter_and_the_base_again_only_after_sleep_dropped_it(stand_in_vllm, monkeypatch):
+    """model.lora: the base loads once and each sync hands vLLM the adapter alone (a new id, which every request
+    names); colocated at sleep level 2 vLLM dropped its weights, so such a sync loads the base again first."""
+    request = types.ModuleType("vllm.lora.request")
+    request.LoRARequest = lambda name, lora_id, lora_path: SimpleNamespace(name=name, id=lora_id, path=lora_path)
+    monkeypatch.setitem(sys.modules, "vllm.lora.request", request)
+    monkeypatch.setattr("dockflow.engines.vllm_lora.lora_unsupported", lambda lora, architecture: None)
+    _, model, engine = _setup(lora=LoraConfig(rank=4, alpha=8.0))
+    llm = engine.llm
+    assert (llm.kwargs["enable_lora"], llm.kwargs["max_lora_rank"], llm.kwargs["max_loras"]) == (True, 8, 1)
+    assert "model.layers.0.self_attn.q_proj.weight" in llm.loaded  # the base, under the plain names
+    assert llm.events[-3:] == ["finish_weight_sync", "load_adapter", "reset"]
+    lora_id, tensors, config = llm.adapter
+    assert lora_id == 1 and (config["r"], config["lora_alpha"]) == (4, 8.0)
+    assert all(name.endswith((".lora_A.weight", ".lora_B.weight")) for name in tensors)
+    llm.events.clear()
+    engine.load_weights(iter(list(model.named_parameters())))  # awake: the adapter alone
+    assert llm.events == ["load_adapter", "reset"] and llm.adapter[0] == 2
+    engine.generate(PROMPTS, SamplingParams(max_new_tokens=4), seed=0)
+    assert llm.lora_request.id == 2
+    engine.sleep()
+    llm.events.clear()
+    engine.load_weights(iter(list(model.named_parameters())))
+    assert llm.events[:2] == ["wake:weights", "begin_weight_sync"]
+    assert llm.events[-4:] == ["finish_weight_sync", "load_adapter", "wake:kv_cache", "reset"]

@@ -98,6 +98,7 @@ def test_cache_key_covers_inputs(tmp_path: Path) -> None:
     base = sft_cache_key(_inputs(tmp_path))
     assert sft_cache_key(_inputs(tmp_path)) == base
     assert sft_cache_key(_of(load_config(None, [*SMALL, "sft.cache_dir=/elsewhere"]))) == base
+    assert sft_cache_key(_inputs(tmp_path, "model.lora={rank: 4}")) == base  # SFT trains before the adapters
     changes = (
         "run.seed=1",
         "sft.lr=0.5",
