@@ -303,6 +303,18 @@ def test_random_interleavings_never_lose_duplicate_or_mix_up(dock, ops):
         assert len(seen[consumer]) == len(set(seen[consumer]))
 
 
+def _until_dead(actor, timeout_s: float = 30.0) -> None:
+    """Wait until ``actor``'s process is gone (its calls fail), at most ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=5)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the killed dock process was still answering after {timeout_s:g} s")
+
+
 def test_a_dead_dock_process_is_reported_not_waited_on(ray_local):
     """One node: its warehouses and controllers share one dock process; when it dies, puts and gets say so at
     once (a warehouse dying on another node while a get waits: ``test_dock_multinode.py``)."""
@@ -313,6 +325,7 @@ def test_a_dead_dock_process_is_reported_not_waited_on(ray_local):
         dock.put([0], TensorDict({"x": torch.ones(1)}, batch_size=[1]))
         assert dock.stats()["dock_processes"] == 1
         ray.kill(dock.shard_hosts[1])
+        _until_dead(dock.shard_hosts[1])  # ray.kill only asks; a put sent before the process ends still lands
         with pytest.raises(DockUnavailable, match="dead|unavailable"):
             dock.put([1], TensorDict({"x": torch.ones(1)}, batch_size=[1]))  # owned by warehouse 1
         t0 = time.monotonic()
