@@ -36,7 +36,7 @@ def _rank(rank: int, store_path: str, out_dir: str) -> None:
     if rank == 0:
         torch.save(state, path)
     dist.barrier()
-    engine.load_state_dict(torch.load(path, weights_only=False))
+    engine.load_state_dict(torch.load(path, weights_only=True))
     reloaded = {n: p.clone() for n, p in engine.generation_weights()}
     torch.save({"reference": reference, "metrics": metrics, "generation": generation, "state": state,
                 "reloaded": reloaded}, Path(out_dir) / f"rank{rank}.pt")
@@ -48,7 +48,7 @@ def _rank(rank: int, store_path: str, out_dir: str) -> None:
 def ranks(tmp_path_factory) -> list[dict]:
     tmp = tmp_path_factory.mktemp("lora_fsdp")
     start_ranks(_rank, (str(tmp / "store"), str(tmp)), WORLD)
-    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return [torch.load(tmp / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
 
 
 def test_a_dp2_lora_step_equals_the_dp1_step_and_keeps_the_base(ranks):
