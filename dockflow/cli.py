@@ -161,12 +161,14 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 
     import torch
 
-    from dockflow.flow.sft import SFTInputs, sft_report
+    from dockflow.flow.sft import SFTInputs, check_learned, sft_report
 
     torch.set_num_threads(min(2, torch.get_num_threads()))
     inputs = SFTInputs(cfg.model, cfg.data, cfg.sft, cfg.checkpoint, cfg.run.seed, cfg.rollout.max_new_tokens,
                        cfg.eval.batch_size, cfg.tools)
-    print("\n".join(sft_report(inputs, Path(cfg.run.output_dir) / cfg.run.name, cfg.eval.num_prompts)))
+    lines, result = sft_report(inputs, Path(cfg.run.output_dir) / cfg.run.name, cfg.eval.num_prompts)
+    print("\n".join(lines), flush=True)
+    check_learned(result, cfg.sft.min_val_accuracy)  # after the history, so the user sees how it went
     return 0
 
 

@@ -107,6 +107,12 @@ class SFTConfig(Section):
     max_epochs: int = Field(150, ge=0, description="Upper bound on SFT epochs.")
     eval_every_epochs: int = Field(2, ge=1, description="Validate every this many epochs.")
     patience: int = Field(6, ge=1, description="Stop after this many validations without a new best accuracy.")
+    min_val_accuracy: float | None = Field(
+        None, ge=0.0, le=1.0,
+        description="A warm start whose best validation accuracy stays below this stops the run at start, in one "
+        "line: it has not learned the task, and RL would start from almost nothing. The demo configs set half of "
+        "the task's recorded plateau. null: no floor.",
+    )
     cache_dir: str = Field("runs/cache", description="SFT results are cached here, keyed by everything they depend on.")
     demonstrations: str | None = Field(
         None,

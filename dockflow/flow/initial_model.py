@@ -34,11 +34,12 @@ def prepare_initial_model(cfg: Config, store: Any, work_dir: Path, tracking_uri:
             stage_model(got.local_dir, dest, cfg.checkpoint)
         return dest, {"registry/start_version": float(got.version), "registry/start_score": _number(got.score)}
     if cfg.sft.enabled:
-        from dockflow.flow.sft import SFTInputs, sft_warm_start
+        from dockflow.flow.sft import SFTInputs, check_learned, sft_warm_start
 
         inputs = SFTInputs(cfg.model, cfg.data, cfg.sft, cfg.checkpoint, cfg.run.seed, cfg.rollout.max_new_tokens,
                            cfg.eval.batch_size, cfg.tools)
         res = sft_warm_start(inputs, work_dir)
+        check_learned(res, cfg.sft.min_val_accuracy)
         stage_model(res.model_dir, dest, cfg.checkpoint)
         return dest, {"sft/val_accuracy": res.val_accuracy, "sft/cached": float(res.cached)}
     if cfg.model.path:

@@ -263,6 +263,20 @@ def train_sft(
     return best_acc, history
 
 
+class SFTNotLearnedError(RuntimeError):
+    """The warm start's best validation accuracy stayed below ``sft.min_val_accuracy``."""
+
+
+def check_learned(result: SFTResult, floor: float | None) -> None:
+    """Raise ``SFTNotLearnedError`` (one line) when ``result`` is below the ``sft.min_val_accuracy`` floor."""
+    if floor is not None and result.val_accuracy < floor:
+        raise SFTNotLearnedError(
+            f"the SFT warm start reached {result.val_accuracy:.1%} validation accuracy, below "
+            f"sft.min_val_accuracy={floor:.1%} ({result.model_dir}): it has not learned the task, and RL would start "
+            "from almost nothing; check the labeled data and the sft settings, or lower sft.min_val_accuracy"
+        )
+
+
 def sft_warm_start(inputs: SFTInputs, run_dir: str | Path) -> SFTResult:
     """Warm-start the policy (or return the cached result) and write a summary to ``run_dir/sft.json``.
 
@@ -289,9 +303,10 @@ def sft_warm_start(inputs: SFTInputs, run_dir: str | Path) -> SFTResult:
     return result
 
 
-def sft_report(inputs: SFTInputs, run_dir: str | Path, test_prompts: int) -> list[str]:
+def sft_report(inputs: SFTInputs, run_dir: str | Path, test_prompts: int) -> tuple[list[str], SFTResult]:
     """Run (or reuse) the warm start, then score its model greedily on the first ``test_prompts`` test prompts:
-    the lines ``dockflow sft`` prints (one per validation, then model directory, cache hit, seconds, accuracies)."""
+    (the lines ``dockflow sft`` prints: one per validation, then model directory, cache hit, seconds, accuracies;
+    the warm start's result)."""
     start = time.perf_counter()
     result = sft_warm_start(inputs, run_dir)
     seconds = time.perf_counter() - start
@@ -315,4 +330,4 @@ def sft_report(inputs: SFTInputs, run_dir: str | Path, test_prompts: int) -> lis
         f"model_dir={result.model_dir} cached={result.cached} sft_seconds={seconds:.1f} "
         f"val_accuracy={result.val_accuracy:.3f} test_accuracy={test_acc:.3f} (n={len(test)}){tools}"
     )
-    return lines
+    return lines, result

@@ -165,3 +165,22 @@ def test_sft_command_prints_history_and_test_accuracy(tmp_path: Path, capsys: py
     assert [line.split()[:2] for line in lines[:-1]] == [["epoch", "0"], ["epoch", "1"]]
     assert "cached=False" in lines[-1] and "test_accuracy=" in lines[-1] and lines[-1].endswith("(n=3)")
     assert (tmp_path / "dockflow" / "sft.json").is_file()  # run.name's directory
+
+
+def test_warm_start_below_its_floor_stops_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``sft.min_val_accuracy``: a warm start that has not learned stops ``dockflow sft`` (after its history) and the
+    run's start with one line; at or above the floor it passes."""
+    from dockflow.cli import main
+    from dockflow.flow.sft import SFTNotLearnedError, SFTResult, check_learned
+
+    budget = ["sft.max_epochs=1", "sft.lr=0.0", "sft.batch_size=4", "eval.num_prompts=3", f"run.output_dir={tmp_path}"]
+    args = ["sft", *SMALL, f"sft.cache_dir={tmp_path / 'cache'}", *budget]
+    assert main([*args, "sft.min_val_accuracy=1.0"]) == 2  # an untrained model scores below 100%
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0].split()[:2] == ["epoch", "0"] and "cached=False" in out  # the history came first
+    errors = [line for line in err.splitlines() if "error:" in line]  # stderr also holds the progress bars
+    assert len(errors) == 1 and errors[0].startswith("dockflow sft: error: ") and "sft.min_val_accuracy=100.0%" in errors[0]
+    check_learned(SFTResult(tmp_path, 0.5, []), 0.5)
+    check_learned(SFTResult(tmp_path, 0.0, []), None)
+    with pytest.raises(SFTNotLearnedError, match="validation accuracy, below sft.min_val_accuracy=50.0%"):
+        check_learned(SFTResult(tmp_path, 0.49, []), 0.5)
