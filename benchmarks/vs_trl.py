@@ -212,7 +212,7 @@ def summarize(
 def compare(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per setup and DockFlow schedule, against TRL on that setup: the throughput ratio of each pair (the
     DockFlow and TRL runs of one ``pair``, run back to back) and their median, the target, and the accuracy
-    gains (medians over the pairs)."""
+    gains (medians over the pairs, and each system's gain at each pair's seed)."""
     out = []
     keys = sorted({(r["setup"], r.get("mode", "sync")) for r in results if r["system"] == "dockflow"})
     for setup, mode in keys:
@@ -236,6 +236,8 @@ def compare(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "stretch_ratio": STRETCH_RATIO, "stretch_met": ratio >= STRETCH_RATIO,
             "accuracy_gain_dockflow": gain_df, "accuracy_gain_trl": gain_trl,
             "accuracy_target_met": gain_df >= gain_trl,
+            "gains_by_seed": [{"seed": r.get("seed"), "dockflow": r["accuracy_gain"], "trl": t["accuracy_gain"]}
+                              for r, t in pairs],
         })
     return out
 

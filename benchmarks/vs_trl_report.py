@@ -41,3 +41,6 @@ def print_table(results: list[dict[str, Any]], comparison: list[dict[str, Any]])
             f"{'met' if c['stretch_met'] else 'not met'}; accuracy gain DockFlow {c['accuracy_gain_dockflow']:+.3f} vs "
             f"TRL {c['accuracy_gain_trl']:+.3f}"
         )
+        per_seed = "; ".join(f"seed {g['seed']}: DockFlow {g['dockflow']:+.3f}, TRL {g['trl']:+.3f}"
+                             for g in c.get("gains_by_seed", []))
+        console.print(f"  accuracy gain per seed ({c['setup']}, {c['mode']}): {per_seed}")

@@ -103,6 +103,19 @@ def test_compare_takes_the_median_ratio_over_alternating_pairs():
     assert c["tps_ratio"] == 1.05 and c["throughput_target_met"] and not c["stretch_met"]
 
 
+def test_compare_gives_each_systems_gain_at_each_seed():
+    results = []
+    for pair, (df, trl) in enumerate([(0.30, 0.20), (0.02, 0.25), (0.25, 0.22)]):
+        results += [{"setup": "tiny", "mode": "sync", "system": "dockflow", "pair": pair, "seed": 7 + pair,
+                     "tps": 1.0, "accuracy_gain": df},
+                    {"setup": "tiny", "mode": "sync", "system": "trl", "pair": pair, "seed": 7 + pair, "tps": 1.0,
+                     "accuracy_gain": trl}]
+    (c,) = compare(results)
+    assert c["gains_by_seed"] == [{"seed": 7, "dockflow": 0.30, "trl": 0.20}, {"seed": 8, "dockflow": 0.02, "trl": 0.25},
+                                  {"seed": 9, "dockflow": 0.25, "trl": 0.22}]
+    assert c["accuracy_gain_dockflow"] == 0.25 and c["accuracy_gain_trl"] == 0.22  # medians hide seed 8's stall
+
+
 def test_compare_has_one_row_per_dockflow_mode():
     base = {"setup": "tiny", "accuracy_gain": 0.1}
     results = [{**base, "system": "dockflow", "mode": "sync", "tps": 50.0},
