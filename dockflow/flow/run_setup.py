@@ -3,7 +3,7 @@
 functions.
 
     check_reward_functions(cfg)             # RewardError naming the path or the missing column, before any worker
-    check_model_path(cfg)                   # ModelFilesError naming model.path, before Ray starts (a new run)
+    check_model_path(cfg)                   # ModelFilesError / TokenizerFitError naming model.path, before Ray starts
     check_lora_fits(cfg)                    # LoraError: model.lora's targets and rank against that model
     write_run_config(cfg, run_dir_of(cfg))
 """
@@ -48,18 +48,24 @@ def check_reward_functions(cfg: Config) -> None:
 
 
 def check_model_path(cfg: Config) -> None:
-    """A local ``model.path`` that a new run starts from must be a loadable model directory: checked where the run
-    starts, so it fails with one line (:class:`~dockflow.models.factory.ModelFilesError`) before Ray and the
-    workers, not in every worker's constructor. An ``s3://`` model is checked where it is fetched."""
+    """A local ``model.path`` that a new run starts from must be a loadable model directory whose tokenizer fits
+    it (ids within the embedding rows; a chat template with ``data.chat_template``): checked where the run starts,
+    so it fails with one line (:class:`~dockflow.models.factory.ModelFilesError`,
+    :class:`~dockflow.models.tokenizer_fit.TokenizerFitError`) before Ray and the workers, not in every worker's
+    constructor. An ``s3://`` model is checked where it is fetched (the vocabulary where a worker loads it)."""
     path = cfg.model.path
     if not path or path.startswith("s3://") or cfg.model.continue_from != "base":
         return
     from dockflow.models.factory import ModelFilesError, check_model_dir
+    from dockflow.models.tokenizer_fit import TokenizerFitError, check_tokenizer_fits
 
     try:
         check_model_dir(Path(path))
+        check_tokenizer_fits(Path(path), chat_template=cfg.data.chat_template)
     except ModelFilesError as exc:
         raise ModelFilesError(f"model.path: {exc}") from None
+    except TokenizerFitError as exc:
+        raise TokenizerFitError(f"model.path: {exc}") from None
 
 
 def check_lora_fits(cfg: Config) -> None:

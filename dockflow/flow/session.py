@@ -28,7 +28,7 @@ from dockflow.flow.final_model import finish
 from dockflow.flow.iteration import ProgressFn, RunParts, RunTasks
 from dockflow.flow.run_record import RunRecord
 from dockflow.flow.stage_loops import Schedule, StageLoops
-from dockflow.flow.waiting import StageError, wait_stages
+from dockflow.flow.waiting import StageError, out_of_restarts, wait_stages
 from dockflow.rollout.prompts import iteration_sampler, overlong_train_prompts
 from dockflow.tracking import Tracker
 from dockflow.workers import Workers, create_workers, kill_workers
@@ -96,8 +96,9 @@ class RunSession:
 
     def run(self, on_iteration: ProgressFn | None = None, on_stage: StageFn | None = None,
             on_complete: Callable[[str], None] | None = None, stop: threading.Event | None = None) -> None:
-        """The stage loops, from the record's iteration to the end. With ``fault_tolerance.restart`` a worker that
-        dies restarts the run from the latest checkpoint (up to ``max_restarts`` times); any other failure raises."""
+        """The stage loops, from the record's iteration to the end. With ``fault_tolerance.restart`` a worker (or a
+        dock process) that dies restarts the run from the latest checkpoint, up to ``max_restarts`` times, then the
+        run stops with one line (``out_of_restarts``); any other failure raises."""
         while True:
             tasks = RunTasks(self.parts(), self.schedule.start, on_iteration)
             tasks.generated.update(self.schedule.generated)
@@ -108,8 +109,10 @@ class RunSession:
                 return
             except StageError as exc:
                 ft = self.cfg.fault_tolerance
-                if not (exc.worker_died and ft.restart and self.state.restarts < ft.max_restarts):
+                if not (exc.worker_died and ft.restart):
                     raise
+                if self.state.restarts >= ft.max_restarts:
+                    raise StageError(out_of_restarts(str(exc), ft.max_restarts)) from exc
                 self.restart(str(exc))
 
     def parts(self) -> RunParts:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from dockflow.flow.waiting import StageError, error_message, stage_error
+from dockflow.flow.waiting import StageError, stage_error
 
 STAGES = ("generate", "infer", "update", "reshard", "evaluate")
 AWAIT_ONLY = "@"  # a ref named "@..." is waited for but not fetched (e.g. published weights): its result is the ref
@@ -235,8 +235,8 @@ class StageLoops:
             return
         except StageError:
             raise
-        except Exception as exc:  # noqa: BLE001 - a task's own failure, named with its stage and iteration
-            raise StageError(f"iteration {task.index}: stage '{task.kind}' failed: {error_message(exc)}") from exc
+        except Exception as exc:  # noqa: BLE001 - a task's own failure (or a dead dock process), named with its stage
+            raise stage_error(exc, task.kind, task.index) from exc
         task.refs = refs
         task.deadline = time.monotonic() + self.timeout_s
         if task not in self.running:

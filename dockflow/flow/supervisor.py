@@ -29,6 +29,7 @@ import time
 import warnings
 from typing import Any
 
+from dockflow.flow.waiting import out_of_restarts
 from dockflow.redact import redact_text
 
 log = logging.getLogger(__name__)
@@ -205,8 +206,11 @@ class RunSupervisor:
             self.attached_at = time.monotonic()
             if self.phase != "failed" or self.epoch != epoch:
                 return self.status()
-            restarts = self.session.state.restarts if self.session is not None else 0
-            if self.session is None or restarts >= self.cfg.fault_tolerance.max_restarts:
+            if self.session is None:
+                return self.status()
+            max_restarts = self.cfg.fault_tolerance.max_restarts
+            if self.session.state.restarts >= max_restarts:
+                self.error = out_of_restarts(self.error, max_restarts)  # the line every retried task fails with
                 return self.status()
             reason, self.epoch, self.phase = self.error, self.epoch + 1, "starting"
             self.complete.clear()

@@ -7,7 +7,7 @@ from typing import Any
 
 
 class StageError(RuntimeError):
-    """A stage failed, timed out, or its worker died (``worker_died``: a restart may help)."""
+    """A stage failed, timed out, or its worker or a dock process died (``worker_died``: a restart may help)."""
 
     def __init__(self, message: str, worker_died: bool = False):
         super().__init__(message)
@@ -40,16 +40,34 @@ def wait_stages(refs: dict[str, Any], timeout_s: float, iteration: int) -> dict[
 
 
 def stage_error(exc: BaseException, name: str, iteration: int) -> StageError:
-    """The StageError for a failed remote call: a dead worker (a restart may help), or the call's own error."""
+    """The StageError for a failed stage: a dead worker, or a dead dock process under the worker's or the driver's
+    dock call (``DockUnavailable``; a restart may help), or the stage's own error."""
     import ray
+
+    from dockflow.dock.errors import DockUnavailable
 
     if isinstance(exc, ray.exceptions.RayActorError):
         return StageError(f"iteration {iteration}: the worker running stage '{name}' died: {exc}", worker_died=True)
     if isinstance(exc, ray.exceptions.RayTaskError):
-        return StageError(f"iteration {iteration}: stage '{name}' failed: {error_message(exc.cause)}")
+        return StageError(f"iteration {iteration}: stage '{name}' failed: {error_message(exc.cause)}",
+                          worker_died=isinstance(exc.cause, DockUnavailable))
     if isinstance(exc, StageError):
         return exc
-    return StageError(f"iteration {iteration}: stage '{name}' failed: {error_message(exc)}")
+    return StageError(f"iteration {iteration}: stage '{name}' failed: {error_message(exc)}",
+                      worker_died=isinstance(exc, DockUnavailable))
+
+
+def out_of_restarts(error: str, max_restarts: int) -> str:
+    """The one line of a run that stops because a worker (or a dock process) died after the run had already
+    restarted ``fault_tolerance.max_restarts`` times; ``error``: what died."""
+    if _STOPS in error:  # already said (a retried pipeline task asks again)
+        return error
+    return (f"fault_tolerance.max_restarts={max_restarts}{_STOPS}{' '.join(error.split())}. Its latest "
+            "checkpoint stays: rerun with --resume (a pipeline run: resubmit it with the same run_name), or raise "
+            "fault_tolerance.max_restarts")
+
+
+_STOPS = " reached, the run stops: "
 
 
 def error_message(exc: BaseException) -> str:

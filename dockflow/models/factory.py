@@ -197,12 +197,18 @@ def load_model_and_tokenizer(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load any local HF causal-LM directory (tiny policy or e.g. a downloaded Qwen2.5-0.5B).
 
-    The tokenizer pads on the left; if it has no pad token, EOS is used as pad.
+    The tokenizer pads on the left; if it has no pad token, EOS is used as pad. A tokenizer whose ids exceed the
+    model's embedding rows raises TokenizerFitError (``dockflow.models.tokenizer_fit``).
     """
     p = Path(path)
     check_model_dir(p)
     tokenizer = load_tokenizer(p)
     model = AutoModelForCausalLM.from_pretrained(p, local_files_only=True, dtype=torch_dtype(dtype))
+    from dockflow.models.tokenizer_fit import TokenizerFitError, tokenizer_fit_problem
+
+    problem = tokenizer_fit_problem(tokenizer, model.get_input_embeddings().num_embeddings)
+    if problem is not None:  # a model staged from s3:// or the registry is checked here, where a worker loads it
+        raise TokenizerFitError(f"model directory '{p}': {problem}")
     _set_generation_ids(model, tokenizer)
     return model, tokenizer
 
