@@ -104,10 +104,15 @@ def merge_shards(shards: list[dict[str, torch.Tensor]], spec: DecoderSpec) -> di
     return out
 
 
-def check_ep(spec: DecoderSpec, ep: int) -> None:
-    """One clear error when ``ep`` cannot split the model's experts evenly, or the model has none to split."""
+def check_ep(spec: DecoderSpec, ep: int, tp: int = 1) -> None:
+    """One clear error when ``ep`` cannot split the model's experts evenly, the model has none to split, or
+    megatron's MoE layer cannot train at ``tp``."""
     if ep < 1:
         raise ValueError(f"train.ep={ep} must be at least 1")
+    if spec.is_moe and tp > 1:
+        raise ValueError(f"train.tp={tp} with a mixture of experts: megatron-core trains MoE at TP > 1 only with "
+                         "sequence parallelism, which its local spec's norm refuses; set train.tp=1 (train.ep splits "
+                         "the experts)")
     if ep > 1 and not spec.is_moe:
         raise ValueError(f"train.ep={ep} splits a mixture of experts, but the model ({spec.family}) has a dense MLP; "
                          "set train.ep=1")

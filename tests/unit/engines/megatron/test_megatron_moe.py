@@ -1,0 +1,106 @@
+"""Qwen3-MoE as a megatron-core ``GPTModel`` on two gloo ranks at EP=2 (each rank 2 of the 4 experts, and a DP share
+of the batch of its own width, so the all-to-all dispatcher moves unequal token counts), against
+``TorchTrainingEngine`` on the same weights: the response log-probs agree within 1e-5, and so do the gradients of the
+GRPO loss (dense grads summed over DP, expert grads over the expert-DP group, gathered and HF-named) within float32
+rounding (``fixtures/tolerances.py``); the gathered weights convert back to the HF ones exactly.
+
+megatron is imported once, in the fork server the ranks start from (``tests/fixtures/ranks.py``).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from fixtures.engine_batches import grpo_loss, rollout_batch, with_old_log_probs
+from fixtures.ranks import start_ranks
+from fixtures.tiny_models import tiny_moe
+from fixtures.tolerances import assert_grads_close, first_step_grads
+
+from dockflow.engines.megatron.convert import hf_to_megatron, megatron_to_hf, spec_from_hf
+from dockflow.engines.torch_training import TorchTrainingEngine
+
+pytestmark = pytest.mark.kernels  # cross-engine tolerances: run under the other ATen kernel set too (Makefile)
+
+TEMPERATURE = 0.7
+SHARES = ([0, 2], [1, 3])  # rank 0 keeps 2 left-padding columns (9 tokens a row), rank 1 none (11)
+
+
+def _batch():
+    """The rollouts with old / reference log-probs from the torch engine (the same on every rank)."""
+    batch = rollout_batch()
+    return with_old_log_probs(batch, TorchTrainingEngine(tiny_moe(), lr=1e-3, temperature=TEMPERATURE).infer(batch))
+
+
+def _rank(rank: int, tmp: str) -> None:
+    from megatron.core import parallel_state
+
+    from dockflow.engines.megatron import model as mg
+    from dockflow.engines.megatron.schedule import pipeline_forward_backward, pipeline_response_log_probs
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(str(Path(tmp) / "store"), 2), rank=rank, world_size=2,
+                            timeout=timedelta(seconds=60))
+    applied = mg.init_model_parallel(tp=1, pp=1, seed=0, device="cpu", ep=2)
+    hf = tiny_moe()
+    spec = spec_from_hf(hf.config)
+    model = mg.build_gpt_model(spec, ep=2)
+    mg.load_full_state(model, hf_to_megatron(hf.state_dict(), spec), spec)
+    batch = _batch()[SHARES[parallel_state.get_data_parallel_rank()]]
+    ids, mask, width = batch["input_ids"], batch["attention_mask"], batch["responses"].shape[1]
+    model.eval()
+    logp = pipeline_response_log_probs(model, ids, mask, width, spec.vocab_size, micro_batch_size=1,
+                                       temperature=TEMPERATURE)
+    model.train()
+    tokens = float(_batch()["response_mask"].sum())
+    loss = grpo_loss()
+    pipeline_forward_backward(model, ids, mask, width, spec.vocab_size, micro_batch_size=1, temperature=TEMPERATURE,
+                              loss_fn=lambda out, rows: loss(out.values, batch[rows], tokens)[0])
+    for name, param in model.named_parameters():  # what the engine's DP / expert-DP reduction does
+        expert = ".experts." in name
+        group = parallel_state.get_expert_data_parallel_group() if expert else parallel_state.get_data_parallel_group()
+        dist.all_reduce(param.grad, group=group)
+    grads = mg.gather_full({n: p.grad for n, p in model.named_parameters()}, spec)
+    local = sorted(n for n, _ in model.named_parameters() if "layers.0.mlp" in n)
+    torch.save({"applied": applied, "logp": logp, "grads": megatron_to_hf(grads, spec), "local": local,
+                "weights": megatron_to_hf(mg.gather_full_state(model, spec), spec)}, Path(tmp) / f"rank{rank}.pt")
+    dist.barrier()
+    mg.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    tmp = tmp_path_factory.mktemp("megatron_moe")
+    start_ranks(_rank, (str(tmp),), 2)
+    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict:
+    """The torch engine on one process: log-probs, and the first step's gradients (no clipping) from AdamW's moments."""
+    engine = TorchTrainingEngine(tiny_moe(), lr=1e-3, grad_clip=1e9, temperature=TEMPERATURE)
+    batch = _batch()
+    logp = engine.infer(batch)
+    engine.train_mini_batch(batch, grpo_loss(), micro_batch_size=4)
+    exp_avg = {n: engine.optimizer.state[p]["exp_avg"] for n, p in engine.model.named_parameters()}
+    return {"logp": logp, "grads": first_step_grads(exp_avg), "mask": batch["response_mask"]}
+
+
+def test_moe_log_probs_and_grpo_gradients_at_ep2_equal_the_torch_engine(ranks, reference):
+    assert "megatron.core.transformer.moe.token_dispatcher.maybe_move_tensor_to_cpu" in ranks[0]["applied"]
+    mask = reference["mask"]
+    for rank, out in enumerate(ranks):
+        rows = SHARES[rank]
+        torch.testing.assert_close(out["logp"] * mask[rows], reference["logp"][rows] * mask[rows], rtol=0, atol=1e-5)
+        assert set(out["grads"]) - set(reference["grads"]) == {"lm_head.weight"}  # tied: the embedding itself
+        assert_grads_close(out["grads"], reference["grads"])
+        experts = [n for n in out["local"] if ".experts." in n]  # 2 of the 4 experts, numbered from 0 on each rank
+        assert experts == [f"decoder.layers.0.mlp.experts.local_experts.{j}.linear_fc{k}.weight"
+                           for j in range(2) for k in (1, 2)]
+        for name, weight in tiny_moe().state_dict().items():
+            assert torch.equal(out["weights"][name], weight), name
+    assert all(float(g.abs().max()) > 0 for g in reference["grads"].values())  # every weight has a gradient
