@@ -141,3 +141,19 @@ def test_one_grpo_update_at_ep2_leaves_the_torch_engines_weights(ranks, referenc
             assert_first_step_close(out["engine_weights"][key], weight, grads[key], grad_tolerance(grads),
                                     ENGINE_ARGS["lr"], key)
             assert not torch.equal(weight, before[key]), key  # every weight moved
+
+
+@pytest.mark.parametrize(("model", "args", "message"), [
+    ("moe", dict(ep=3), r"^train.ep=3 must divide the model's experts \(4\)"),
+    ("dense", dict(ep=2), r"^train.ep=2 splits a mixture of experts, but the model \(qwen3\) has a dense MLP"),
+    ("moe", dict(tp=2), r"^train.tp=2 with a mixture of experts: megatron-core trains MoE at TP > 1 only with sequence"),
+    ("moe", dict(pp=2), r"^train.pp=2 with a mixture of experts: the reshard"),
+    ("moe", dict(ep=2, max_tokens_per_micro_batch=64), r"^train.max_tokens_per_micro_batch with train.ep=2"),
+])
+def test_settings_that_cannot_run_end_in_one_line_before_any_rank_starts(model, args, message):
+    from fixtures.tiny_models import tiny_decoder
+
+    from dockflow.engines.megatron.training import MegatronTrainingEngine
+
+    with pytest.raises(ValueError, match=message):  # raised before torch.distributed is needed
+        MegatronTrainingEngine(tiny_moe() if model == "moe" else tiny_decoder("qwen3"), lr=1e-3, **args)
