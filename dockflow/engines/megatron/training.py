@@ -147,6 +147,9 @@ class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEng
 
         if not parallel_state.model_parallel_is_initialized():
             mg.init_model_parallel(tp=tp, pp=pp, seed=seed, device=device, ep=ep)
+        elif parallel_state.get_expert_model_parallel_world_size() != ep:
+            raise RuntimeError(f"train.ep={ep}: this process's megatron groups were initialised at EP="
+                               f"{parallel_state.get_expert_model_parallel_world_size()}; one layout per process")
         self.tp, self.pp, self.dp, self.ep = tp, pp, world // (tp * pp), ep
         self.rank = dist.get_rank()
         self.device = torch.device(device)
