@@ -9,12 +9,15 @@ gradients (AdamW's first moments, gathered HF-named) within float32 rounding, an
 EP shards) within what that rounding can change in one AdamW step (``fixtures/tolerances.py``, as
 test_megatron_engine.py): a flat 1e-5 does not hold where a gradient is near 0, since AdamW's first step moves a
 weight by ``lr * g / (|g| + eps)`` whatever ``g``'s size (measured: 1.4e-5 on 2 of the routers' 128 elements).
+The layout-free ``state_dict`` and the run checkpoint (``save_state``, ``dist_checkpointing``) resume the next step
+bit-exactly at EP=2, and the checkpoint loads at EP=1 with every weight, AdamW moment and the step as saved.
 
 megatron is imported once, in the fork server the ranks start from (``tests/fixtures/ranks.py``).
 """
 
 from __future__ import annotations
 
+import functools
 from datetime import timedelta
 from pathlib import Path
 
@@ -28,6 +31,7 @@ from fixtures.tolerances import assert_first_step_close, assert_grads_close, fir
 
 from dockflow.engines.megatron.convert import hf_to_megatron, megatron_to_hf, spec_from_hf
 from dockflow.engines.torch_training import TorchTrainingEngine
+from dockflow.storage import LocalCheckpointStore
 
 pytestmark = pytest.mark.kernels  # cross-engine tolerances: run under the other ATen kernel set too (Makefile)
 
@@ -36,10 +40,44 @@ ENGINE_ARGS = dict(lr=1e-3, weight_decay=0.1, grad_clip=0.5, temperature=TEMPERA
 SHARES = ([0, 2], [1, 3])  # rank 0 keeps 2 left-padding columns (9 tokens a row), rank 1 none (11)
 
 
+@functools.cache
 def _batch():
     """The rollouts with old / reference log-probs from the torch engine (the same on every rank)."""
     batch = rollout_batch()
     return with_old_log_probs(batch, TorchTrainingEngine(tiny_moe(), lr=1e-3, temperature=TEMPERATURE).infer(batch))
+
+
+def _resumes(engine, state: dict, batch, tmp: Path, rank: int) -> tuple[list[bool], LocalCheckpointStore, dict]:
+    """Save the engine (``save_state``: each rank's shards, its experts among them, through ``dist_checkpointing``),
+    take a second step, then from the layout-free ``state`` and from the checkpoint: is that step the same?"""
+    store = LocalCheckpointStore(tmp / "ckpt", keep=2)
+    saved = engine.save_state(store, 1, "actor")
+    if rank == 0:
+        store.commit(1, {"iteration": 1})
+    dist.barrier()
+    engine.train_mini_batch(batch, grpo_loss(), micro_batch_size=1)
+    second = {n: w.clone() for n, w in engine.named_weights()}
+    equal = []
+    for load in (lambda: engine.load_state_dict(state), lambda: engine.load_state(store, 1, "actor", saved)):
+        load()
+        engine.train_mini_batch(batch, grpo_loss(), micro_batch_size=1)
+        equal.append(all(torch.equal(w, second[n]) for n, w in engine.named_weights()))
+    return equal, store, saved
+
+
+def _at_ep1(store: LocalCheckpointStore, saved: dict, state: dict) -> bool:
+    """The EP=2 checkpoint loaded at EP=1 (each rank every expert): the same weights, AdamW moments and step."""
+    from dockflow.engines.megatron import model as mg
+    from dockflow.engines.megatron.training import MegatronTrainingEngine
+
+    mg.destroy_model_parallel()
+    engine = MegatronTrainingEngine(tiny_moe(), ep=1, **ENGINE_ARGS)
+    engine.load_state(store, 1, "actor", saved)
+    loaded = engine.state_dict()
+    same = [torch.equal(loaded["model"][n], t) for n, t in state["model"].items()]
+    same += [torch.equal(loaded["optimizer"][k][n], t) for k in ("exp_avg", "exp_avg_sq")
+             for n, t in state["optimizer"][k].items()]
+    return all(same) and loaded["optimizer"]["step"] == state["optimizer"]["step"] and len(same) > 0
 
 
 def _rank(rank: int, tmp: str) -> None:
@@ -79,7 +117,10 @@ def _rank(rank: int, tmp: str) -> None:
     out["engine_logp"] = engine.infer(batch)
     out["metrics"] = engine.train_mini_batch(batch, grpo_loss(), micro_batch_size=1)
     out["engine_weights"] = {n: w.clone() for n, w in engine.named_weights()}
-    out["exp_avg"] = engine.state_dict()["optimizer"]["exp_avg"]
+    state = engine.state_dict()
+    out["exp_avg"] = state["optimizer"]["exp_avg"]
+    out["resumed_equal"], store, saved = _resumes(engine, state, batch, Path(tmp), rank)
+    out["ep1_equal"] = _at_ep1(store, saved, state)
     torch.save(out, Path(tmp) / f"rank{rank}.pt")
     dist.barrier()
     mg.destroy_model_parallel()
@@ -141,6 +182,8 @@ def test_one_grpo_update_at_ep2_leaves_the_torch_engines_weights(ranks, referenc
             assert_first_step_close(out["engine_weights"][key], weight, grads[key], grad_tolerance(grads),
                                     ENGINE_ARGS["lr"], key)
             assert not torch.equal(weight, before[key]), key  # every weight moved
+        assert out["resumed_equal"] == [True, True]  # from the state dict, and from the run checkpoint
+        assert out["ep1_equal"]  # the EP=2 checkpoint loads at EP=1
 
 
 @pytest.mark.parametrize(("model", "args", "message"), [
