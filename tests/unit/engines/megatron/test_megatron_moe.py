@@ -8,7 +8,9 @@ gradients (AdamW's first moments, gathered HF-named) within float32 rounding, an
 (clipping that bites, AdamW with weight decay; read from the generation copy, resharded by allgather-swap from the
 EP shards) within what that rounding can change in one AdamW step (``fixtures/tolerances.py``, as
 test_megatron_engine.py): a flat 1e-5 does not hold where a gradient is near 0, since AdamW's first step moves a
-weight by ``lr * g / (|g| + eps)`` whatever ``g``'s size (measured: 1.4e-5 on 2 of the routers' 128 elements).
+weight by ``lr * g / (|g| + eps)`` whatever ``g``'s size. Measured: 1.4e-5 on 2 elements of layer 1's router row
+for an expert no token picked, whose gradient is exactly 0 in megatron (softmax over the top-k logits) and 1e-10 of
+rounding in the torch engine (softmax over every expert, then top-k, renormalised); every other weight within 1.8e-6.
 The layout-free ``state_dict`` and the run checkpoint (``save_state``, ``dist_checkpointing``) resume the next step
 bit-exactly at EP=2, and the checkpoint loads at EP=1 with every weight, AdamW moment and the step as saved.
 
