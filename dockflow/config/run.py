@@ -203,6 +203,17 @@ class Config(Section):
         if tc.engine != "megatron" and (tc.tp > 1 or tc.pp > 1):
             raise ValueError(f"train.tp={tc.tp} / train.pp={tc.pp} split the model with megatron: set "
                              "train.engine=megatron (fsdp parallelises by train.dp only)")
+        if tc.ep > 1:
+            tiny = self.model.tiny if self.model.path is None else None
+            if tc.engine != "megatron" or (tc.dp * tc.tp) % tc.ep:
+                raise ValueError(f"train.ep={tc.ep} splits the experts over megatron's data-parallel ranks: set "
+                                 f"train.engine=megatron and a train.dp x train.tp ({tc.dp} x {tc.tp}) it divides")
+            if tiny is not None and tiny.architecture != "qwen3_moe":
+                raise ValueError(f"train.ep={tc.ep} splits a mixture of experts, but model.tiny.architecture="
+                                 f"{tiny.architecture} is dense: set it to qwen3_moe, or train.ep=1")
+            if tiny is not None and tiny.num_experts % tc.ep:
+                raise ValueError(f"train.ep={tc.ep} must divide the model's experts (model.tiny.num_experts="
+                                 f"{tiny.num_experts}); pick an ep that divides it")
 
     def _check_lora(self) -> None:
         """Where LoRA runs: the torch and FSDP2 engines, HF and vLLM generation (vLLM takes the adapter alone at each

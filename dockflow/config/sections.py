@@ -201,6 +201,8 @@ class TrainConfig(Section):
     )
     tp: int = Field(1, ge=1, description="train.engine=megatron: tensor-parallel ranks of the policy (and of PPO's critic).")
     pp: int = Field(1, ge=1, description="train.engine=megatron: pipeline-parallel stages of the policy (and of PPO's critic).")
+    ep: int = Field(1, ge=1, description="train.engine=megatron, a mixture-of-experts policy: expert-parallel ranks, each "
+                    "holding experts/ep of every MoE layer; they are data-parallel ranks (ep divides train.dp x train.tp).")
     max_staleness: int = Field(
         0,
         ge=0,

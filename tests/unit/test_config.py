@@ -115,6 +115,13 @@ def test_data_parallel_constraints_name_the_keys(overrides, message):
          "its 4 actor ranks each generate for some prompts: rollout.prompts_per_iter must be >= it"),
         (["train.engine=mindspeed"], "invalid value for 'train.engine'"),
         (["train.tp=0"], "invalid value for 'train.tp'"),
+        (["train.ep=2", "train.dp=2"], r"train.ep=2 splits the experts over megatron's data-parallel ranks: set "
+                                       r"train.engine=megatron and a train.dp x train.tp \(2 x 1\) it divides"),
+        (["train.engine=megatron", "train.ep=2"], r"a train.dp x train.tp \(1 x 1\) it divides"),
+        (["train.engine=megatron", "train.ep=2", "train.dp=2"],
+         r"train.ep=2 splits a mixture of experts, but model.tiny.architecture=qwen2 is dense: set it to qwen3_moe"),
+        (["train.engine=megatron", "train.ep=3", "train.tp=3",
+          "model.tiny.architecture=qwen3_moe"], r"train.ep=3 must divide the model's experts \(model.tiny.num_experts=8\)"),
     ],
 )
 def test_megatron_layout_constraints_name_the_keys(overrides, message):
@@ -125,6 +132,8 @@ def test_megatron_layout_constraints_name_the_keys(overrides, message):
     cfg = load_config(EXAMPLE, ["train.engine=megatron", "train.tp=2", "train.dp=2"])  # 2 replicas of a TP=2 model
     assert cfg.train.actor_ranks == 4 and build_plan(cfg).role("actor").count == 4 and cfg.train.critic_ranks == 2
     assert load_config(EXAMPLE, []).train.engine == "fsdp"
+    cfg = load_config(EXAMPLE, ["train.engine=megatron", "train.ep=2", "train.dp=2", "model.tiny.architecture=qwen3_moe"])
+    assert cfg.train.ep == 2 and cfg.train.actor_ranks == 2  # EP ranks are DP ranks
 
 
 @pytest.mark.parametrize(

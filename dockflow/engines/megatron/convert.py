@@ -1,5 +1,6 @@
 """Hugging Face <-> megatron-core weights for the decoder families DockFlow trains: Qwen2/Qwen2.5 (bias on q/k/v),
-Qwen3 (RMSNorm on each head's q and k, no q/k/v bias) and Llama.
+Qwen3 (RMSNorm on each head's q and k, no q/k/v bias), Llama, and Qwen3-MoE (Qwen3's attention, every layer's MLP
+a mixture of experts).
 
 Plain tensor functions: nothing here imports megatron. The megatron side is the full (unsharded) state of a
 ``GPTModel`` built with megatron-core's local layer spec (``get_gpt_layer_local_spec``), whose names are:
@@ -12,12 +13,20 @@ Plain tensor functions: nothing here imports megatron. The megatron side is the 
     decoder.layers.{i}.pre_mlp_layernorm.weight            post_attention_layernorm.weight
     decoder.layers.{i}.mlp.linear_fc1.weight               [gate_proj; up_proj] stacked on the output dim
     decoder.layers.{i}.mlp.linear_fc2.weight               mlp.down_proj.weight
+    decoder.layers.{i}.mlp.router.weight (MoE)             mlp.gate.weight [E, H]
+    decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc1.weight   mlp.experts.gate_up_proj[e] ([gate; up])
+    decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc2.weight   mlp.experts.down_proj[e]
     decoder.final_layernorm.weight                         model.norm.weight
     output_layer.weight (untied only)                      lm_head.weight
 
 ``linear_qkv`` groups its output rows by key/value head ("query group"): for each group, the rows of the
 query heads that share it, then its key head, then its value head. Tensor parallelism then gives each rank
 whole groups (``dockflow.engines.megatron.shard``).
+
+MoE experts are megatron's per-expert ``SequentialMLP`` (the local spec without grouped GEMM: its ``GroupedMLP``
+needs the CUDA-only ``grouped_gemm`` package); the full state numbers them globally ``0..E-1``, and expert parallelism
+gives EP rank ``r`` the experts ``r*E/EP ..`` as its ``local_experts.0..`` (``shard.expert_state``). Hugging Face
+(transformers 5) stacks them: ``gate_up_proj`` [E, 2I, H], gate rows first, as ``linear_fc1`` stacks them.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ from typing import Any
 
 import torch
 
-FAMILIES = {"qwen2": "Qwen2/Qwen2.5", "qwen3": "Qwen3", "llama": "Llama"}
+FAMILIES = {"qwen2": "Qwen2/Qwen2.5", "qwen3": "Qwen3", "llama": "Llama", "qwen3_moe": "Qwen3-MoE"}
 
 
 @dataclass(frozen=True)
@@ -48,10 +57,18 @@ class DecoderSpec:
     tied: bool
     qkv_bias: bool
     qk_norm: bool
+    num_experts: int = 0  # 0: a dense MLP
+    moe_topk: int = 0
+    moe_ffn_hidden_size: int = 0
+    norm_topk_prob: bool = False  # the top-k probabilities renormalised (softmax over the top-k logits)
 
     @property
     def heads_per_group(self) -> int:
         return self.num_heads // self.num_kv_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
 
 def _rope_theta(config: Any) -> float:
@@ -76,6 +93,7 @@ def spec_from_hf(config: Any) -> DecoderSpec:
         raise ValueError("megatron conversion: mlp_bias=True is not supported; use a model without MLP biases")
     if getattr(config, "use_sliding_window", False):
         raise ValueError("megatron conversion: sliding-window attention is not supported; set use_sliding_window=False")
+    moe = _moe_fields(config) if family == "qwen3_moe" else {}
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -93,8 +111,21 @@ def spec_from_hf(config: Any) -> DecoderSpec:
         max_positions=config.max_position_embeddings,
         tied=bool(config.tie_word_embeddings),
         qkv_bias=True if family == "qwen2" else bool(getattr(config, "attention_bias", False)),
-        qk_norm=family == "qwen3",
+        qk_norm=family in ("qwen3", "qwen3_moe"),
+        **moe,
     )
+
+
+def _moe_fields(config: Any) -> dict[str, Any]:
+    """The MoE fields of a Qwen3-MoE config: every layer sparse, no shared experts."""
+    layers = config.num_hidden_layers
+    dense = [i for i in range(layers)
+             if i in (config.mlp_only_layers or []) or (i + 1) % config.decoder_sparse_step]
+    if dense:
+        raise ValueError(f"megatron conversion: Qwen3-MoE layers {dense} have a dense MLP (mlp_only_layers / "
+                         "decoder_sparse_step); only models whose every layer is MoE are supported")
+    return dict(num_experts=config.num_experts, moe_topk=config.num_experts_per_tok,
+                moe_ffn_hidden_size=config.moe_intermediate_size, norm_topk_prob=bool(config.norm_topk_prob))
 
 
 def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: DecoderSpec) -> torch.Tensor:
@@ -122,14 +153,16 @@ _LAYER_SAME = {
     "input_layernorm.weight": "input_layernorm.weight",
     "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
     "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
-    "mlp.linear_fc2.weight": "mlp.down_proj.weight",
 }
 _QK_NORM = {"self_attention.q_layernorm.weight": "self_attn.q_norm.weight",
             "self_attention.k_layernorm.weight": "self_attn.k_norm.weight"}
+_DENSE_FC2 = {"mlp.linear_fc2.weight": "mlp.down_proj.weight"}
+_ROUTER = {"mlp.router.weight": "mlp.gate.weight"}
+EXPERT = "mlp.experts.local_experts."  # megatron's per-expert MLPs, ``{EXPERT}{e}.linear_fc{1,2}.weight``
 
 
 def _layer_same(spec: DecoderSpec) -> dict[str, str]:
-    return {**_LAYER_SAME, **(_QK_NORM if spec.qk_norm else {})}
+    return {**_LAYER_SAME, **(_QK_NORM if spec.qk_norm else {}), **(_ROUTER if spec.is_moe else _DENSE_FC2)}
 
 
 def _take(state: dict[str, torch.Tensor], name: str) -> torch.Tensor:
@@ -154,8 +187,14 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], spec: DecoderSpec) -> dict[str, 
         if spec.qkv_bias:
             out[dst + "self_attention.linear_qkv.bias"] = fuse_qkv(
                 *(_take(hf, f"{attn}{p}_proj.bias") for p in "qkv"), spec)
-        out[dst + "mlp.linear_fc1.weight"] = torch.cat(
-            [_take(hf, src + "mlp.gate_proj.weight"), _take(hf, src + "mlp.up_proj.weight")], dim=0)
+        if spec.is_moe:
+            gate_up, down = _take(hf, src + "mlp.experts.gate_up_proj"), _take(hf, src + "mlp.experts.down_proj")
+            for e in range(spec.num_experts):
+                out[f"{dst}{EXPERT}{e}.linear_fc1.weight"] = gate_up[e]
+                out[f"{dst}{EXPERT}{e}.linear_fc2.weight"] = down[e]
+        else:
+            out[dst + "mlp.linear_fc1.weight"] = torch.cat(
+                [_take(hf, src + "mlp.gate_proj.weight"), _take(hf, src + "mlp.up_proj.weight")], dim=0)
     return out
 
 
@@ -175,6 +214,11 @@ def megatron_to_hf(mg: dict[str, torch.Tensor], spec: DecoderSpec) -> dict[str, 
         if spec.qkv_bias:
             for name, tensor in zip(names, split_qkv(_take(mg, src + "self_attention.linear_qkv.bias"), spec), strict=True):
                 out[name + ".bias"] = tensor
-        gate, up = torch.chunk(_take(mg, src + "mlp.linear_fc1.weight"), 2, dim=0)
-        out[dst + "mlp.gate_proj.weight"], out[dst + "mlp.up_proj.weight"] = gate, up
+        if spec.is_moe:
+            for hf_name, fc in (("gate_up_proj", "linear_fc1"), ("down_proj", "linear_fc2")):
+                out[f"{dst}mlp.experts.{hf_name}"] = torch.stack(
+                    [_take(mg, f"{src}{EXPERT}{e}.{fc}.weight") for e in range(spec.num_experts)])
+        else:
+            gate, up = torch.chunk(_take(mg, src + "mlp.linear_fc1.weight"), 2, dim=0)
+            out[dst + "mlp.gate_proj.weight"], out[dst + "mlp.up_proj.weight"] = gate, up
     return out

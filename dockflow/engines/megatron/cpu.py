@@ -10,7 +10,15 @@ On a CPU-only torch (gloo), megatron-core trains once these answers are in place
 - the pipeline schedules call ``torch.zeros(..., device="cuda")`` and the tied embedding with PP > 1 calls
   ``weight.data.cuda()``: ``CudaDevicesOnCpu``, a ``TorchFunctionMode``, maps cuda devices to cpu;
 - p2p with ``batch_p2p_sync=True`` and ``dist_checkpointing`` call ``torch.cuda.synchronize``: a no-op (the
-  model's config also sets ``batch_p2p_sync=False``, ``model.transformer_config``).
+  model's config also sets ``batch_p2p_sync=False``, ``model.transformer_config``);
+- MoE: the all-to-all token dispatcher copies its split sizes to the host on a side stream (``torch.cuda.Stream``,
+  ``current_stream``, ``stream``, an event): one CPU stream whose waits and events are no-ops; its
+  ``maybe_move_tensor_to_cpu`` turns split sizes into numpy arrays only for CUDA tensors, and gloo's
+  ``all_to_all_single`` takes no tensor as split sizes: the answer converts CPU tensors too; the router's
+  ``RouterGatingLinearFunction`` reads ``te_general_gemm``, which ``moe_utils`` defines only when Transformer Engine
+  imports (a ``NameError`` without it): ``None``, its torch fallback. gloo itself has every collective the
+  dispatchers call at EP > 1, TP = 1 (``all_to_all_single`` with unequal splits, ``all_gather_into_tensor``,
+  ``reduce_scatter_tensor``).
 
 On CUDA nothing is answered. On Ascend NPUs MindSpeed's adaptor (``mindspeed.megatron_adaptor``) patches megatron
 for torch_npu and must be imported before megatron itself (``prepare_megatron``).
@@ -80,32 +88,91 @@ def _megatron_set_rng_state(new_state: torch.Tensor, device: int = -1, graph_saf
     torch.set_rng_state(new_state)
 
 
+class _CpuEvent:
+    def synchronize(self) -> None:
+        return None
+
+
+class _CpuStream:
+    """The CPU's one stream: every instance is it, waits and events are no-ops."""
+
+    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any):
+        pass
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _CpuStream)
+
+    def __hash__(self) -> int:
+        return 0
+
+    def wait_stream(self, stream: Any) -> None:
+        return None
+
+    def record_event(self, event: Any = None) -> _CpuEvent:
+        return _CpuEvent()
+
+
+def _current_stream(device: Any = None) -> _CpuStream:
+    return _CpuStream()
+
+
+def _stream(stream: Any) -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
+
+def _move_to_cpu(tensor: torch.Tensor, as_numpy: bool = False, record_stream: bool = False) -> Any:
+    if torch.is_tensor(tensor):
+        tensor = tensor.cpu()
+        return tensor.numpy() if as_numpy else tensor
+    return tensor
+
+
 def cpu_answers() -> list[tuple[Any, str, Callable[..., Any]]]:
-    """(owner, attribute, replacement) of every function answered on CPU; imports megatron's RNG module."""
+    """(owner, attribute, replacement) of every function answered on CPU; imports megatron's RNG module and its
+    MoE token dispatcher."""
     import megatron.core.tensor_parallel.random as mrandom
+    import megatron.core.transformer.moe.token_dispatcher as dispatcher
 
     return [
         (torch.cuda, "get_rng_state", _get_rng_state),
         (torch.cuda, "manual_seed", _manual_seed),
         (torch.cuda, "current_device", _current_device),
         (torch.cuda, "synchronize", _synchronize),
+        (torch.cuda, "Stream", _CpuStream),
+        (torch.cuda, "current_stream", _current_stream),
+        (torch.cuda, "stream", _stream),
         (mrandom, "_get_cuda_rng_state", _megatron_get_rng_state),
         (mrandom, "_set_cuda_rng_state", _megatron_set_rng_state),
+        (dispatcher, "maybe_move_tensor_to_cpu", _move_to_cpu),
     ]
+
+
+def absent_names() -> list[tuple[Any, str, Any]]:
+    """(owner, attribute, value) of names megatron reads but defines only with Transformer Engine installed."""
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+
+    return [(moe_utils, "te_general_gemm", None)]
 
 
 @contextlib.contextmanager
 def cuda_answered_on_cpu() -> Iterator[list[str]]:
     """Within: the answers above and ``CudaDevicesOnCpu``; on exit everything is as it was. Yields what it
     replaced, as ``module.attribute``."""
-    saved = []
+    saved, added = [], []
     try:
         for owner, name, answer in cpu_answers():
             saved.append((owner, name, getattr(owner, name)))
             setattr(owner, name, answer)
+        for owner, name, value in absent_names():
+            if not hasattr(owner, name):
+                added.append((owner, name))
+                setattr(owner, name, value)
         with CudaDevicesOnCpu():
-            yield [f"{owner.__name__}.{name}" for owner, name, _ in saved] + ["CudaDevicesOnCpu"]
+            yield [f"{owner.__name__}.{name}" for owner, name, _ in saved] + [
+                f"{owner.__name__}.{name}" for owner, name in added] + ["CudaDevicesOnCpu"]
     finally:
+        for owner, name in added:
+            delattr(owner, name)
         for owner, name, original in reversed(saved):
             setattr(owner, name, original)
 

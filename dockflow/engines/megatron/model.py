@@ -16,6 +16,9 @@ from dockflow.engines.logprobs import trim_columns
 from dockflow.engines.megatron.convert import DecoderSpec
 from dockflow.engines.megatron.cpu import prepare_megatron
 from dockflow.engines.megatron.shard import (
+    check_ep,
+    expert_state,
+    merge_experts,
     merge_shards,
     merge_stages,
     padded_vocab_size,
@@ -29,14 +32,16 @@ _UNFUSED = dict(bias_activation_fusion=False, masked_softmax_fusion=False, persi
                 bias_dropout_fusion=False, gradient_accumulation_fusion=False, apply_rope_fusion=False)
 
 
-def init_model_parallel(tp: int, pp: int, seed: int, device: str = "cpu") -> list[str]:
-    """Prepare the process for ``device``, split the world into TP x PP (x DP) groups and seed megatron's RNG
-    tracker; returns what ``prepare_megatron`` applied."""
+def init_model_parallel(tp: int, pp: int, seed: int, device: str = "cpu", ep: int = 1) -> list[str]:
+    """Prepare the process for ``device``, split the world into TP x PP (x DP) groups, EP groups out of DP (experts
+    not split by TP), and seed megatron's RNG tracker; returns what ``prepare_megatron`` applied."""
     applied = prepare_megatron(device)
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    experts = dict(expert_model_parallel_size=ep, expert_tensor_parallel_size=1) if ep > 1 else {}
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                             **experts)
     model_parallel_cuda_manual_seed(seed)
     return applied
 
@@ -48,10 +53,24 @@ def destroy_model_parallel() -> None:
     parallel_state.destroy_model_parallel()
 
 
+def moe_config(spec: DecoderSpec, ep: int = 1) -> dict[str, Any]:
+    """The ``TransformerConfig`` fields of an MoE ``spec`` (none for a dense one): Qwen3-MoE's softmax router, top-k
+    renormalised (``norm_topk_prob``: softmax over the top-k logits, megatron's ``moe_router_pre_softmax=False``) or
+    not (softmax over all, then top-k); no load-balancing loss; the all-to-all dispatcher (it takes ranks with
+    unequal token counts, which the all-gather one does not); experts split by EP only."""
+    if not spec.is_moe:
+        return {}
+    return dict(num_moe_experts=spec.num_experts, moe_ffn_hidden_size=spec.moe_ffn_hidden_size,
+                moe_router_topk=spec.moe_topk, moe_router_pre_softmax=not spec.norm_topk_prob,
+                moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, moe_token_dispatcher_type="alltoall",
+                expert_model_parallel_size=ep, expert_tensor_parallel_size=1)
+
+
 def transformer_config(spec: DecoderSpec, tp: int = 1, pp: int = 1, dtype: torch.dtype = torch.float32, *,
-                       recompute: bool = False) -> Any:
-    """megatron's ``TransformerConfig`` for ``spec``: RMSNorm, SwiGLU, GQA, no linear biases but q/k/v's; with
-    ``recompute`` every layer's activations are recomputed in the backward pass (full recompute, one layer a unit)."""
+                       recompute: bool = False, ep: int = 1) -> Any:
+    """megatron's ``TransformerConfig`` for ``spec``: RMSNorm, SwiGLU, GQA, no linear biases but q/k/v's, MoE fields
+    (``moe_config``); with ``recompute`` every layer's activations are recomputed in the backward pass (full
+    recompute, one layer a unit)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     full = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1) if recompute else {}
@@ -79,6 +98,7 @@ def transformer_config(spec: DecoderSpec, tp: int = 1, pp: int = 1, dtype: torch
         batch_p2p_sync=False,  # True calls torch.cuda.synchronize around every p2p exchange
         calculate_per_token_loss=True,  # the schedule leaves the loss as given (the recipes normalise it)
         **full,
+        **moe_config(spec, ep),
         **_UNFUSED,
     )
 
@@ -89,18 +109,20 @@ def _final_hidden(self: Any, hidden_states: torch.Tensor, **_: Any) -> torch.Ten
 
 
 def build_gpt_model(spec: DecoderSpec, tp: int = 1, pp: int = 1, vocab_divisible_by: int = 128, *,
-                    recompute: bool = False) -> Any:
+                    recompute: bool = False, ep: int = 1) -> Any:
     """This rank's ``GPTModel`` (local layer spec, RoPE, padded vocabulary); needs ``init_model_parallel``. Its last
     stage returns the final hidden states [S, B, H] (after the final norm), not the logits: the output layer's
     weight is applied by the caller, a chunk of tokens at a time (``vocab_parallel_head``), or the critic's head.
-    ``recompute``: full activation recompute (``transformer_config``)."""
+    ``recompute``: full activation recompute (``transformer_config``). ``ep``: expert-parallel ranks (MoE)."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    layer_spec = get_gpt_layer_local_spec(qk_layernorm=spec.qk_norm, normalization="RMSNorm")
+    check_ep(spec, ep, tp)
+    layer_spec = get_gpt_layer_local_spec(num_experts=spec.num_experts or None, moe_grouped_gemm=False,
+                                          qk_layernorm=spec.qk_norm, normalization="RMSNorm")
     model = GPTModel(
-        config=transformer_config(spec, tp, pp, recompute=recompute),
+        config=transformer_config(spec, tp, pp, recompute=recompute, ep=ep),
         transformer_layer_spec=layer_spec,
         vocab_size=padded_vocab_size(spec.vocab_size, tp, vocab_divisible_by),
         max_sequence_length=spec.max_positions,
@@ -126,11 +148,18 @@ def _pp() -> tuple[int, int]:
     return parallel_state.get_pipeline_model_parallel_world_size(), parallel_state.get_pipeline_model_parallel_rank()
 
 
+def _ep() -> tuple[int, int]:
+    from megatron.core import parallel_state
+
+    return parallel_state.get_expert_model_parallel_world_size(), parallel_state.get_expert_model_parallel_rank()
+
+
 def local_shard(full: dict[str, torch.Tensor], spec: DecoderSpec, vocab_divisible_by: int = 128) -> dict[str, torch.Tensor]:
-    """This rank's TP shard of its pipeline stage's part of a full megatron state (``convert.hf_to_megatron``), named
-    like the rank's model parameters: the inverse of ``gather_full``."""
-    (tp, tp_rank), (pp, stage) = _tp(), _pp()
-    return stage_state(shard_state(full, spec, tp, tp_rank, vocab_divisible_by), spec, pp, stage)
+    """This rank's TP shard of its pipeline stage's part of a full megatron state (``convert.hf_to_megatron``), its
+    EP rank's experts, named like the rank's model parameters: the inverse of ``gather_full``."""
+    (tp, tp_rank), (pp, stage), (ep, ep_rank) = _tp(), _pp(), _ep()
+    state = stage_state(shard_state(full, spec, tp, tp_rank, vocab_divisible_by), spec, pp, stage)
+    return expert_state(state, spec, ep, ep_rank)
 
 
 def load_full_state(model: Any, full: dict[str, torch.Tensor], spec: DecoderSpec, vocab_divisible_by: int = 128) -> None:
@@ -146,9 +175,10 @@ def load_full_state(model: Any, full: dict[str, torch.Tensor], spec: DecoderSpec
 
 
 def gather_full(local: dict[str, torch.Tensor], spec: DecoderSpec) -> dict[str, torch.Tensor]:
-    """Full tensors (vocabulary unpadded, global layer numbers) from every rank's ``local`` tensors named like
-    its model's parameters (the parameters themselves, or their gradients), on every rank. TP shards are
-    all-gathered; the stages' parts travel as objects (small models; the reshard path streams real ones)."""
+    """Full tensors (vocabulary unpadded, global layer and expert numbers) from every rank's ``local`` tensors named
+    like its model's parameters (the parameters themselves, or their gradients), on every rank. TP shards are
+    all-gathered; the experts' and the stages' parts travel as objects (small models; the reshard path streams
+    real ones)."""
     import torch.distributed as dist
     from megatron.core import parallel_state
 
@@ -161,6 +191,11 @@ def gather_full(local: dict[str, torch.Tensor], spec: DecoderSpec) -> dict[str, 
         for r in range(tp):
             shards[r][name] = parts[r]
     stage = merge_shards(shards, spec)
+    ep, _ = _ep()
+    if ep > 1:  # each EP rank's experts, as objects (small models, as the stages below)
+        parts: list[Any] = [None] * ep
+        dist.all_gather_object(parts, stage, group=parallel_state.get_expert_model_parallel_group())
+        stage = merge_experts(parts, spec)
     pp, _ = _pp()
     if pp == 1:
         return stage

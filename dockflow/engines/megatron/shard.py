@@ -15,13 +15,17 @@ The vocabulary is padded to a multiple of ``divisible_by * tp`` with zero rows, 
 padding rows' logits into a softmax (``vocab_parallel_head`` leaves them out).
 
 Pipeline stages (``stage_state``) take an even share of the layers, as megatron's default split does.
+
+Expert parallelism (``expert_state``) gives EP rank ``r`` of ``ep`` the experts ``r*E/ep .. (r+1)*E/ep - 1`` of every
+MoE layer, numbered from 0 as its ``local_experts``; experts are not split by TP (expert TP size 1), and everything
+else is the same on every EP rank.
 """
 
 from __future__ import annotations
 
 import torch
 
-from dockflow.engines.megatron.convert import DecoderSpec
+from dockflow.engines.megatron.convert import EXPERT, DecoderSpec
 
 VOCAB_PARAMS = ("embedding.word_embeddings.weight", "output_layer.weight")
 _COLUMN = ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias")
@@ -97,6 +101,60 @@ def merge_shards(shards: list[dict[str, torch.Tensor]], spec: DecoderSpec) -> di
         else:
             tensor = first
         out[name] = tensor
+    return out
+
+
+def check_ep(spec: DecoderSpec, ep: int, tp: int = 1) -> None:
+    """One clear error when ``ep`` cannot split the model's experts evenly, the model has none to split, or
+    megatron's MoE layer cannot train at ``tp``."""
+    if ep < 1:
+        raise ValueError(f"train.ep={ep} must be at least 1")
+    if spec.is_moe and tp > 1:
+        raise ValueError(f"train.tp={tp} with a mixture of experts: megatron-core trains MoE at TP > 1 only with "
+                         "sequence parallelism, which its local spec's norm refuses; set train.tp=1 (train.ep splits "
+                         "the experts)")
+    if ep > 1 and not spec.is_moe:
+        raise ValueError(f"train.ep={ep} splits a mixture of experts, but the model ({spec.family}) has a dense MLP; "
+                         "set train.ep=1")
+    if spec.is_moe and spec.num_experts % ep:
+        raise ValueError(f"train.ep={ep} must divide the model's experts ({spec.num_experts}); pick an ep that "
+                         "divides it")
+
+
+def _expert(name: str) -> tuple[str, int, str] | None:
+    """(prefix, expert number, rest) of an expert's parameter name, else None."""
+    if EXPERT not in name:
+        return None
+    head, tail = name.split(EXPERT, 1)
+    number, rest = tail.split(".", 1)
+    return head + EXPERT, int(number), rest
+
+
+def expert_state(state: dict[str, torch.Tensor], spec: DecoderSpec, ep: int, rank: int) -> dict[str, torch.Tensor]:
+    """The tensors EP rank ``rank`` of ``ep`` holds: its experts renumbered from 0, every other tensor."""
+    check_ep(spec, ep)
+    local = spec.num_experts // ep if spec.is_moe else 0
+    out = {}
+    for name, tensor in state.items():
+        parts = _expert(name)
+        if parts is None:
+            out[name] = tensor
+        elif rank * local <= parts[1] < (rank + 1) * local:
+            out[f"{parts[0]}{parts[1] - rank * local}.{parts[2]}"] = tensor
+    return out
+
+
+def merge_experts(states: list[dict[str, torch.Tensor]], spec: DecoderSpec) -> dict[str, torch.Tensor]:
+    """The inverse of ``expert_state``: every EP rank's tensors (in rank order), experts numbered globally."""
+    local = spec.num_experts // len(states) if spec.is_moe else 0
+    out = {}
+    for rank, state in enumerate(states):
+        for name, tensor in state.items():
+            parts = _expert(name)
+            if parts is None:
+                out.setdefault(name, tensor)
+            else:
+                out[f"{parts[0]}{parts[1] + rank * local}.{parts[2]}"] = tensor
     return out
 
 

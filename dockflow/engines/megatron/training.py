@@ -36,6 +36,7 @@ from dockflow.engines.logprobs import TokenOutputs, trim_columns
 from dockflow.engines.megatron import model as mg
 from dockflow.engines.megatron.convert import DecoderSpec, hf_to_megatron, megatron_to_hf, spec_from_hf
 from dockflow.engines.megatron.cpu import prepare_megatron
+from dockflow.engines.megatron.experts import ExpertGroups, megatron_names, partition_rules, reshard_names
 from dockflow.engines.megatron.persist import MegatronPersistence
 from dockflow.engines.megatron.schedule import (
     ResponseHead,
@@ -43,6 +44,7 @@ from dockflow.engines.megatron.schedule import (
     pipeline_forward_backward,
     pipeline_response_log_probs,
 )
+from dockflow.engines.megatron.shard import check_ep
 from dockflow.engines.micro_batches import micro_batch_bounds
 from dockflow.engines.swapped_generation import SwappedGeneration
 from dockflow.engines.torch_training import load_metrics
@@ -78,6 +80,7 @@ class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEng
         *,
         tp: int = 1,
         pp: int = 1,
+        ep: int = 1,
         lr: float,
         weight_decay: float = 0.0,
         grad_clip: float = 1.0,
@@ -93,40 +96,61 @@ class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEng
         the generation copy. Initialises megatron's TP x PP groups over the default group unless already done.
         ``gradient_checkpointing``: megatron's full activation recompute, every layer (``model.transformer_config``).
         ``max_tokens_per_micro_batch``: micro-batches by tokens (``engines/micro_batches.py``), each its own pass
-        through the schedule."""
+        through the schedule. ``ep``: expert-parallel ranks of a Qwen3-MoE policy, out of the DP ranks (``experts.py``)."""
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
-        self._init_ranks(tp, pp, seed, device)
         self.spec: DecoderSpec = spec_from_hf(model.config)
-        self.model = mg.build_gpt_model(self.spec, tp=tp, pp=pp, recompute=gradient_checkpointing).to(self.device)
+        self._check_moe(tp, pp, ep)
+        self._init_ranks(tp, pp, seed, device, ep)
+        self.model = mg.build_gpt_model(self.spec, tp=tp, pp=pp, recompute=gradient_checkpointing,
+                                        ep=ep).to(self.device)
         full = hf_to_megatron(model.state_dict(), self.spec)
         mg.load_full_state(self.model, full, self.spec)
-        self.partition = ModelPartition(param_meta(full), megatron_rules(self.spec.num_layers, self.spec.num_kv_heads))
+        self.partition = (ModelPartition(param_meta(reshard_names(full)), partition_rules(self.spec)) if self.spec.is_moe
+                          else ModelPartition(param_meta(full), megatron_rules(self.spec.num_layers, self.spec.num_kv_heads)))
         del full
         for p in model.parameters():  # filled by each reshard
             p.data = torch.empty(0, dtype=p.dtype, device=self.device)
         self.generation_model = model.to(self.device).eval()  # its buffers (RoPE's frequencies) on the device
         self.temperature = temperature
         self._init_training(lr, weight_decay, grad_clip, infer_batch_size)
-        self.update_layout = ParallelLayout(tp=tp, pp=pp, dp=self.dp, vocab_multiple=MEGATRON_VOCAB_MULTIPLE)
+        self.update_layout = ParallelLayout(tp=tp, pp=pp, dp=self.dp, ep=ep, vocab_multiple=MEGATRON_VOCAB_MULTIPLE)
         self.gen_layout = ParallelLayout(tp=1, dp=dist.get_world_size())  # every rank a full copy for generation
         self.groups = ReshardGroups(self.update_layout)
         self.bucket_bytes = bucket_bytes
         self._to_generation()
 
-    def _init_ranks(self, tp: int, pp: int, seed: int, device: str) -> None:
-        """Check the layout against the ranks and initialise megatron's TP x PP groups unless already done."""
+    def _check_moe(self, tp: int, pp: int, ep: int) -> None:
+        """One line at start for what cannot run with experts: TP > 1 (``shard.check_ep``), PP > 1 (the reshard
+        places no expert on a stage), token-budget micro-batches at EP > 1 (each MoE layer is a collective over the
+        EP ranks, which must then run the same passes)."""
+        check_ep(self.spec, ep, tp)
+        if self.spec.is_moe and pp > 1:
+            raise ValueError(f"train.pp={pp} with a mixture of experts: the reshard to generation places no experts "
+                             "on pipeline stages yet; set train.pp=1")
+        if ep > 1 and self.max_tokens_per_micro_batch is not None:
+            raise ValueError(f"train.max_tokens_per_micro_batch with train.ep={ep}: the EP ranks' token budgets would "
+                             "cut different numbers of passes; set it to null (micro-batches by samples)")
+
+    def _init_ranks(self, tp: int, pp: int, seed: int, device: str, ep: int = 1) -> None:
+        """Check the layout against the ranks and initialise megatron's TP x PP (x EP) groups unless already done."""
         if not dist.is_initialized():
             raise RuntimeError(f"{type(self).__name__} needs torch.distributed initialised (the actor's ranks) first")
         world = dist.get_world_size()
         if tp < 1 or pp < 1 or world % (tp * pp):
             raise ValueError(f"train.tp={tp} x train.pp={pp} must divide the actor's {world} ranks; "
                              "pick tp and pp whose product divides them")
+        if (world // (tp * pp)) % ep:
+            raise ValueError(f"train.ep={ep} must divide the data-parallel ranks ({world // (tp * pp)} of the actor's "
+                             f"{world}): the experts are split over DP ranks")
         prepare_megatron(device)  # before megatron is imported (MindSpeed's adaptor on NPU)
         from megatron.core import parallel_state
 
         if not parallel_state.model_parallel_is_initialized():
-            mg.init_model_parallel(tp=tp, pp=pp, seed=seed, device=device)
-        self.tp, self.pp, self.dp = tp, pp, world // (tp * pp)
+            mg.init_model_parallel(tp=tp, pp=pp, seed=seed, device=device, ep=ep)
+        elif parallel_state.get_expert_model_parallel_world_size() != ep:
+            raise RuntimeError(f"train.ep={ep}: this process's megatron groups were initialised at EP="
+                               f"{parallel_state.get_expert_model_parallel_world_size()}; one layout per process")
+        self.tp, self.pp, self.dp, self.ep = tp, pp, world // (tp * pp), ep
         self.rank = dist.get_rank()
         self.device = torch.device(device)
 
@@ -143,12 +167,16 @@ class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEng
         self._pp_last = parallel_state.get_pipeline_model_parallel_last_rank()
         # Each weight once in the global grad norm: TP-replicated ones on TP rank 0 only, the last stage's copy
         # of a tied embedding not at all.
-        self._norm_params = [p for p in self.model.parameters()
-                             if param_is_not_shared(p) and param_is_not_tensor_parallel_duplicate(p)]
+        self._experts = ExpertGroups(self.model)
+        self._norm_params = [p for p in self.model.parameters() if param_is_not_shared(p)
+                             and param_is_not_tensor_parallel_duplicate(p) and not self._experts.is_expert(p)]
         self.ledger = MemoryLedger(self.device, self.rank)
         # Global layer names share the model's parameter tensors (swapping them swaps the model's).
         self._local_weights = global_names(dict(self.model.named_parameters()), self.spec.num_layers, self.pp,
                                            parallel_state.get_pipeline_model_parallel_rank())
+        if self.spec.is_moe:  # experts under their global numbers (``experts.reshard_names``)
+            first = parallel_state.get_expert_model_parallel_rank() * (self.spec.num_experts // self.ep)
+            self._local_weights = reshard_names(self._local_weights, first)
         self._reshard: ReshardResult | None = None
         self._steps = 0
         self._head: ResponseHead | None = None  # the per-token outputs: log-probs (a critic sets its values)
@@ -231,10 +259,8 @@ class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEng
                 micro_batch_size=size, temperature=self.temperature, head=self._head,
                 loss_fn=lambda outputs, part, lo=lo: micro_loss(outputs, slice(part.start + lo, part.stop + lo)))
         finalize_grads(self.model, self.spec)
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         if self.dp > 1:  # the loss is a global token mean: DP ranks' grads add up to the full batch's
-            for grad in grads:
-                dist.all_reduce(grad, group=self._dp_group)
+            self._experts.reduce_grads(list(self.model.parameters()), self._dp_group)
         out = self._reduce_metrics(self._from_last_stage(metrics))
         first, keep_r = trim_columns(batch["attention_mask"], width)  # one trim for the whole batch (schedule.py)
         computed = batch.batch_size[0] * (batch["attention_mask"].shape[1] - width - first + keep_r)
@@ -274,6 +300,8 @@ class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEng
             if p.grad is not None:
                 squares += p.grad.detach().float().pow(2).sum()
         dist.all_reduce(squares, group=self._mp_group)
+        if self._experts.expert_params:  # each EP rank's experts are its own
+            squares = squares + self._experts.squared_norm(self.device)
         norm = squares.sqrt()
         coef = torch.clamp(self.grad_clip / (norm + 1e-6), max=1.0)
         for p in self.model.parameters():
@@ -296,7 +324,7 @@ class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEng
                                 self.groups, bucket_bytes=self.bucket_bytes, ledger=self.ledger,
                                 arena=self._host_arena())
         # Fused q/k/v are split into new tensors: the HF dict replaces the megatron one, which frees its buffers.
-        hf = megatron_to_hf(result.generation_weights, self.spec)
+        hf = megatron_to_hf(megatron_names(result.generation_weights), self.spec)
         result.generation_weights = hf
         self.ledger.track("generation_weights", hf)
         self.ledger.record("hf named", phase="generation")

@@ -71,6 +71,29 @@ def test_cuda_devices_map_to_cpu_inside_and_everything_is_restored_on_exit():
             torch.zeros(1, device="cuda")
 
 
+@pytest.mark.skipif(not CPU_ONLY, reason="on a CUDA build the dispatcher's streams need no answer")
+def test_the_moe_dispatchers_host_copies_run_on_one_cpu_stream_and_give_gloo_plain_split_sizes():
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+    from megatron.core.transformer.moe import token_dispatcher
+
+    te_absent = not hasattr(moe_utils, "te_general_gemm")  # megatron reads it; defined only with Transformer Engine
+    with pytest.raises(RuntimeError, match="CUDA"):
+        torch.cuda.Stream()
+    splits = torch.tensor([3, 1])
+    assert torch.is_tensor(token_dispatcher.maybe_move_tensor_to_cpu(splits, as_numpy=True))  # a CPU tensor stays
+    with cpu.cuda_answered_on_cpu() as applied:
+        side = torch.cuda.Stream()
+        assert torch.cuda.current_stream() == side  # one stream: the dispatcher records nothing on a side stream
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            moved = token_dispatcher.maybe_move_tensor_to_cpu(splits, as_numpy=True, record_stream=False)
+        side.record_event().synchronize()
+        assert moved.tolist() == [3, 1] and not torch.is_tensor(moved)
+        assert moe_utils.te_general_gemm is None
+        assert ("megatron.core.transformer.moe.moe_utils.te_general_gemm" in applied) == te_absent
+    assert hasattr(moe_utils, "te_general_gemm") != te_absent  # put back as it was
+
+
 def test_config_turns_off_the_synchronising_p2p_and_the_fused_kernels():
     from megatron.core.transformer.transformer_config import TransformerConfig
     from transformers import Qwen2Config
