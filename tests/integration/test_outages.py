@@ -115,6 +115,8 @@ def test_s3_and_mlflow_servers_killed_mid_run(outage_cluster, reference, tiny_co
     finally:
         standby.stop()
         moto.stop()
+        if mlflow_server_process.proc.poll() is not None:  # failed while it was down: later tests need it
+            mlflow_server_process.start()
     assert killed == [-9], "the S3 server was not killed inside the upload"
     assert mlflow_outage.seen == ["killed", "started"]
     assert any("tracking is unreachable" in r.getMessage() for r in caplog.records), "MLflow was never down"
