@@ -36,3 +36,14 @@ def write_failed(what: str, path: str | Path, exc: OSError, root: str | Path) ->
         f"cannot write {what} {path}: {reason} ({code}): free space under {root} or set checkpoint.dir to a volume "
         "with room; the checkpoints committed before are intact (resume from them with --resume)"
     )
+
+
+def no_room_line(exc: BaseException) -> str | None:
+    """One line for an ``OSError`` of a full disk raised outside the checkpoint store (a run's directory, a cache),
+    naming the file when the error does; None for any other error."""
+    reason = no_room(exc)
+    if reason is None:
+        return None
+    where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
+    code = errno.errorcode.get(exc.errno or 0, "?")
+    return f"cannot write{where}: {reason} ({code}): free space there, or point the run's directories elsewhere"

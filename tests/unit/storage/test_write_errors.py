@@ -40,3 +40,16 @@ def test_fault_points_are_off_unless_armed(tmp_path, monkeypatch) -> None:
     store.write_part(1, "actor", {"x": 1})
     store.commit(1, {})  # nothing armed: nothing waits
     assert store.latest() == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_the_cli_prints_one_line_for_a_full_disk_anywhere(monkeypatch, capsys) -> None:
+    """An ENOSPC raised outside the store (the run's directory, a cache) is one line naming the file, exit 2."""
+    import dockflow.cli as cli
+
+    def full(args):
+        raise OSError(errno.ENOSPC, "No space left on device", "/runs/x/summary.json")
+
+    monkeypatch.setattr(cli, "_cmd_train", full)
+    assert cli.main(["train", "configs/grpo_arith.yaml"]) == 2
+    assert capsys.readouterr().err == ("dockflow train: error: cannot write /runs/x/summary.json: no space left on the "
+                                       "device (ENOSPC): free space there, or point the run's directories elsewhere\n")
