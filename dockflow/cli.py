@@ -223,10 +223,14 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         # Our own errors (config, dataset, model files, cluster, workers, stages, dock, tracking) already say
         # what is wrong and what to do: one line, no traceback. Anything else is a bug and keeps its traceback.
+        # A full disk anywhere (a run's directory, a cache) is one line too, not a traceback.
+        from dockflow.storage.write_errors import no_room_line
+
         ours = type(exc).__module__.startswith(("dockflow.", "pipelines.")) or isinstance(exc, (ConfigError, FileNotFoundError))
-        if not ours:
+        full = no_room_line(exc)
+        if not ours and full is None:
             raise
-        print(f"dockflow {args.command}: error: {redact_text(str(exc))}", file=sys.stderr)
+        print(f"dockflow {args.command}: error: {redact_text(full or str(exc))}", file=sys.stderr)
         return 2
 
 

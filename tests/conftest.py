@@ -10,7 +10,7 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 # Test server fixtures: mlflow_server (an MLflow tracking server, session-scoped, started on first use);
 # s3_server, s3_env, s3_checkpoint_dir (moto is imported only when one is used).
-from fixtures.mlflow_server import mlflow_server  # noqa: E402, F401
+from fixtures.mlflow_server import mlflow_server, mlflow_server_process  # noqa: E402, F401
 from fixtures.s3_server import s3_checkpoint_dir, s3_env, s3_server  # noqa: E402, F401
 
 # The longest test files (minutes each, measured 2026-11-28): collected first, so that two pytest-xdist workers

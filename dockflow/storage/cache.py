@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from dockflow.storage.manifest import CheckpointError
+from dockflow.storage.write_errors import no_room
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,7 @@ def cached_entry(
                 shutil.rmtree(tmp, ignore_errors=True)
     except OSError as exc:
         raise CheckpointError(
-            f"cannot write the fetch cache {root} ({type(exc).__name__}: {exc}): set {ENV_CACHE_DIR} to a "
+            f"cannot write the fetch cache {root} ({no_room(exc) or f'{type(exc).__name__}: {exc}'}): set {ENV_CACHE_DIR} to a "
             "writable directory with room for the model and data (each node has its own)"
         ) from None
     return final

@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from typing import Any, BinaryIO, Literal
 
+from dockflow.storage.fault_points import pause_point
 from dockflow.storage.manifest import (
     MANIFEST_NAME,
     PART_SUFFIX,
@@ -181,6 +182,7 @@ class CheckpointStore(ABC):
         if not expected:
             raise CheckpointError(f"cannot commit {where}: it holds no parts; call write_part first")
         manifest = Manifest(step=step, meta=meta, parts=written)
+        pause_point(f"commit.{step}")
         self._put_text(step, MANIFEST_NAME, manifest.to_json(checkpoint_key()))
         self._retain(step, meta)
         return manifest

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dockflow.storage.checkpoint_store import CheckpointStore, Fetched
+from dockflow.storage.fault_points import pause_point
 from dockflow.storage.manifest import (
     MANIFEST_NAME,
     CheckpointError,
@@ -31,6 +32,7 @@ from dockflow.storage.manifest import (
     sha256_file,
     step_dirname,
 )
+from dockflow.storage.write_errors import write_failed
 
 
 def _fsync_dir(path: Path) -> None:
@@ -101,12 +103,11 @@ class LocalCheckpointStore(CheckpointStore):
                 w = HashingWriter(f)
                 self._encode(obj, w)
                 f.flush()
+                pause_point(f"save.{step}.{name}")
                 os.fsync(f.fileno())
             os.replace(tmp, final)  # made durable by the directory fsync after the part's record
         except OSError as exc:
-            raise CheckpointError(
-                f"cannot write checkpoint part {final} ({exc}): check free space and permissions of {self.root}"
-            ) from None
+            raise write_failed("checkpoint part", final, exc, self.root) from None
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
@@ -119,9 +120,7 @@ class LocalCheckpointStore(CheckpointStore):
             _write_text_atomic(d / filename, text)
             _fsync_dir(d)
         except OSError as exc:
-            raise CheckpointError(
-                f"cannot write {d / filename} ({exc}): check free space and permissions of {self.root}"
-            ) from None
+            raise write_failed("checkpoint file", d / filename, exc, self.root) from None
 
     def _get_text(self, step: int, filename: str) -> str | None:
         try:

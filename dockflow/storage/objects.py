@@ -49,6 +49,7 @@ from dockflow.storage.manifest import CheckpointError
 from dockflow.storage.remote import is_s3_uri, open_bucket, text_digest
 from dockflow.storage.s3_bucket import SHA256_HEADER, Downloaded, S3Bucket
 from dockflow.storage.s3_client import parse_s3_url
+from dockflow.storage.write_errors import no_room
 
 log = logging.getLogger(__name__)
 
@@ -269,9 +270,9 @@ def _stage_local(src: Path, manifest: DirManifest, dest: Path) -> str:
                     tmp.unlink(missing_ok=True)
         write_dir_manifest(dest, manifest)
     except OSError as exc:
+        reason = no_room(exc) or f"{type(exc).__name__}: {exc}"
         raise CheckpointError(
-            f"cannot stage model {src} into {dest} ({type(exc).__name__}: {exc}): give a writable directory "
-            "with room for the model"
+            f"cannot stage model {src} into {dest} ({reason}): give a writable directory with room for the model"
         ) from None
     return str(dest)
 

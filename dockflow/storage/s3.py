@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from dockflow.config import CheckpointConfig
 from dockflow.storage.checkpoint_store import CheckpointStore, Fetched
+from dockflow.storage.fault_points import pause_point
 from dockflow.storage.manifest import (
     MANIFEST_NAME,
     CheckpointError,
@@ -52,6 +53,7 @@ from dockflow.storage.s3_client import (
     load_credentials,
     parse_s3_url,
 )
+from dockflow.storage.write_errors import no_room
 
 if TYPE_CHECKING:  # minio is imported when a request is made (s3_client.py says why)
     from minio import Minio
@@ -117,11 +119,13 @@ class S3CheckpointStore(CheckpointStore):
             try:
                 self._encode(obj, w)
             except OSError as exc:
+                reason = no_room(exc) or str(exc)
                 raise CheckpointError(
-                    f"cannot stage checkpoint part s3://{self.bucket}/{key} ({exc}): "
-                    f"check free space in the temp directory {tempfile.gettempdir()} (or set TMPDIR)"
+                    f"cannot stage checkpoint part s3://{self.bucket}/{key} in the temp directory "
+                    f"{tempfile.gettempdir()} ({reason}): free space there or set TMPDIR to a directory with room"
                 ) from None
             info = PartInfo(name=name, size=w.size, sha256=w.sha256)
+            pause_point(f"save.{step}.{name}")
 
             def put() -> None:
                 f.seek(0)

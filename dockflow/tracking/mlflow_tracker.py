@@ -43,6 +43,17 @@ log = logging.getLogger(__name__)
 
 RunStatus = Literal["FINISHED", "FAILED", "KILLED"]
 
+#: Metric steps held in memory during a tracking outage; older ones go to the run's ``metrics_unsent.jsonl``.
+MAX_DEFERRED_STEPS = 10_000
+#: After a failed send, the training loop's next try waits this long, doubled per failure up to the max (the
+#: checkpoint's and the run's end's flushes always try): an outage costs a failed request per interval, not one
+#: per iteration.
+OUTAGE_RETRY_S = 5.0
+OUTAGE_RETRY_MAX_S = 60.0
+#: At the run's end, held metrics are retried this long while tracking is unreachable, then written to a file.
+FINAL_FLUSH_WAIT_S = 30.0
+METRICS_UNSENT = "metrics_unsent.jsonl"
+
 
 def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     """Nested dicts become dotted keys; values become strings cut to MLflow's limit (with a warning), their
@@ -130,6 +141,9 @@ class Tracker:
         self._deferred: list[tuple[int, list[Metric]]] = []  # (step, its metrics, stamped): not sent yet
         self._flush_every_s = flush_every_s
         self._sent_at = time.monotonic()
+        self._retry_at = 0.0  # monotonic time before which the training loop does not try again (an outage)
+        self._failures = 0
+        self.spill_to: Path | None = None  # where held steps over MAX_DEFERRED_STEPS go (Tracker.start sets it)
         self.run_id = run_id
         self.experiment_id = experiment_id
         self.ended = False
@@ -171,6 +185,7 @@ class Tracker:
         except Exception as exc:  # MLflow wraps connection errors inconsistently (MlflowException, requests, OSError)
             raise explain(uri, exc) from exc
         tracker = cls(client, run_id, exp_id, flush_every_s=cfg.flush_every_s)
+        tracker.spill_to = Path(store_dir) / run_name / METRICS_UNSENT
         if params:
             tracker.log_params(params)
         if cfg.system_metrics:
@@ -233,10 +248,17 @@ class Tracker:
         small machine, the model worker's threads need), and a tracking outage (after MLflow's own retries) does
         not stop training: they wait in memory, with a warning, and go out with the next batch that gets through.
         Returns False while metrics wait because of an outage; ``flush`` sends them now, ``flush_deferred``
-        reports what could not be sent."""
+        reports what could not be sent. During an outage the next try waits ``OUTAGE_RETRY_S`` (doubled per
+        failure, ``OUTAGE_RETRY_MAX_S`` at most), and at most ``MAX_DEFERRED_STEPS`` steps are held: older ones
+        are written to ``spill_to``."""
         self._deferred.append((step, _metrics(metrics, step, int(time.time() * 1000))))
-        if time.monotonic() - self._sent_at < self._flush_every_s:
+        if len(self._deferred) > MAX_DEFERRED_STEPS and self.spill_to is not None:
+            self._spill(self.spill_to, len(self._deferred) - MAX_DEFERRED_STEPS)
+        now = time.monotonic()
+        if now - self._sent_at < self._flush_every_s:
             return True
+        if now < self._retry_at:
+            return False
         return self.flush()
 
     def flush(self) -> bool:
@@ -254,25 +276,45 @@ class Tracker:
                     self._call("logging metrics", self._client.log_batch, self.run_id, metrics=chunk)
                 del self._deferred[:steps]
         except TrackingError as exc:
-            if len(self._deferred) == 1 or len(self._deferred) % 100 == 0:
-                log.warning("tracking is unreachable; %d metric step(s) wait to be sent: %s", len(self._deferred), exc)
+            self._failures += 1
+            wait = min(OUTAGE_RETRY_S * 2 ** (self._failures - 1), OUTAGE_RETRY_MAX_S)
+            self._retry_at = time.monotonic() + wait
+            if self._failures == 1 or self._failures % 10 == 0:
+                log.warning("tracking is unreachable; %d metric step(s) wait to be sent (next try in %.0f s): %s",
+                            len(self._deferred), wait, exc)
             return False
-        self._sent_at = time.monotonic()
+        if self._failures:
+            log.warning("tracking is reachable again after %d failed send(s); the held metrics went out",
+                        self._failures)
+        self._sent_at, self._failures, self._retry_at = time.monotonic(), 0, 0.0
         return True
 
-    def flush_deferred(self, spill_to: str | Path) -> int:
-        """Send the metrics ``log_metrics_or_defer`` still holds; what still fails is written as JSON lines to
-        ``spill_to`` (so nothing is lost) and reported. Returns the number of steps spilled."""
-        if self.flush():
+    def flush_deferred(self, spill_to: str | Path, wait_s: float = FINAL_FLUSH_WAIT_S) -> int:
+        """Send the metrics ``log_metrics_or_defer`` still holds, trying again for ``wait_s`` while tracking is
+        unreachable; what still fails is written as JSON lines to ``spill_to`` (so nothing is lost) and reported.
+        Returns the number of steps spilled."""
+        deadline = time.monotonic() + wait_s
+        while not self.flush():
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+        else:
             return 0
-        with Path(spill_to).open("a") as f:
-            for step, rows in self._deferred:
-                metrics = {m.key: m.value for m in rows}
-                f.write(json.dumps({"step": step, "metrics": metrics}) + "\n")
         spilled = len(self._deferred)
-        log.warning("tracking stayed unreachable: %d metric step(s) written to %s instead", spilled, spill_to)
-        self._deferred.clear()
+        self._spill(spill_to, spilled)
+        log.warning("tracking stayed unreachable for %.0f s (FINAL_FLUSH_WAIT_S): %d metric step(s) written to %s "
+                    "instead", wait_s, spilled, spill_to)
         return spilled
+
+    def _spill(self, path: str | Path, steps: int) -> None:
+        """Write the oldest ``steps`` held steps (their stamps too) to ``path`` as JSON lines, and drop them."""
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with Path(path).open("a") as f:
+            for step, rows in self._deferred[:steps]:
+                metrics = {m.key: m.value for m in rows}
+                stamp = rows[0].timestamp if rows else None
+                f.write(json.dumps({"step": step, "timestamp_ms": stamp, "metrics": metrics}) + "\n")
+        del self._deferred[:steps]
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Upload a file (or a directory's files) into the run's artifacts, under ``artifact_path``."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from dockflow.config import TrackingConfig, load_config
-from dockflow.tracking import Tracker, TrackingError, read_metric_history
+from dockflow.tracking import Tracker, TrackingError, mlflow_tracker, read_metric_history
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +132,9 @@ def test_an_outage_defers_metrics_and_nothing_is_lost(default_run: tuple[Path, T
 
     monkeypatch.setattr(tracker._client, "log_batch", flaky)
     monkeypatch.setattr(tracker, "_flush_every_s", 0.0)  # a write per call, as with tracking.flush_every_s: 0
+    monkeypatch.setattr(mlflow_tracker, "OUTAGE_RETRY_S", 0.0)  # no backoff between tries (tested below)
+    for name, value in (("_deferred", []), ("_failures", 0), ("_retry_at", 0.0)):  # the shared tracker's outage
+        monkeypatch.setattr(tracker, name, value)  # state is put back after the test
     assert not tracker.log_metrics_or_defer({"outage/x": 1.0}, step=1)
     assert not tracker.log_metrics_or_defer({"outage/x": 2.0}, step=2)
     down["on"] = False
@@ -139,8 +143,36 @@ def test_an_outage_defers_metrics_and_nothing_is_lost(default_run: tuple[Path, T
     down["on"] = True
     tracker.log_metrics_or_defer({"outage/y": 4.0}, step=4)
     spill = run_dir / "unsent.jsonl"
-    assert tracker.flush_deferred(spill) == 1
+    assert tracker.flush_deferred(spill, wait_s=0.0) == 1
     assert '"outage/y": 4.0' in spill.read_text()
+
+
+def test_an_outage_is_retried_with_backoff_and_the_buffer_is_bounded(
+    default_run: tuple[Path, Tracker], monkeypatch
+) -> None:
+    """During an outage the loop tries once per backoff interval, not per iteration; steps beyond
+    MAX_DEFERRED_STEPS go to the spill file, oldest first, with their stamps."""
+    run_dir, tracker = default_run
+    calls = []
+
+    def down(*args, **kwargs):
+        calls.append(1)
+        raise ConnectionError("connection refused")
+
+    monkeypatch.setattr(tracker._client, "log_batch", down)
+    monkeypatch.setattr(tracker, "_flush_every_s", 0.0)
+    monkeypatch.setattr(mlflow_tracker, "MAX_DEFERRED_STEPS", 3)
+    monkeypatch.setattr(tracker, "spill_to", run_dir / "held.jsonl")
+    for name, value in (("_deferred", []), ("_failures", 0), ("_retry_at", 0.0)):
+        monkeypatch.setattr(tracker, name, value)
+    for step in range(1, 6):
+        assert not tracker.log_metrics_or_defer({"bounded/x": float(step)}, step=step)
+    assert len(calls) == 1, "a failed send is retried only after OUTAGE_RETRY_S"
+    assert [step for step, _ in tracker._deferred] == [3, 4, 5]
+    spilled = [json.loads(line) for line in (run_dir / "held.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["metrics"]) for r in spilled] == [(1, {"bounded/x": 1.0}), (2, {"bounded/x": 2.0})]
+    assert all(r["timestamp_ms"] > 0 for r in spilled)
+    assert not tracker.flush() and len(calls) == 2  # a checkpoint's flush always tries
 
 
 def test_the_loops_metrics_go_out_in_one_batch_per_flush_interval(default_run: tuple[Path, Tracker], monkeypatch) -> None:
