@@ -153,10 +153,23 @@ def soak_overrides(mode: str, setup: str, iterations: int, out_dir: str) -> list
     return [f"{k}={v}" for k, v in over.items()]
 
 
-def run_mode(mode: str, setup: str, iterations: int, every: int, out_dir: str,
-             on_sample: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+def python_growth(baseline: Any, top: int = 12) -> list[str]:
+    """The driver's Python allocation sites that grew most since ``baseline`` (a tracemalloc snapshot)."""
+    import tracemalloc
+
+    stats = tracemalloc.take_snapshot().compare_to(baseline, "lineno")
+    return [str(s) for s in sorted(stats, key=lambda s: -s.size_diff)[:top]]
+
+
+def run_mode(mode: str, setup: str, iterations: int, every: int, out_dir: str, *,
+             on_sample: Callable[[dict[str, Any]], None] | None = None, trace_from: int | None = None
+             ) -> dict[str, Any]:
     """One soak run: its samples (taken at iteration 1 and every ``every``-th) and its seconds per iteration.
-    ``on_sample``: called with the record so far after each sample (a long run's partial results kept)."""
+    ``on_sample``: called with the record so far after each sample (a long run's partial results kept).
+    ``trace_from``: trace the driver's Python allocations (tracemalloc) and report the sites that grew from
+    this iteration to the end."""
+    import tracemalloc
+
     from dockflow.config import load_config
     from dockflow.flow.run_setup import run_dir_of
     from dockflow.flow.trainer import train
@@ -165,7 +178,10 @@ def run_mode(mode: str, setup: str, iterations: int, every: int, out_dir: str,
     shutil.rmtree(run_dir_of(cfg), ignore_errors=True)  # a previous run's checkpoints would refuse to be overwritten
     samples: list[dict[str, Any]] = []
     seconds: list[float] = []
+    traced: dict[str, Any] = {}
     started = time.perf_counter()
+    if trace_from is not None:
+        tracemalloc.start(1)
 
     def record(summary: dict[str, Any]) -> dict[str, Any]:
         return {"mode": mode, "setup": setup, "iterations": len(seconds), "every": every,
@@ -174,18 +190,23 @@ def run_mode(mode: str, setup: str, iterations: int, every: int, out_dir: str,
                 "checkpoint_every": cfg.checkpoint.every, "seconds_per_iteration": statistics.median(seconds),
                 "wall_s": time.perf_counter() - started, "accuracy_before": summary.get("accuracy_before"),
                 "accuracy_after": summary.get("accuracy_after"), "finished": "partial" not in summary,
-                "samples": samples}
+                "samples": samples, **({"python_growth": python_growth(traced["base"])} if "base" in traced else {})}
 
     def on_iteration(step: int, metrics: dict[str, float]) -> None:
         seconds.append(metrics.get("timing/iteration_s", float("nan")))
+        if trace_from is not None and step >= trace_from and "base" not in traced:
+            traced["base"] = tracemalloc.take_snapshot()
         if step == 1 or step % every == 0 or step == iterations:
             samples.append({"iteration": step, "t_s": time.perf_counter() - started, "load_1m": os.getloadavg()[0],
                             "processes": process_memory(), "store": object_store()})
             print(f"{mode} {step}/{iterations} {time.perf_counter() - started:.0f}s", file=sys.stderr, flush=True)
-            if on_sample is not None:
+            if on_sample is not None and not traced:  # a partial record's tracemalloc diff would cost seconds
                 on_sample(record({"partial": True}))
 
-    return record(train(cfg, on_iteration=on_iteration))
+    try:
+        return record(train(cfg, on_iteration=on_iteration))
+    finally:
+        tracemalloc.stop()
 
 
 def table_rows(result: dict[str, Any], warmup: int) -> list[list[str]]:
@@ -238,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=int, default=50, help="sample every N iterations")
     parser.add_argument("--warmup", type=int, default=200, help="iterations before growth is measured")
     parser.add_argument("--runs-dir", default="runs/bench_soak")
+    parser.add_argument("--trace-python", action="store_true",
+                        help="report the driver's Python allocation sites that grew after warm-up (tracemalloc)")
     args = parser.parse_args(argv)
     modes = args.modes.split(",")
     if bad := [m for m in modes if m not in ("sync", "async")]:
@@ -255,10 +278,13 @@ def main(argv: list[str] | None = None) -> int:
                           setup=args.setup, warmup=args.warmup, command=" ".join(sys.argv))
 
     for mode in modes:
-        results.append(run_mode(mode, args.setup, args.iterations, args.every, args.runs_dir, save))
+        results.append(run_mode(mode, args.setup, args.iterations, args.every, args.runs_dir, on_sample=save,
+                                trace_from=args.warmup if args.trace_python else None))
         save()
     print_table(results, args.warmup)
     for res in results:
+        for line in res.get("python_growth", []):
+            print(f"{res['mode']} driver allocations since iteration {args.warmup}: {line}")
         print(f"\n{res['mode']}: RSS (MiB) over the run")
         for row in curve_rows(res):
             print(" | ".join(row))
