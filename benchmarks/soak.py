@@ -190,7 +190,7 @@ def run_mode(mode: str, setup: str, iterations: int, every: int, out_dir: str, *
                 "checkpoint_every": cfg.checkpoint.every, "seconds_per_iteration": statistics.median(seconds),
                 "wall_s": time.perf_counter() - started, "accuracy_before": summary.get("accuracy_before"),
                 "accuracy_after": summary.get("accuracy_after"), "finished": "partial" not in summary,
-                "samples": samples, **({"python_growth": python_growth(traced["base"])} if "base" in traced else {})}
+                "samples": samples, **({"python_growth": traced["growth"]} if "growth" in traced else {})}
 
     def on_iteration(step: int, metrics: dict[str, float]) -> None:
         seconds.append(metrics.get("timing/iteration_s", float("nan")))
@@ -200,7 +200,9 @@ def run_mode(mode: str, setup: str, iterations: int, every: int, out_dir: str, *
             samples.append({"iteration": step, "t_s": time.perf_counter() - started, "load_1m": os.getloadavg()[0],
                             "processes": process_memory(), "store": object_store()})
             print(f"{mode} {step}/{iterations} {time.perf_counter() - started:.0f}s", file=sys.stderr, flush=True)
-            if on_sample is not None and not traced:  # a partial record's tracemalloc diff would cost seconds
+            if "base" in traced and step == iterations:  # in the loop: what the run's end frees does not count
+                traced["growth"] = python_growth(traced["base"])
+            if on_sample is not None:
                 on_sample(record({"partial": True}))
 
     try:
