@@ -106,3 +106,14 @@ def test_overrides_keep_the_demo_paths() -> None:
     assert over["placement.mode"] == "disaggregated" and over["train.max_staleness"] == "1"
     assert over["train.iterations"] == "2000" and over["checkpoint.every"] == "250" and over["eval.every"] == "500"
     assert over["ray.torch_threads"] == "1"
+
+
+def test_the_figure_draws_each_mode_relative_to_warmup(tmp_path) -> None:
+    from benchmarks import soak_plot
+
+    assert soak_plot.relative([(0, 90.0), (50, 100.0), (60, 105.0)], warmup=50) == [(0, -10.0), (50, 0.0), (60, 5.0)]
+    assert soak_plot.relative([(300, 10.0), (350, 11.0)], warmup=50)[1] == (350, pytest.approx(10.0))  # starts late
+    results = [{"mode": m, "iterations": 190, "samples_per_iteration": 32, "samples": run_of(104.0)}
+                for m in ("sync", "async")]
+    path = soak_plot.plot(results, 50, tmp_path / "soak.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
