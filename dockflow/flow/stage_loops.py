@@ -207,9 +207,10 @@ class StageLoops:
             if any(j not in self.done["generate"] for j in ahead):
                 return False
         now = time.monotonic()
-        parts = {s: self.results.get((s, i), {}) for s in ("generate", "infer", "update", "reshard")}
+        # popped: a closed iteration's metrics are never read again (kept, they grew the driver by each iteration's)
+        parts = {s: self.results.pop((s, i), {}) for s in ("generate", "infer", "update", "reshard")}
         if self.progress.eval_due(i + 1):
-            parts["evaluate"] = self.results[("evaluate", i + 1)]
+            parts["evaluate"] = self.results.pop(("evaluate", i + 1))
         self.tasks.close(i, parts, max(now - self.last_close - self.evaluating_s, 0.0))
         self.last_close, self.evaluating_s = now, 0.0
         self.closed = i + 1
@@ -244,7 +245,8 @@ class StageLoops:
 
     def _mark(self, kind: str, index: int, metrics: dict[str, float], seconds: float = 0.0) -> None:
         self.done[kind].add(index)
-        self.results[(kind, index)] = metrics
+        if kind != "checkpoint":  # what close reads; a checkpoint's metrics go nowhere
+            self.results[(kind, index)] = metrics
         if kind == "evaluate":
             self.evaluating_s += metrics.get(EVAL_SECONDS, 0.0)
         if self.on_stage is not None and kind in STAGES:

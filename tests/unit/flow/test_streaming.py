@@ -60,6 +60,18 @@ def test_one_worker_sees_the_synchronous_order_with_evaluations_and_checkpoints_
     assert sorted(completed) == ["evaluate", "generate", "infer", "reshard", "update"]
 
 
+def test_a_closed_iteration_s_stage_results_are_let_go():
+    """The loops keep a stage's metrics only until its iteration closes: a long run's driver does not grow by
+    every iteration's (benchmarks/soak.py found it)."""
+    tasks = ActorTasks(World(random.Random(2)))
+    schedule = Schedule(start=0, end=40, max_staleness=1, eval_steps=[0, 20, 40], checkpoint_steps={20, 40})
+    loops = StageLoops(schedule, tasks, 60.0, waiter=tasks.actor._world)
+    loops.run()
+    assert [i for i, _ in tasks.closed] == list(range(40))
+    assert tasks.closed[19][1] == ["evaluate", "generate", "infer", "reshard", "update"]
+    assert list(loops.results) == [("evaluate", 0)]  # the evaluation before RL, logged when it is done
+
+
 def test_a_resumed_run_starts_at_its_checkpoint_with_what_was_generated_ahead():
     tasks = ActorTasks(World(random.Random(1)))
     schedule = Schedule(start=2, end=4, max_staleness=1, eval_steps=[4], checkpoint_steps={4},
