@@ -45,7 +45,7 @@ def connect(cfg: RayConfig, namespace: str, runtime_env: dict | None = None) -> 
     if cfg.address:
         kwargs.pop("include_dashboard")
         probe_head(cfg.address, cfg.head_timeout_s)  # ray.init would wait minutes for a head that is not there
-        refused = ray_auth.refused_token(cfg.address, timeout_s=cfg.head_timeout_s)
+        refused = head_endpoint(cfg.address) and ray_auth.refused_token(cfg.address, timeout_s=cfg.head_timeout_s)
         if refused:  # ray.init would retry for 20-30 s, then say only "connection timeout"
             raise ClusterError(refused)
         try:
