@@ -4,7 +4,7 @@ its own; a process it starts (as ``kfp.local`` starts the pipeline's tasks) inhe
 client with no token, or with a wrong one, is refused at once with one line saying what to set, and one given
 the token joins and calls the run's actor. The token appears in no output and in no log of the Ray session.
 
-About 40 s under load (a Ray cluster and four client processes, each importing Ray): slow."""
+About 60 s on the 2-core machine under load (a Ray cluster and four client processes, each importing Ray): slow."""
 
 from __future__ import annotations
 
