@@ -1,6 +1,6 @@
 """Ray token auth settings (``dockflow.workers.ray_auth``) on a plain dict as the environment: the local cluster's
 own token, the user's token kept, the opt-out kept, the join's mode, a bad token file, and the one-line answers
-to a refused token (the refusal itself is faked here; tests/integration/test_ray_auth.py asks a real cluster)."""
+to a refused token (the refusal itself is faked here; tests/integration/test_ray_token_auth.py asks a real cluster)."""
 
 from __future__ import annotations
 
