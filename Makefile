@@ -3,7 +3,8 @@ PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
-export RAY_AUTH_MODE ?= disabled
+# Ray token auth on; a local cluster gets a random token of its own (docs/deployment.md, section 8).
+export RAY_AUTH_MODE ?= token
 export RAY_USAGE_STATS_ENABLED ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 

@@ -55,7 +55,8 @@ class PipelineOptions:
 
 
 def _platform(task: dsl.PipelineTask, opts: PipelineOptions, image, retry: bool) -> dsl.PipelineTask:
-    """Image, resources, credentials, scheduling and retries of one task (kfp.local ignores the Kubernetes part).
+    """Image, resources, credentials, the labels the NetworkPolicies admit, scheduling and retries of one task
+    (kfp.local ignores the Kubernetes part).
     No task asks for an accelerator: the models run on the Ray cluster, which owns the devices."""
     task.set_container_image(image)
     task.set_caching_options(False)  # every task acts on the run's live state on the Ray cluster
@@ -63,9 +64,11 @@ def _platform(task: dsl.PipelineTask, opts: PipelineOptions, image, retry: bool)
     task.set_memory_request(opts.memory_request)
     if retry and opts.retries:
         task.set_retry(num_retries=opts.retries, backoff_duration=f"{opts.retry_backoff_s}s", backoff_factor=2.0)
-    kubernetes.use_secret_as_env(task, platform.MINIO_SECRET, {k: k for k in platform.MINIO_SECRET_ENV})
-    kubernetes.use_secret_as_env(task, platform.MLFLOW_SECRET, {k: k for k in platform.MLFLOW_SECRET_ENV})
+    for secret, keys in platform.CLIENT_SECRETS.items():  # S3 and MLflow credentials, the Ray token
+        kubernetes.use_secret_as_env(task, secret, {k: k for k in keys})
     kubernetes.use_config_map_as_env(task, platform.ENDPOINTS_CONFIG_MAP, {k: k for k in platform.COMPONENT_ENV})
+    for label, value in platform.TASK_POD_LABELS.items():  # what the NetworkPolicies admit to Ray, MinIO, MLflow
+        kubernetes.add_pod_label(task, label_key=label, label_value=value)
     for label, value in opts.node_selector.items():
         kubernetes.add_node_selector(task, label_key=label, label_value=value)
     return task

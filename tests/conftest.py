@@ -1,9 +1,14 @@
-"""Test-wide settings: the local Ray cluster runs without auth or usage stats, tokenizers single-threaded;
-the S3 and MLflow test server fixtures (``tests/fixtures/s3_server.py``, ``tests/fixtures/mlflow_server.py``)."""
+"""Test-wide settings: the local Ray clusters run with token auth (one random token for the whole session, so
+the clusters and heads the tests start and every client they start accept each other) and without usage stats,
+tokenizers single-threaded; the S3 and MLflow test server fixtures (``tests/fixtures/s3_server.py``,
+``tests/fixtures/mlflow_server.py``)."""
 
 import os
+import secrets
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_AUTH_MODE", "token")
+if not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)  # never ~/.ray/auth_token: the tests leave no file behind
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")

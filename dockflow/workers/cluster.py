@@ -1,4 +1,4 @@
-"""Connect to a Ray cluster, or start the embedded local one (auth disabled, no dashboard)."""
+"""Connect to a Ray cluster, or start the embedded local one (token auth with a token of its own, no dashboard)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dockflow.algos.plan import RunPlan
 from dockflow.config import Config, RayConfig
 from dockflow.config.algorithm import PreferenceSection
+from dockflow.workers import ray_auth
 
 
 class ClusterError(RuntimeError):
@@ -21,11 +22,11 @@ def run_namespace(cfg: Config) -> str:
 
 def connect(cfg: RayConfig, namespace: str, runtime_env: dict | None = None) -> bool:
     """``ray.init`` for this run: join ``cfg.address`` when set, else start a local cluster. ``runtime_env``: the
-    job's (``run_runtime_env``: the user's reward modules, shipped to every worker).
+    job's (``run_runtime_env``: the user's reward modules, shipped to every worker). Token auth
+    (``dockflow.workers.ray_auth``): the local cluster gets a token of its own unless ``RAY_AUTH_MODE=disabled``;
+    a joined one the user's (``RAY_AUTH_TOKEN`` / ``RAY_AUTH_TOKEN_PATH``), with one line when the head refuses it.
 
     Returns False when this process was already connected (the caller then must not shut Ray down)."""
-    # Ray 2.60 turns token auth on by default; the embedded local cluster runs without it.
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import ray
@@ -34,9 +35,19 @@ def connect(cfg: RayConfig, namespace: str, runtime_env: dict | None = None) -> 
         return False
     kwargs: dict = {"namespace": namespace, "log_to_driver": True, "include_dashboard": False,
                     "runtime_env": runtime_env or None}
+    try:
+        if cfg.address:
+            ray_auth.prepare_join()
+        else:
+            ray_auth.prepare_local_cluster()
+    except ray_auth.RayAuthError as exc:
+        raise ClusterError(str(exc)) from None
     if cfg.address:
         kwargs.pop("include_dashboard")
         probe_head(cfg.address, cfg.head_timeout_s)  # ray.init would wait minutes for a head that is not there
+        refused = head_endpoint(cfg.address) and ray_auth.refused_token(cfg.address, timeout_s=cfg.head_timeout_s)
+        if refused:  # ray.init would retry for 20-30 s, then say only "connection timeout"
+            raise ClusterError(refused)
         try:
             ray.init(address=cfg.address, **kwargs)
         except Exception as exc:  # noqa: BLE001 - Ray raises several types for an unreachable head

@@ -24,7 +24,7 @@ from dockflow.dock import (
     create_dock,
 )
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_AUTH_MODE", "token")  # the token: tests/conftest.py
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 CAPACITY, GROUP, PL, SL = 32, 4, 3, 5

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 NODES = 2
 FIELDS = {"backend", "samples", "seq_tokens", "wall_s", "cpu_s", "busiest_bytes", "p50_get_s", "p99_get_s",
           "tcv_bytes_eq2", "tcv_bytes_eq4", "nic_mbps", "nodes", "busiest_link_s"}
-ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}  # token auth as the whole suite (tests/conftest.py)
 
 
 def run(module: str, *args: str) -> subprocess.CompletedProcess:

@@ -19,7 +19,7 @@ from dockflow.dock import DockRequest, DockSpec, DockUnavailable, create_dock
 from dockflow.dock.netmodel import LinkSpec
 from dockflow.dock.rpc import peer_id
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_AUTH_MODE", "token")  # the token: tests/conftest.py
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 NODES = 3

@@ -46,7 +46,7 @@ def start_head(port: int, tmp: Path) -> subprocess.Popen:
     head = subprocess.Popen(
         [ray_bin, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false", "--block",
          "--node-ip-address=127.0.0.1", f"--temp-dir={tmp}"],
-        env={**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}, start_new_session=True,
+        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}, start_new_session=True,  # the suite's token
         stdout=open(f"{tmp}.log", "w"), stderr=subprocess.STDOUT,  # noqa: SIM115 - the child holds it
     )
     deadline = time.monotonic() + 120

@@ -19,6 +19,7 @@ OVERLAYS = MANIFESTS / "overlays"
 OVERLAY_ACCELERATOR = {"cpu": "cpu", "gpu": "nvidia", "npu": "ascend"}
 ENDPOINT_VALUES = {
     "RAY_ADDRESS": platform.RAY_ADDRESS,
+    "RAY_AUTH_MODE": platform.RAY_AUTH_MODE,
     "MLFLOW_TRACKING_URI": platform.MLFLOW_URI,
     "DOCKFLOW_S3_ENDPOINT": platform.S3_ENDPOINT,
     "MLFLOW_S3_ENDPOINT_URL": platform.S3_ENDPOINT,
@@ -98,8 +99,8 @@ def test_namespace(base):
 
 
 def test_secrets_hold_exactly_the_component_env_keys_as_placeholders(base):
-    for name, keys in ((platform.MINIO_SECRET, platform.MINIO_SECRET_ENV),
-                       (platform.MLFLOW_SECRET, platform.MLFLOW_SECRET_ENV)):
+    assert set(platform.CLIENT_SECRETS) == {platform.MINIO_SECRET, platform.MLFLOW_SECRET, platform.RAY_SECRET}
+    for name, keys in platform.CLIENT_SECRETS.items():
         secret = find(base, "Secret", name)
         data = secret.get("stringData", {})
         assert set(data) == set(keys), f"Secret {name} keys {sorted(data)} != {sorted(keys)}"
@@ -243,7 +244,7 @@ def test_kfp_namespace_reuses_the_shared_objects():
     assert k["resources"] == ["../base/shared"]
     shared = resources(BASE / "shared")
     assert {(d["kind"], d["metadata"]["name"]) for d in shared} == {
-        ("ConfigMap", platform.ENDPOINTS_CONFIG_MAP), ("Secret", platform.MINIO_SECRET), ("Secret", platform.MLFLOW_SECRET)}
+        ("ConfigMap", platform.ENDPOINTS_CONFIG_MAP), *(("Secret", name) for name in platform.CLIENT_SECRETS)}
 
 
 def torch_pin() -> str:

@@ -84,7 +84,7 @@ def executor_of(spec: dict, display: str) -> str:
     return spec["components"][task["componentRef"]["name"]]["executorLabel"]
 
 
-def test_platform_config_no_accelerators_secrets_and_endpoints(tmp_path):
+def test_platform_config_no_accelerators_secrets_endpoints_and_labels(tmp_path):
     spec, executors, _, _ = compiled(tmp_path, node_selector={"pool": "rl"})
     deployment = spec["deploymentSpec"]["executors"]
     for name in ("setup", *STAGES, "finish", "teardown"):
@@ -92,8 +92,9 @@ def test_platform_config_no_accelerators_secrets_and_endpoints(tmp_path):
         assert "accelerator" not in deployment[label]["container"].get("resources", {})  # devices: the Ray cluster's
         ex = executors[label]
         secrets = {s["secretName"]: [k["envVar"] for k in s["keyToEnv"]] for s in ex["secretAsEnv"]}
-        assert secrets == {platform.MINIO_SECRET: list(platform.MINIO_SECRET_ENV),
-                           platform.MLFLOW_SECRET: list(platform.MLFLOW_SECRET_ENV)}
+        assert secrets == {name: list(keys) for name, keys in platform.CLIENT_SECRETS.items()}
+        assert secrets[platform.RAY_SECRET] == ["RAY_AUTH_TOKEN"]  # Ray token auth: the token of every client
+        assert ex["podMetadata"]["labels"] == platform.TASK_POD_LABELS  # what the NetworkPolicies admit
         assert ex["configMapAsEnv"][0]["configMapName"] == platform.ENDPOINTS_CONFIG_MAP
         assert [k["envVar"] for k in ex["configMapAsEnv"][0]["keyToEnv"]] == list(platform.COMPONENT_ENV)
         assert ex["nodeSelector"]["labels"] == {"pool": "rl"}
