@@ -8,7 +8,7 @@ export RAY_AUTH_MODE ?= token
 export RAY_USAGE_STATS_ENABLED ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup demo demo-tools demo-pipeline test test-fast lint bench-dock clean
+.PHONY: setup demo demo-tools demo-pipeline test test-chaos test-fast lint bench-dock clean
 
 setup: $(STAMP)
 
@@ -50,6 +50,11 @@ test: setup
 	ATEN_CPU_CAPABILITY=$(OTHER_KERNELS) $(BIN)/python -m pytest -m kernels -q -p no:cacheprovider tests/unit/engines
 	$(XDIST) tests; rc=$$?; \
 		if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+
+# The pipeline chaos tests (marked `chaos`: stage tasks, attempts and the supervisor killed; minutes each), outside
+# `make test`'s 15-minute budget. The worker kills and the outages stay in `make test`.
+test-chaos: setup
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m chaos -q -p no:cacheprovider tests/integration
 
 # The edit-test loop: the unit tests but the multi-process engine ones (megatron ranks, FSDP2 over gloo),
 # 2.5 minutes here; `make test` runs everything.

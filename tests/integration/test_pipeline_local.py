@@ -163,6 +163,7 @@ def weights(model_uri: str, cfg) -> dict:
     return load_file(str(fetch_model(model_uri, cfg.checkpoint) / "model.safetensors"))
 
 
+@pytest.mark.chaos  # 280 s: three pipeline runs with kills; `make test-chaos` (the worker kills stay in `make test`)
 def test_s3_run_survives_a_killed_stage_task_and_a_resumed_run_matches_it_bit_for_bit(
     cluster, s3_inputs, s3_server, mlflow_server, tiny_overrides, tmp_path
 ):
