@@ -36,6 +36,7 @@ from dockflow.tracking.store import (
     explain,
     require_existing_store,
     resolve_tracking_uri,
+    run_link_redacted,
 )
 from dockflow.tracking.system_metrics import start_system_metrics
 
@@ -345,7 +346,8 @@ class Tracker:
         if self._monitor is not None:
             self._monitor.finish()  # flush its last samples while the run still accepts them
             self._monitor = None
-        self._call("ending the run", self._client.set_terminated, self.run_id, status)
+        with run_link_redacted(self.tracking_uri, self.experiment_id, self.run_id):
+            self._call("ending the run", self._client.set_terminated, self.run_id, status)
         self.ended = True
 
     def __enter__(self) -> Tracker:

@@ -1,4 +1,5 @@
-"""Where MLflow data goes: resolve the tracking URI, bound HTTP waits, and word the errors.
+"""Where MLflow data goes: resolve the tracking URI, bound HTTP waits, word the errors, and keep a URI's password
+out of the run link MLflow prints (``run_link_redacted``).
 
 ``tracking.uri: null`` means a SQLite store in the runs' output directory (``sqlite:///<run.output_dir>/mlflow.db``,
 artifacts in ``<run.output_dir>/mlartifacts``), shared by every run there: one experiment, one Model Registry.
@@ -9,9 +10,12 @@ default. View it with ``mlflow ui --backend-store-uri sqlite:///<run.output_dir>
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlparse
 
+from mlflow.environment_variables import MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT
 from mlflow.exceptions import MlflowException
 
 from dockflow.redact import redact_text
@@ -26,6 +30,8 @@ HTTP_ENV_DEFAULTS = {
 
 # MLflow error codes that mean "could not get through" rather than "the request itself is wrong".
 _TRANSPORT_CODES = {"INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED"}
+# ... and those that mean "these credentials may not" (a server with auth: HTTP 401, 403).
+_AUTH_CODES = {"UNAUTHENTICATED", "PERMISSION_DENIED"}
 
 
 class TrackingError(RuntimeError):
@@ -91,6 +97,11 @@ def explain(uri: str, exc: BaseException) -> TrackingError:
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if len(reason) > 400:
         reason = reason[:400] + "..."
+    if isinstance(exc, MlflowException) and exc.error_code in _AUTH_CODES:
+        return TrackingError(
+            f"MLflow at {uri} refused the credentials ({exc.error_code}: {reason}): set MLFLOW_TRACKING_USERNAME "
+            "and MLFLOW_TRACKING_PASSWORD to a user of that server with access to the experiment"
+        )
     if isinstance(exc, MlflowException) and exc.error_code not in _TRANSPORT_CODES:
         return TrackingError(
             f"MLflow at {uri} rejected the request ({exc.error_code}: {reason}): fix the value it names "
@@ -108,3 +119,24 @@ def explain(uri: str, exc: BaseException) -> TrackingError:
         f"MLflow store {uri} failed ({reason}): check that its path is writable and was not created by a "
         "newer MLflow, or set tracking.uri to another store or a tracking server"
     )
+
+
+@contextmanager
+def run_link_redacted(uri: str, experiment_id: str, run_id: str) -> Iterator[None]:
+    """MLflow prints the run's link, built from the tracking URI as given, when the run ends: with a password in
+    the URI (``http://user:pw@host``) its print is turned off for the call, and this prints the link redacted."""
+    shown = redact_text(uri)
+    if shown == uri or not is_tracking_server(uri):
+        yield
+        return
+    name = MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT.name
+    before = os.environ.get(name)
+    os.environ[name] = "true"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+    print(f"🏃 View run {run_id} at: {shown.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}", flush=True)
