@@ -21,6 +21,7 @@ from mlflow.tracking import MlflowClient
 from rich.console import Console
 from rich.table import Table
 
+from dockflow.redact import redact_text
 from dockflow.tracking.store import TrackingError, apply_http_env_defaults, explain, require_existing_store
 from dockflow.tracking.tags import IDENTITY_KEYS, TAG_KEYS
 
@@ -86,13 +87,14 @@ def find_runs(uri: str, refs: Sequence[str]) -> tuple[list[Run], dict[str, str]]
 def compare_runs(refs: Sequence[str], uri: str | None = None, metrics: Sequence[str] = DEFAULT_METRICS) -> dict[str, Any]:
     """``{"tracking_uri", "runs", "tags", "metrics", "params"}``; tags/metrics/params map a key to one value per
     run (None where a run lacks it), params only where the runs differ. Tags: ``TAG_KEYS`` and the identity
-    tags (``dockflow.eval.fingerprint``, ``dockflow.lineage.task``, ``dockflow.lineage.base_model``)."""
+    tags (``dockflow.eval.fingerprint``, ``dockflow.lineage.task``, ``dockflow.lineage.base_model``). For
+    display: ``tracking_uri`` has its password hidden (``dockflow.redact``)."""
     uri = compare_uri(uri)
     runs, experiments = find_runs(uri, refs)
     all_params = sorted({k for r in runs for k in r.data.params})
     params = {k: [r.data.params.get(k) for r in runs] for k in all_params}
     return {
-        "tracking_uri": uri,
+        "tracking_uri": redact_text(uri),
         "runs": [
             {
                 "run_id": r.info.run_id,

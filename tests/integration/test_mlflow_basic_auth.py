@@ -7,7 +7,7 @@ A run's tracker logs through the password in the URI (``http://user:pw@host``) a
 metrics and the run's files (``config.yaml``, ``summary.json``, the curves) arrive, and none of them, nor stdout
 (MLflow's run link) or the logs, holds the password. The server needs Flask-WTF (``mlflow[auth]``, the dev extra).
 A wrong password is one error line naming neither password, from the tracker and from ``dockflow compare``
-(exit 2). Redaction itself, the report and the S3 keys: ``tests/unit/test_redact.py``,
+(exit 2), and ``dockflow compare`` through the URI shows it redacted. Redaction itself, the report and the S3 keys: ``tests/unit/test_redact.py``,
 ``tests/unit/storage/test_s3_store.py``."""
 
 from __future__ import annotations
@@ -120,6 +120,10 @@ def test_a_run_logs_through_basic_auth_and_shows_no_password(
     assert SECRET not in caplog.text + printed.out + printed.err
     # MLflow prints the run's link when it ends; with the password in the URI, dockflow prints it redacted.
     assert f"{shown}/#/experiments/{run.info.experiment_id}/runs/{tr.run_id}" in printed.out
+    for as_json in ([], ["--json"]):  # dockflow compare names the store in its table's title and its JSON
+        assert cli.main(["compare", cfg.run.name, "--tracking-uri", uri, *as_json]) == 0
+        compared = capsys.readouterr().out
+        assert tr.run_id in compared and SECRET not in compared
     assert cfg.tracking.uri == uri  # the run itself keeps the real value
 
 
