@@ -51,8 +51,9 @@ test: setup
 	$(XDIST) tests; rc=$$?; \
 		if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
-# The pipeline chaos tests (marked `chaos`: stage tasks, attempts and the supervisor killed; minutes each), outside
-# `make test`'s 15-minute budget. The worker kills and the outages stay in `make test`.
+# The chaos tests (marked `chaos`: every worker kind and the dock killed in one run; a pipeline's stage task, first
+# attempt and supervisor killed; minutes each), outside `make test`'s 15-minute budget. A killed dock process, a
+# death past max_restarts and the outages stay in `make test`.
 test-chaos: setup
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m chaos -q -p no:cacheprovider tests/integration
 
