@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -75,8 +76,20 @@ class MlflowOutage:
             self.seen.append("started")
 
 
+@pytest.fixture
+def own_mlflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """An MLflow server of the outage test's own: it is killed and restarted from a standby process, so the
+    session's server, which the other files' tests share, is never touched."""
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow_outage"), free_port())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 def test_s3_and_mlflow_servers_killed_mid_run(outage_cluster, reference, tiny_config,  # noqa: F811
-                                              mlflow_server_process, tmp_path: Path, caplog, monkeypatch):
+                                              own_mlflow: MlflowServer, tmp_path: Path, caplog, monkeypatch):
     """The S3 server (moto in its own process, its acknowledged writes journaled so that a restart keeps them,
     as MinIO keeps them on disk) SIGKILLs itself when the actor's part of checkpoint 2 starts to upload; 2 s later
     a new one replays the journal and listens on the same port. The MLflow server (SQLite on disk, so a restart
@@ -99,9 +112,9 @@ def test_s3_and_mlflow_servers_killed_mid_run(outage_cluster, reference, tiny_co
     cfg = tiny_config("s3-outage", ITERATIONS, checkpoint__dir=f"s3://{BUCKET}",
                       checkpoint__s3_endpoint=moto.endpoint, checkpoint__s3_create_bucket=True,
                       checkpoint__s3_attempts=8, checkpoint__every=1, checkpoint__keep=10,
-                      tracking__uri=mlflow_server_process.url, tracking__flush_every_s=0, eval__every=0)
-    mlflow_server_process.standby()
-    mlflow_outage = MlflowOutage(mlflow_server_process, down_at=1, back_at=ITERATIONS)
+                      tracking__uri=own_mlflow.url, tracking__flush_every_s=0, eval__every=0)
+    own_mlflow.standby()
+    mlflow_outage = MlflowOutage(own_mlflow, down_at=1, back_at=ITERATIONS)
     try:
         with caplog.at_level(logging.WARNING, logger="dockflow.tracking"):
             summary = train(cfg, on_iteration=mlflow_outage)
@@ -115,8 +128,6 @@ def test_s3_and_mlflow_servers_killed_mid_run(outage_cluster, reference, tiny_co
     finally:
         standby.stop()
         moto.stop()
-        if mlflow_server_process.proc.poll() is not None:  # failed while it was down: later tests need it
-            mlflow_server_process.start()
     assert killed == [-9], "the S3 server was not killed inside the upload"
     assert mlflow_outage.seen == ["killed", "started"]
     assert any("tracking is unreachable" in r.getMessage() for r in caplog.records), "MLflow was never down"
@@ -124,7 +135,7 @@ def test_s3_and_mlflow_servers_killed_mid_run(outage_cluster, reference, tiny_co
 
     assert summary["iterations"] == ITERATIONS
 
-    client = MlflowClient(tracking_uri=mlflow_server_process.url)
+    client = MlflowClient(tracking_uri=own_mlflow.url)
     run = client.get_run(summary["mlflow_run_id"])
     assert run.info.status == "FINISHED"
     per_iteration = ["timing/iteration_s", "perf/throughput_tps", "timing/checkpoint_s"]
