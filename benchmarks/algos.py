@@ -130,7 +130,10 @@ def main(argv: list[str] | None = None) -> None:
     unknown = sorted(set(algorithms) - set(ALGORITHMS))
     if unknown:
         p.error(f"unknown algorithms {unknown}; choose from {ALGORITHMS}")
-    seeds = [int(s) for s in args.seeds.split(",")]
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        p.error(f"--seeds {args.seeds!r}: give comma-separated integers, e.g. 0,1,2")
     out_path = Path(args.out)
     # With --only, records of the other algorithms already in --out are kept (a subset can be re-run).
     kept = json.loads(out_path.read_text())["results"] if args.only and out_path.is_file() else []
