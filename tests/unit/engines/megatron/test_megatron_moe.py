@@ -11,6 +11,8 @@ test_megatron_engine.py): a flat 1e-5 does not hold where a gradient is near 0, 
 weight by ``lr * g / (|g| + eps)`` whatever ``g``'s size. Measured: 1.4e-5 on 2 elements of layer 1's router row
 for an expert no token picked, whose gradient is exactly 0 in megatron (softmax over the top-k logits) and 1e-10 of
 rounding in the torch engine (softmax over every expert, then top-k, renormalised); every other weight within 1.8e-6.
+The generation copy, resharded by allgather-swap from the EP=2 shards (each rank 2 of the 4 experts), holds every
+expert equal to the trainer's gathered weights, with 0 redundant bytes and no update state on the device.
 The layout-free ``state_dict`` and the run checkpoint (``save_state``, ``dist_checkpointing``) resume the next step
 bit-exactly at EP=2, and the checkpoint loads at EP=1 with every weight, AdamW moment and the step as saved.
 
@@ -33,6 +35,7 @@ from fixtures.tolerances import assert_first_step_close, assert_grads_close, fir
 
 from dockflow.engines.megatron.convert import hf_to_megatron, megatron_to_hf, spec_from_hf
 from dockflow.engines.torch_training import TorchTrainingEngine
+from dockflow.reshard import UPDATE_STATE, measured_redundant_bytes
 from dockflow.storage import LocalCheckpointStore
 
 pytestmark = pytest.mark.kernels  # cross-engine tolerances: run under the other ATen kernel set too (Makefile)
@@ -119,7 +122,11 @@ def _rank(rank: int, tmp: str) -> None:
     out["engine_logp"] = engine.infer(batch)
     out["metrics"] = engine.train_mini_batch(batch, grpo_loss(), micro_batch_size=1)
     out["engine_weights"] = {n: w.clone() for n, w in engine.named_weights()}
+    out["redundant_bytes"] = measured_redundant_bytes(engine._local_weights.values(),
+                                                      engine.policy_module().parameters(), "cpu")
+    out["memory"] = engine.memory_metrics()
     state = engine.state_dict()
+    out["trainer"] = state["model"]  # gathered from the EP shards (``model.gather_full``), not resharded
     out["exp_avg"] = state["optimizer"]["exp_avg"]
     out["resumed_equal"], store, saved = _resumes(engine, state, batch, Path(tmp), rank)
     out["ep1_equal"] = _at_ep1(store, saved, state)
@@ -186,6 +193,27 @@ def test_one_grpo_update_at_ep2_leaves_the_torch_engines_weights(ranks, referenc
             assert not torch.equal(weight, before[key]), key  # every weight moved
         assert out["resumed_equal"] == [True, True]  # from the state dict, and from the run checkpoint
         assert out["ep1_equal"]  # the EP=2 checkpoint loads at EP=1
+
+
+def test_allgather_swap_from_ep2_shards_gives_generation_every_expert_and_nothing_redundant(ranks):
+    """After the update each rank holds 2 of the 4 experts (and the dense weights, vocabulary padded to 128 rows);
+    the generation copy, resharded by allgather-swap, holds every expert, equal to the trainer's gathered weights,
+    with the update state on the host."""
+    hf = tiny_moe()
+    nbytes = {n: w.numel() * w.element_size() for n, w in hf.named_parameters()}
+    experts = sum(b for n, b in nbytes.items() if ".experts." in n)
+    padding = (128 - hf.config.vocab_size) * hf.config.hidden_size * 4  # one tied embedding, padded
+    for rank, out in enumerate(ranks):
+        assert set(out["trainer"]) - set(out["engine_weights"]) <= {"lm_head.weight"}  # tied: the embedding
+        assert sum(".experts." in n for n in out["engine_weights"]) == sum(".experts." in n for n in nbytes)
+        for key, weight in out["engine_weights"].items():
+            assert torch.equal(weight, out["trainer"][key]), (rank, key)
+        assert out["redundant_bytes"] == 0, rank
+        memory = {k.removeprefix(f"memory/rank{rank}/"): v for k, v in out["memory"].items()}
+        for category in UPDATE_STATE:
+            assert memory[f"generation/{category}_bytes"] == 0, (rank, category)
+        assert memory["generation/generation_weights_bytes"] == sum(nbytes.values()), rank
+        assert memory["update/update_weights_bytes"] == sum(nbytes.values()) - experts // 2 + padding, rank
 
 
 @pytest.mark.parametrize(("model", "args", "message"), [
