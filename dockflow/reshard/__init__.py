@@ -18,6 +18,7 @@ from dockflow.reshard.naive import naive_reshard
 from dockflow.reshard.process_groups import ReshardGroups
 from dockflow.reshard.redundancy import (
     Eq3Inputs,
+    eq3_ep_per_rank,
     eq3_inputs,
     measured_redundant_bytes,
     predicted_redundant_bytes,
@@ -43,7 +44,7 @@ __all__ = [
     "HostSwap", "MemoryLedger", "ModelPartition", "ParallelLayout", "ParamMeta", "PartitionRules", "PinnedArena",
     "RankCoords",
     "ReshardGroups", "ReshardResult", "BlockMap", "Snapshot", "StageRules", "UnknownParameterError", "UpdateState",
-    "allgather_swap", "eq3_inputs", "global_names", "measured_redundant_bytes", "megatron_rules", "naive_reshard",
+    "allgather_swap", "eq3_ep_per_rank", "eq3_inputs", "global_names", "measured_redundant_bytes", "megatron_rules", "naive_reshard",
     "param_meta",
     "predicted_redundant_bytes", "predicted_redundant_bytes_per_rank", "qkv_sections_from_config",
     "storage_bytes",

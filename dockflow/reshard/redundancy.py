@@ -13,6 +13,11 @@ Eq. (3) has no pipeline term either. A stage holds 1/pp of the layers, so with p
 weights are spread over tp * pp shards: ``UTP`` := tp * pp. A padded vocabulary (Megatron's, ``vocab_multiple``)
 adds its zero rows, which naive resharding keeps resident beside the unpadded generation copy even at TP=1:
 ``PAD`` (the padding bytes of one full copy) counts with TW, ``R = GDP * ((TW + PAD) / (UTP * UPP) + EW / GEP)``.
+
+Eq. (3)'s expert term ``EW / GEP`` is Fig. 3's case: the update experts are TP-split, so none is used in place and
+a device keeps its whole expert shard, ``EW / (UEP * UTP)``, which equals ``EW / GEP`` there. With experts whole
+(update TP 1, as megatron's MoE trains) naive resharding uses in place every expert a rank keeps serving, so the
+term is the experts it holds and generation does not (``eq3_ep_per_rank``, docs/reshard.md).
 """
 
 from __future__ import annotations
@@ -74,6 +79,45 @@ def eq3_inputs(partition: ModelPartition, update: ParallelLayout, gen: ParallelL
     ew = sum(partition.nbytes(n) for n in partition.meta if partition.is_expert(n))
     pad = sum(_padding_bytes(partition, n, update) for n in partition.meta if partition.kind(n).vocab)
     return Eq3Inputs(tw, ew, update.tp, gen.dp, gen.ep, pad, update.pp)
+
+
+def _expert_range(layout: ParallelLayout, rank: int, experts: int) -> range:
+    per = experts // layout.ep
+    first = layout.coords(rank).ep * per
+    return range(first, first + per)
+
+
+def eq3_ep_per_rank(partition: ModelPartition, update: ParallelLayout, gen: ParallelLayout) -> list[float]:
+    """Eq. (3) extended for EP, per rank: ``(TW + PAD) / (UTP * UPP)`` plus the expert bytes rank r's update shards
+    hold that its generation shards do not use in place: ``EW / E * |S_u(r) - S_g(r)|`` with the experts whole (update
+    TP 1; per-expert tensors, or stacked ones whose generation range lies inside the update's), else its whole expert
+    shard ``EW / (UEP * UTP)``. S_u / S_g: the experts of r's EP rank in each layout. Generation TP 1, no pipeline."""
+    if gen.tp != 1 or update.pp != 1:
+        raise ValueError(f"eq3_ep_per_rank models generation TP 1 and update PP 1; got {gen} from {update}")
+    inputs = eq3_inputs(partition, update, gen)
+    dense = (inputs.tw_bytes + inputs.pad_bytes) / update.tp
+    out = []
+    for rank in range(update.size):
+        kept = 0.0
+        for name in partition.meta:
+            kind = partition.kind(name)
+            if kind.expert is None:
+                continue
+            nbytes = partition.nbytes(name)
+            if kind.expert == "name":
+                if partition.shard_map(name, update, rank) is None:
+                    continue  # another EP rank's expert
+                in_place = update.tp == 1 and partition.shard_map(name, gen, rank) is not None
+                kept += 0 if in_place else nbytes / update.tp
+                continue
+            experts = partition.meta[name].shape[0]
+            held, needed = _expert_range(update, rank, experts), _expert_range(gen, rank, experts)
+            if update.tp == 1 and set(needed) <= set(held):
+                kept += nbytes * (len(held) - len(needed)) / experts
+            else:
+                kept += nbytes / (update.ep * update.tp)
+        out.append(dense + kept)
+    return out
 
 
 def _padding_bytes(partition: ModelPartition, name: str, layout: ParallelLayout) -> int:

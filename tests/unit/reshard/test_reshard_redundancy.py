@@ -7,6 +7,7 @@ from dockflow.reshard import (
     ModelPartition,
     ParallelLayout,
     ParamMeta,
+    eq3_ep_per_rank,
     eq3_inputs,
     measured_redundant_bytes,
     predicted_redundant_bytes,
@@ -59,3 +60,44 @@ def test_measured_redundancy_is_resident_weight_bytes_generation_does_not_use():
     common_copy = common.clone()
     common.untyped_storage().resize_(0)
     assert measured_redundant_bytes([common, tp_shard], [common_copy, gathered], "cpu") == 0
+
+
+def _naive_redundant_bytes(partition: ModelPartition, update: ParallelLayout, gen: ParallelLayout) -> list[int]:
+    """Per rank, what naive resharding's allocation leaves redundant (update shards used in place where they are
+    the generation shard or a dim-0 range of it, new tensors for the rest)."""
+    from dockflow.reshard.gather import allocate_generation
+    from dockflow.reshard.routes import plan_routes
+
+    full = {n: torch.randn(m.shape) for n, m in partition.meta.items()}
+    out = []
+    for rank in range(update.size):
+        shards = partition.shards(full, update, rank)
+        generation, _ = allocate_generation(plan_routes(partition, update, gen, rank), shards, torch.device("cpu"),
+                                            alias=True)
+        out.append(measured_redundant_bytes(shards.values(), generation.values(), "cpu"))
+    return out
+
+
+def _per_expert_partition() -> ModelPartition:
+    meta = {f"model.layers.0.mlp.experts.{e}.down_proj.weight": ParamMeta((4, 4), F32) for e in range(4)}  # 64 each
+    return ModelPartition({**meta, "model.layers.0.input_layernorm.weight": ParamMeta((4,), F32)})
+
+
+@pytest.mark.parametrize(("partition", "update", "gen", "expected"), [
+    # stacked experts [4, 8, 4] (512 bytes): rank r serves EP rank r % 2's experts {0, 1} / {2, 3} in the update
+    (_partition(), ParallelLayout(tp=1, dp=4, ep=2), ParallelLayout(tp=1, dp=4, ep=4), [128, 256, 256, 128]),
+    (_partition(), ParallelLayout(tp=1, dp=4, ep=2), ParallelLayout(tp=1, dp=4), [256] * 4),  # all 4 needed: new
+    (_partition(), ParallelLayout(tp=2, dp=2, ep=2), ParallelLayout(tp=1, dp=4, ep=4), [224 / 2 + 512 / 4] * 4),
+    (_per_expert_partition(), ParallelLayout(tp=1, dp=4, ep=2), ParallelLayout(tp=1, dp=4, ep=4), [64, 128, 128, 64]),
+    (_per_expert_partition(), ParallelLayout(tp=1, dp=4, ep=2), ParallelLayout(tp=1, dp=4), [0] * 4),  # megatron's
+    (_per_expert_partition(), ParallelLayout(tp=1, dp=4, ep=2), ParallelLayout(tp=1, dp=4, ep=2), [0] * 4),
+], ids=["stacked-ep2-ep4", "stacked-ep2-ep1", "fig3-tp2ep2-ep4", "per-expert-ep2-ep4", "per-expert-ep2-ep1",
+        "per-expert-ep2-ep2"])
+def test_eq3_extended_for_ep_is_what_naive_resharding_leaves_per_rank(partition, update, gen, expected):
+    predicted = eq3_ep_per_rank(partition, update, gen)
+    assert predicted == expected
+    assert _naive_redundant_bytes(partition, update, gen) == expected
+    if update.tp == 2:  # Fig. 3: the printed bracket
+        assert predicted == [eq3_inputs(partition, update, gen).per_rank] * 4
+    with pytest.raises(ValueError, match="models generation TP 1 and update PP 1"):
+        eq3_ep_per_rank(partition, update, ParallelLayout(tp=2, dp=2))
