@@ -11,10 +11,12 @@ largest temporary allgather buffer) and ``bucket_bytes``, ``reshard_s`` (allgath
 (device -> host) and ``swap_back_s`` (medians over ``--repeats``). Models are built from transformers
 configs on the meta device; weights are random; nothing is downloaded.
 
-``--megatron``: the same on real megatron-core shards (TP2DP2, PP2DP2, TP2xPP2 -> TP1DP4,
+``--megatron``: the same on real megatron-core shards (TP2DP2, PP2DP2, TP2xPP2 -> TP1DP4; a Qwen3-MoE at EP1 and
+EP2 -> TP1DP4 and TP1EP4DP4, with the ledger against the memory model per rank; ``--moe-only``: just those;
 ``benchmarks.reshard_megatron``).
 
-Usage: ``python -m benchmarks.reshard --out reshard.json [--quick] [--megatron] [--bucket-mb 16] [--repeats 3]``.
+Usage: ``python -m benchmarks.reshard --out reshard.json [--quick] [--megatron [--moe-only]] [--bucket-mb 16]
+[--repeats 3]``.
 """
 
 from __future__ import annotations
@@ -230,7 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}, one repeat")
     parser.add_argument("--bucket-mb", type=float, default=16.0, help="allgather-swap bucket size in MiB")
     parser.add_argument("--repeats", type=int, default=3, help="runs per model and method (timings: median)")
-    parser.add_argument("--megatron", action="store_true", help="real megatron-core shards (TP2, PP2, TP2xPP2)")
+    parser.add_argument("--megatron", action="store_true", help="real megatron-core shards (TP2, PP2, TP2xPP2; "
+                        "Qwen3-MoE at EP1 and EP2)")
+    parser.add_argument("--moe-only", action="store_true", help="with --megatron: only the Qwen3-MoE EP cases")
     args = parser.parse_args(argv)
     models = QUICK if args.quick else list(MODELS)
     repeats = 1 if args.quick else args.repeats
@@ -239,12 +243,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.megatron:
         from benchmarks import reshard_megatron
 
-        results = reshard_megatron.run(args.quick, bucket_bytes, repeats)
+        results = reshard_megatron.run(args.quick, bucket_bytes, repeats, moe_only=args.moe_only)
     else:
         results = run(models, bucket_bytes, repeats)
     write_results(args.out, results, torch=torch.__version__, backend="gloo", device="cpu (tracked tensors)",
                   world=WORLD, wall_s=round(time.perf_counter() - started, 1))
     print_table(results)
+    if args.megatron:
+        reshard_megatron.print_ep_table(results)
     return 0
 
 
