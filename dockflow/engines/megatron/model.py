@@ -67,7 +67,7 @@ def moe_config(spec: DecoderSpec, ep: int = 1) -> dict[str, Any]:
 
 
 def transformer_config(spec: DecoderSpec, tp: int = 1, pp: int = 1, dtype: torch.dtype = torch.float32, *,
-                       recompute: bool = False, ep: int = 1) -> Any:
+                       recompute: bool = False, ep: int = 1, routing_replay: bool = False) -> Any:
     """megatron's ``TransformerConfig`` for ``spec``: RMSNorm, SwiGLU, GQA, no linear biases but q/k/v's, MoE fields
     (``moe_config``); with ``recompute`` every layer's activations are recomputed in the backward pass (full
     recompute, one layer a unit)."""
@@ -99,6 +99,7 @@ def transformer_config(spec: DecoderSpec, tp: int = 1, pp: int = 1, dtype: torch
         calculate_per_token_loss=True,  # the schedule leaves the loss as given (the recipes normalise it)
         **full,
         **moe_config(spec, ep),
+        **(dict(moe_enable_routing_replay=True) if routing_replay else {}),
         **_UNFUSED,
     )
 
@@ -109,11 +110,12 @@ def _final_hidden(self: Any, hidden_states: torch.Tensor, **_: Any) -> torch.Ten
 
 
 def build_gpt_model(spec: DecoderSpec, tp: int = 1, pp: int = 1, vocab_divisible_by: int = 128, *,
-                    recompute: bool = False, ep: int = 1) -> Any:
+                    recompute: bool = False, ep: int = 1, routing_replay: bool = False) -> Any:
     """This rank's ``GPTModel`` (local layer spec, RoPE, padded vocabulary); needs ``init_model_parallel``. Its last
     stage returns the final hidden states [S, B, H] (after the final norm), not the logits: the output layer's
     weight is applied by the caller, a chunk of tokens at a time (``vocab_parallel_head``), or the critic's head.
-    ``recompute``: full activation recompute (``transformer_config``). ``ep``: expert-parallel ranks (MoE)."""
+    ``recompute``: full activation recompute (``transformer_config``). ``ep``: expert-parallel ranks (MoE).
+    ``routing_replay``: megatron's ``moe_enable_routing_replay`` (a ``RouterReplay`` per router; ``routing.py``)."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -122,7 +124,7 @@ def build_gpt_model(spec: DecoderSpec, tp: int = 1, pp: int = 1, vocab_divisible
     layer_spec = get_gpt_layer_local_spec(num_experts=spec.num_experts or None, moe_grouped_gemm=False,
                                           qk_layernorm=spec.qk_norm, normalization="RMSNorm")
     model = GPTModel(
-        config=transformer_config(spec, tp, pp, recompute=recompute, ep=ep),
+        config=transformer_config(spec, tp, pp, recompute=recompute, ep=ep, routing_replay=routing_replay),
         transformer_layer_spec=layer_spec,
         vocab_size=padded_vocab_size(spec.vocab_size, tp, vocab_divisible_by),
         max_sequence_length=spec.max_positions,

@@ -47,11 +47,18 @@ def _micro_batches(input_ids: torch.Tensor, attention_mask: torch.Tensor, respon
     return micro, keep_r, ids.shape[1]
 
 
-def _run(model: Any, micro: list, seq: int, forward_only: bool, to_output: Callable) -> list[Any]:
+# called with a micro-batch's rows before its forward (``routing.BatchRouting.micro``: the MoE routers' targets)
+BeforeForward = Callable[[slice], None]
+
+
+def _run(model: Any, micro: list, seq: int, forward_only: bool, to_output: Callable,
+         before: BeforeForward | None = None) -> list[Any]:
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     def step(data: Any, stage_model: Any):
         rows, micro_ids, micro_mask = next(data)
+        if before is not None:
+            before(rows)
         return (forward_rollout(stage_model, micro_ids, micro_mask),
                 lambda out, **_: to_output(stage_model, out, rows, micro_ids))
 
@@ -76,16 +83,18 @@ def _from_last_stage(tensor: torch.Tensor) -> torch.Tensor:
 def pipeline_response_log_probs(
     model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int, vocab_size: int,
     *, micro_batch_size: int, temperature: float = 1.0, head: ResponseHead | None = None,
+    before: BeforeForward | None = None,
 ) -> torch.Tensor:
     """``model.response_log_probs`` through the schedule (forward only) in micro-batches of ``micro_batch_size``
     rows (or ``head``'s outputs, e.g. a value model's values); the last stage computes them and every stage of the
-    pipeline receives them."""
+    pipeline receives them. ``before``: called with each micro-batch's rows before its forward."""
     from megatron.core import parallel_state
 
     head = _head_or_logp(head, vocab_size, temperature)
     micro, keep_r, seq = _micro_batches(input_ids, attention_mask, response_width, micro_batch_size)
     with torch.no_grad():
-        outputs = _run(model, micro, seq, True, lambda stage, out, rows, ids: head(stage, out, ids, keep_r).values)
+        outputs = _run(model, micro, seq, True, lambda stage, out, rows, ids: head(stage, out, ids, keep_r).values,
+                       before)
     last = parallel_state.is_pipeline_last_stage()
     logp = torch.cat(outputs) if last else torch.empty(input_ids.shape[0], keep_r, device=input_ids.device)
     return F.pad(_from_last_stage(logp), (0, response_width - keep_r))
@@ -94,6 +103,7 @@ def pipeline_response_log_probs(
 def pipeline_forward_backward(
     model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int, vocab_size: int,
     *, micro_batch_size: int, loss_fn: MicroLoss, temperature: float = 1.0, head: ResponseHead | None = None,
+    before: BeforeForward | None = None,
 ) -> float:
     """Forward and backward every micro-batch through the schedule, ``loss_fn`` on each micro-batch's response
     log-probs and entropy (or ``head``'s outputs; taken as it is: normalise it in ``loss_fn``); gradients accumulate
@@ -109,7 +119,7 @@ def pipeline_forward_backward(
         loss = loss_fn(TokenOutputs(F.pad(values, pad), None if entropy is None else F.pad(entropy, pad)), rows)
         return loss, torch.ones((), dtype=torch.int), {"loss": loss.detach()}
 
-    outputs = _run(model, micro, seq, False, loss_of)
+    outputs = _run(model, micro, seq, False, loss_of, before)
     last = parallel_state.is_pipeline_last_stage()
     total = torch.stack([o["loss"] for o in outputs]).sum().reshape(1) if last else torch.zeros(1, device=input_ids.device)
     return float(_from_last_stage(total))

@@ -38,6 +38,7 @@ from dockflow.engines.megatron.convert import DecoderSpec, hf_to_megatron, megat
 from dockflow.engines.megatron.cpu import prepare_megatron
 from dockflow.engines.megatron.experts import ExpertGroups, megatron_names, partition_rules, reshard_names
 from dockflow.engines.megatron.persist import MegatronPersistence
+from dockflow.engines.megatron.routing import ROUTED_EXPERTS, ModelRouting
 from dockflow.engines.megatron.schedule import (
     ResponseHead,
     finalize_grads,
@@ -91,18 +92,24 @@ class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEng
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         gradient_checkpointing: bool = False,
         max_tokens_per_micro_batch: int | None = None,
+        router_replay: str = "off",
     ):
         """``model``: the Hugging Face causal LM (Qwen2/Qwen2.5, Qwen3 or Llama) every rank starts from; it becomes
         the generation copy. Initialises megatron's TP x PP groups over the default group unless already done.
         ``gradient_checkpointing``: megatron's full activation recompute, every layer (``model.transformer_config``).
         ``max_tokens_per_micro_batch``: micro-batches by tokens (``engines/micro_batches.py``), each its own pass
-        through the schedule. ``ep``: expert-parallel ranks of a Qwen3-MoE policy, out of the DP ranks (``experts.py``)."""
+        through the schedule. ``ep``: expert-parallel ranks of a Qwen3-MoE policy, out of the DP ranks (``experts.py``).
+        ``router_replay``: "replay" routes every forward by the batch's ``routed_experts`` (``routing.py``)."""
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
         self.spec: DecoderSpec = spec_from_hf(model.config)
-        self._check_moe(tp, pp, ep)
+        self._check_moe(tp, pp, ep, router_replay)
         self._init_ranks(tp, pp, seed, device, ep)
-        self.model = mg.build_gpt_model(self.spec, tp=tp, pp=pp, recompute=gradient_checkpointing,
-                                        ep=ep).to(self.device)
+        self.model = mg.build_gpt_model(self.spec, tp=tp, pp=pp, recompute=gradient_checkpointing, ep=ep,
+                                        routing_replay=router_replay == "replay").to(self.device)
+        self.routing = (ModelRouting(self.model, self.spec.num_experts, self.spec.moe_topk, router_replay == "replay")
+                        if self.spec.is_moe else None)
+        self.last_routing: tuple[torch.Tensor, torch.Tensor] | None = None  # (own top-k, used) of the last call
+        self.routing_metrics: dict[str, float] = {}  # the last infer's ``moe/routing_mismatch``
         full = hf_to_megatron(model.state_dict(), self.spec)
         mg.load_full_state(self.model, full, self.spec)
         self.partition = (ModelPartition(param_meta(reshard_names(full)), partition_rules(self.spec)) if self.spec.is_moe
@@ -119,11 +126,16 @@ class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEng
         self.bucket_bytes = bucket_bytes
         self._to_generation()
 
-    def _check_moe(self, tp: int, pp: int, ep: int) -> None:
+    def _check_moe(self, tp: int, pp: int, ep: int, router_replay: str) -> None:
         """One line at start for what cannot run with experts: TP > 1 (``shard.check_ep``), PP > 1 (the reshard
         places no expert on a stage), token-budget micro-batches at EP > 1 (each MoE layer is a collective over the
-        EP ranks, which must then run the same passes)."""
+        EP ranks, which must then run the same passes); and routing replay without experts."""
         check_ep(self.spec, ep, tp)
+        if router_replay not in ("off", "replay"):
+            raise ValueError(f"train.router_replay={router_replay!r} must be 'off' or 'replay'")
+        if router_replay == "replay" and not self.spec.is_moe:
+            raise ValueError(f"train.router_replay=replay replays a mixture of experts' routing, but the model "
+                             f"({self.spec.family}) has a dense MLP; set train.router_replay=off")
         if self.spec.is_moe and pp > 1:
             raise ValueError(f"train.pp={pp} with a mixture of experts: the reshard to generation places no experts "
                              "on pipeline stages yet; set train.pp=1")
@@ -200,13 +212,39 @@ class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEng
         self.model.eval()
         width = batch["responses"].shape[1]
         parts = []
+        self._routing_start()
         for i in range(0, batch.batch_size[0], self.infer_batch_size):
             rows = slice(i, i + self.infer_batch_size)
             ids, mask = batch["input_ids"][rows], batch["attention_mask"][rows]
             parts.append(pipeline_response_log_probs(
                 [self.model], ids.to(self.device), mask.to(self.device), width, self.spec.vocab_size,
-                micro_batch_size=ids.shape[0], temperature=self.temperature, head=self._head).cpu())
+                micro_batch_size=ids.shape[0], temperature=self.temperature, head=self._head,
+                before=self._routing_pass(batch[rows], width)).cpu())
+        self.routing_metrics = self._routing_finish()
         return torch.cat(parts)
+
+    def _routing_start(self) -> None:
+        if self.routing is not None:
+            self.routing.start()
+
+    def _routing_pass(self, batch: TensorDict, width: int) -> Any:
+        """Before each micro-batch's forward of a pass over ``batch``: the MoE routers' targets (None: dense)."""
+        if self.routing is None:
+            return None
+        routed = batch.get(ROUTED_EXPERTS, None)
+        return self.routing.batch(None if routed is None else routed.cpu(), batch["attention_mask"].cpu(), width).micro
+
+    def _routing_finish(self) -> dict[str, float]:
+        """Keeps the call's routing (``last_routing``); ``moe/routing_mismatch`` over the DP ranks' entries when the
+        batch has the rollout's routing: the share of (real token, layer) whose own top-k set differs from it."""
+        if self.routing is None:
+            return {}
+        own, used, counts = self.routing.finish()
+        self.last_routing = (own, used)
+        if counts is None:
+            return {}
+        mismatched, total = self._dp_sum(counts).tolist()
+        return {"moe/routing_mismatch": mismatched / max(total, 1.0)}
 
     def _dp_sum(self, values: torch.Tensor) -> torch.Tensor:
         """``values`` summed over the DP ranks, on the host (reduced on the device: nccl takes device tensors)."""
@@ -253,15 +291,18 @@ class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEng
         passes = [(0, rows, micro_batch_size)] if self.max_tokens_per_micro_batch is None else [
             (lo, hi, hi - lo) for lo, hi in micro_batch_bounds(batch["attention_mask"].sum(-1).tolist(),
                                                                micro_batch_size, self.max_tokens_per_micro_batch)]
+        self._routing_start()
         for lo, hi, size in passes:
             pipeline_forward_backward(
                 [self.model], batch["input_ids"][lo:hi], batch["attention_mask"][lo:hi], width, self.spec.vocab_size,
                 micro_batch_size=size, temperature=self.temperature, head=self._head,
-                loss_fn=lambda outputs, part, lo=lo: micro_loss(outputs, slice(part.start + lo, part.stop + lo)))
+                loss_fn=lambda outputs, part, lo=lo: micro_loss(outputs, slice(part.start + lo, part.stop + lo)),
+                before=self._routing_pass(batch[lo:hi], width))
+        routing_metrics = self._routing_finish()
         finalize_grads(self.model, self.spec)
         if self.dp > 1:  # the loss is a global token mean: DP ranks' grads add up to the full batch's
             self._experts.reduce_grads(list(self.model.parameters()), self._dp_group)
-        out = self._reduce_metrics(self._from_last_stage(metrics))
+        out = {**self._reduce_metrics(self._from_last_stage(metrics)), **routing_metrics}
         first, keep_r = trim_columns(batch["attention_mask"], width)  # one trim for the whole batch (schedule.py)
         computed = batch.batch_size[0] * (batch["attention_mask"].shape[1] - width - first + keep_r)
         load = torch.tensor([float(computed), float(batch["attention_mask"].sum())])
