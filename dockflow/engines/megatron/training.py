@@ -75,6 +75,9 @@ def _groups() -> tuple[Any, Any, Any]:
 class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEngine):
     """This rank's TP / PP shard of the policy, its AdamW state, and the HF generation copy."""
 
+    routing: ModelRouting | None = None  # an MoE policy's routers (``routing.py``); a critic has none
+    last_routing: tuple[torch.Tensor, torch.Tensor] | None = None  # (own top-k, used) of the last call
+
     def __init__(
         self,
         model: nn.Module,
@@ -108,7 +111,6 @@ class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEng
                                         routing_replay=router_replay == "replay").to(self.device)
         self.routing = (ModelRouting(self.model, self.spec.num_experts, self.spec.moe_topk, router_replay == "replay")
                         if self.spec.is_moe else None)
-        self.last_routing: tuple[torch.Tensor, torch.Tensor] | None = None  # (own top-k, used) of the last call
         self.routing_metrics: dict[str, float] = {}  # the last infer's ``moe/routing_mismatch``
         full = hf_to_megatron(model.state_dict(), self.spec)
         mg.load_full_state(self.model, full, self.spec)
