@@ -53,21 +53,24 @@ def destroy_model_parallel() -> None:
     parallel_state.destroy_model_parallel()
 
 
-def moe_config(spec: DecoderSpec, ep: int = 1) -> dict[str, Any]:
+def moe_config(spec: DecoderSpec, ep: int = 1, aux_loss_coeff: float = 0.0) -> dict[str, Any]:
     """The ``TransformerConfig`` fields of an MoE ``spec`` (none for a dense one): Qwen3-MoE's softmax router, top-k
     renormalised (``norm_topk_prob``: softmax over the top-k logits, megatron's ``moe_router_pre_softmax=False``) or
-    not (softmax over all, then top-k); no load-balancing loss; the all-to-all dispatcher (it takes ranks with
-    unequal token counts, which the all-gather one does not); experts split by EP only."""
+    not (softmax over all, then top-k); the load-balancing loss (megatron's ``aux_loss``, switch-transformer style)
+    when ``aux_loss_coeff`` > 0, else none; the all-to-all dispatcher (it takes ranks with unequal token counts,
+    which the all-gather one does not); experts split by EP only."""
     if not spec.is_moe:
         return {}
     return dict(num_moe_experts=spec.num_experts, moe_ffn_hidden_size=spec.moe_ffn_hidden_size,
                 moe_router_topk=spec.moe_topk, moe_router_pre_softmax=not spec.norm_topk_prob,
-                moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, moe_token_dispatcher_type="alltoall",
+                moe_router_load_balancing_type="aux_loss" if aux_loss_coeff > 0 else "none",
+                moe_aux_loss_coeff=aux_loss_coeff, moe_token_dispatcher_type="alltoall",
                 expert_model_parallel_size=ep, expert_tensor_parallel_size=1)
 
 
 def transformer_config(spec: DecoderSpec, tp: int = 1, pp: int = 1, dtype: torch.dtype = torch.float32, *,
-                       recompute: bool = False, ep: int = 1, routing_replay: bool = False) -> Any:
+                       recompute: bool = False, ep: int = 1, routing_replay: bool = False,
+                       aux_loss_coeff: float = 0.0) -> Any:
     """megatron's ``TransformerConfig`` for ``spec``: RMSNorm, SwiGLU, GQA, no linear biases but q/k/v's, MoE fields
     (``moe_config``); with ``recompute`` every layer's activations are recomputed in the backward pass (full
     recompute, one layer a unit)."""
@@ -98,7 +101,7 @@ def transformer_config(spec: DecoderSpec, tp: int = 1, pp: int = 1, dtype: torch
         batch_p2p_sync=False,  # True calls torch.cuda.synchronize around every p2p exchange
         calculate_per_token_loss=True,  # the schedule leaves the loss as given (the recipes normalise it)
         **full,
-        **moe_config(spec, ep),
+        **moe_config(spec, ep, aux_loss_coeff),
         **(dict(moe_enable_routing_replay=True) if routing_replay else {}),
         **_UNFUSED,
     )
@@ -110,12 +113,14 @@ def _final_hidden(self: Any, hidden_states: torch.Tensor, **_: Any) -> torch.Ten
 
 
 def build_gpt_model(spec: DecoderSpec, tp: int = 1, pp: int = 1, vocab_divisible_by: int = 128, *,
-                    recompute: bool = False, ep: int = 1, routing_replay: bool = False) -> Any:
+                    recompute: bool = False, ep: int = 1, routing_replay: bool = False,
+                    aux_loss_coeff: float = 0.0) -> Any:
     """This rank's ``GPTModel`` (local layer spec, RoPE, padded vocabulary); needs ``init_model_parallel``. Its last
     stage returns the final hidden states [S, B, H] (after the final norm), not the logits: the output layer's
     weight is applied by the caller, a chunk of tokens at a time (``vocab_parallel_head``), or the critic's head.
     ``recompute``: full activation recompute (``transformer_config``). ``ep``: expert-parallel ranks (MoE).
-    ``routing_replay``: megatron's ``moe_enable_routing_replay`` (a ``RouterReplay`` per router; ``routing.py``)."""
+    ``routing_replay``: megatron's ``moe_enable_routing_replay`` (a ``RouterReplay`` per router; ``routing.py``).
+    ``aux_loss_coeff``: the load-balancing loss's weight (``moe_config``; ``routing.py`` scales it per micro-batch)."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -124,7 +129,8 @@ def build_gpt_model(spec: DecoderSpec, tp: int = 1, pp: int = 1, vocab_divisible
     layer_spec = get_gpt_layer_local_spec(num_experts=spec.num_experts or None, moe_grouped_gemm=False,
                                           qk_layernorm=spec.qk_norm, normalization="RMSNorm")
     model = GPTModel(
-        config=transformer_config(spec, tp, pp, recompute=recompute, ep=ep, routing_replay=routing_replay),
+        config=transformer_config(spec, tp, pp, recompute=recompute, ep=ep, routing_replay=routing_replay,
+                                  aux_loss_coeff=aux_loss_coeff),
         transformer_layer_spec=layer_spec,
         vocab_size=padded_vocab_size(spec.vocab_size, tp, vocab_divisible_by),
         max_sequence_length=spec.max_positions,

@@ -12,6 +12,12 @@ with a -1 keeps the router's own top-k. The target stays set until the next micr
 the backward pass (which runs right after its micro-batch's forward at PP = 1) routes the same way; megatron's
 REPLAY_BACKWARD queue is not needed.
 
+The load-balancing loss (megatron's ``aux_loss``, weight ``aux_coeff``): with ``calculate_per_token_loss`` megatron
+adds each micro-batch's loss times its token count, expecting its ``finalize_model_grads`` to divide every gradient by
+the global token count; the engine's recipes normalise the policy loss themselves and sum the DP ranks' grads, so
+``micro`` sets the coefficient megatron reads to ``aux_coeff / (seq * rows * dp)`` (``start(rows * dp)``): the
+step adds ``aux_coeff`` times the loss averaged over the micro-batches, weighted by their rows, and over the DP ranks.
+
 Token order: the engine trims the batch's all-padding columns (``logprobs.trim_columns``) and megatron's router sees
 a micro-batch's tokens as [s, b] flattened sequence-major, so a micro-batch's target for layer l is
 ``routed[rows, first:end, l].transpose(0, 1).reshape(-1, K)``.
@@ -66,10 +72,12 @@ def routers(model: Any) -> list[Any]:
 class ModelRouting:
     """A ``LayerRouting`` on every MoE router of ``model``; ``replay``: follow the batch's ``routed_experts``."""
 
-    def __init__(self, model: Any, num_experts: int, topk: int, replay: bool) -> None:
+    def __init__(self, model: Any, num_experts: int, topk: int, replay: bool, aux_coeff: float = 0.0) -> None:
         from megatron.core.transformer.moe.router_replay import RouterReplay
 
-        self.replay, self.num_experts, self.topk = replay, num_experts, topk
+        self.replay, self.num_experts, self.topk, self.aux_coeff = replay, num_experts, topk, aux_coeff
+        self.config = model.config
+        self.aux_rows: float | None = None
         self.layers: list[LayerRouting] = []
         self._passes: list[BatchRouting] = []
         for router in routers(model):
@@ -78,9 +86,10 @@ class ModelRouting:
             router.router_replay = LayerRouting()
             self.layers.append(router.router_replay)
 
-    def start(self) -> None:
-        """A new engine call (its passes make one batch, in order)."""
+    def start(self, aux_rows: float | None = None) -> None:
+        """A new engine call (its passes make one batch, in order); an update's rows over every DP rank."""
         self._passes = []
+        self.aux_rows = aux_rows
 
     def batch(self, routed: torch.Tensor | None, attention_mask: torch.Tensor, response_width: int) -> BatchRouting:
         """The routing of one pass over ``attention_mask``'s rows (``routed``: their ``routed_experts``, or None)."""
@@ -125,6 +134,8 @@ class BatchRouting:
         """Before the forward of ``rows`` (of this pass's batch)."""
         self._keep()
         self._rows = rows
+        if self.model.aux_coeff > 0 and self.model.aux_rows:
+            self.model.config.moe_aux_loss_coeff = self.model.aux_coeff / ((self.end - self.first) * self.model.aux_rows)
         target = None
         if self.model.replay and self.routed is not None:
             # [b, s, L, K] -> [L, s, b, K] -> per layer [s * b, K]: megatron's token order
@@ -153,6 +164,22 @@ class BatchRouting:
         for layer in self.model.layers:
             layer.target = None
         return self.own, self.used
+
+
+def check_routing(spec: Any, router_replay: str, aux_loss_coeff: float) -> None:
+    """One line for routing settings the model cannot take."""
+    if router_replay not in ("off", "replay"):
+        raise ValueError(f"train.router_replay={router_replay!r} must be 'off' or 'replay'")
+    if aux_loss_coeff < 0:
+        raise ValueError(f"train.moe_aux_loss_coeff={aux_loss_coeff} must be >= 0")
+    if spec.is_moe:
+        return
+    if router_replay == "replay":
+        raise ValueError(f"train.router_replay=replay replays a mixture of experts' routing, but the model "
+                         f"({spec.family}) has a dense MLP; set train.router_replay=off")
+    if aux_loss_coeff > 0:
+        raise ValueError(f"train.moe_aux_loss_coeff={aux_loss_coeff} balances a mixture of experts' routing, but the "
+                         f"model ({spec.family}) has a dense MLP; set train.moe_aux_loss_coeff=0")
 
 
 def mismatch_counts(own: torch.Tensor, routed: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -38,7 +38,7 @@ from dockflow.engines.megatron.convert import DecoderSpec, hf_to_megatron, megat
 from dockflow.engines.megatron.cpu import prepare_megatron
 from dockflow.engines.megatron.experts import ExpertGroups, megatron_names, partition_rules, reshard_names
 from dockflow.engines.megatron.persist import MegatronPersistence
-from dockflow.engines.megatron.routing import ROUTED_EXPERTS, ModelRouting
+from dockflow.engines.megatron.routing import ROUTED_EXPERTS, ModelRouting, check_routing
 from dockflow.engines.megatron.schedule import (
     ResponseHead,
     finalize_grads,
@@ -96,21 +96,26 @@ class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEng
         gradient_checkpointing: bool = False,
         max_tokens_per_micro_batch: int | None = None,
         router_replay: str = "off",
+        moe_aux_loss_coeff: float = 0.0,
     ):
         """``model``: the Hugging Face causal LM (Qwen2/Qwen2.5, Qwen3 or Llama) every rank starts from; it becomes
         the generation copy. Initialises megatron's TP x PP groups over the default group unless already done.
         ``gradient_checkpointing``: megatron's full activation recompute, every layer (``model.transformer_config``).
         ``max_tokens_per_micro_batch``: micro-batches by tokens (``engines/micro_batches.py``), each its own pass
         through the schedule. ``ep``: expert-parallel ranks of a Qwen3-MoE policy, out of the DP ranks (``experts.py``).
-        ``router_replay``: "replay" routes every forward by the batch's ``routed_experts`` (``routing.py``)."""
+        ``router_replay``: "replay" routes every forward by the batch's ``routed_experts`` (``routing.py``);
+        ``moe_aux_loss_coeff``: the weight of megatron's load-balancing loss in the update (0: none)."""
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
         self.spec: DecoderSpec = spec_from_hf(model.config)
-        self._check_moe(tp, pp, ep, router_replay)
+        self._check_moe(tp, pp, ep)
+        check_routing(self.spec, router_replay, moe_aux_loss_coeff)
         self._init_ranks(tp, pp, seed, device, ep)
+        replay = router_replay == "replay"
         self.model = mg.build_gpt_model(self.spec, tp=tp, pp=pp, recompute=gradient_checkpointing, ep=ep,
-                                        routing_replay=router_replay == "replay").to(self.device)
-        self.routing = (ModelRouting(self.model, self.spec.num_experts, self.spec.moe_topk, router_replay == "replay")
-                        if self.spec.is_moe else None)
+                                        routing_replay=replay, aux_loss_coeff=moe_aux_loss_coeff).to(self.device)
+        if self.spec.is_moe:
+            self.routing = ModelRouting(self.model, self.spec.num_experts, self.spec.moe_topk, replay,
+                                        moe_aux_loss_coeff)
         self.routing_metrics: dict[str, float] = {}  # the last infer's ``moe/routing_mismatch``
         full = hf_to_megatron(model.state_dict(), self.spec)
         mg.load_full_state(self.model, full, self.spec)
@@ -128,16 +133,11 @@ class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEng
         self.bucket_bytes = bucket_bytes
         self._to_generation()
 
-    def _check_moe(self, tp: int, pp: int, ep: int, router_replay: str) -> None:
+    def _check_moe(self, tp: int, pp: int, ep: int) -> None:
         """One line at start for what cannot run with experts: TP > 1 (``shard.check_ep``), PP > 1 (the reshard
         places no expert on a stage), token-budget micro-batches at EP > 1 (each MoE layer is a collective over the
-        EP ranks, which must then run the same passes); and routing replay without experts."""
+        EP ranks, which must then run the same passes)."""
         check_ep(self.spec, ep, tp)
-        if router_replay not in ("off", "replay"):
-            raise ValueError(f"train.router_replay={router_replay!r} must be 'off' or 'replay'")
-        if router_replay == "replay" and not self.spec.is_moe:
-            raise ValueError(f"train.router_replay=replay replays a mixture of experts' routing, but the model "
-                             f"({self.spec.family}) has a dense MLP; set train.router_replay=off")
         if self.spec.is_moe and pp > 1:
             raise ValueError(f"train.pp={pp} with a mixture of experts: the reshard to generation places no experts "
                              "on pipeline stages yet; set train.pp=1")
@@ -225,9 +225,9 @@ class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEng
         self.routing_metrics = self._routing_finish()
         return torch.cat(parts)
 
-    def _routing_start(self) -> None:
+    def _routing_start(self, aux_rows: float | None = None) -> None:
         if self.routing is not None:
-            self.routing.start()
+            self.routing.start(aux_rows)
 
     def _routing_pass(self, batch: TensorDict, width: int) -> Any:
         """Before each micro-batch's forward of a pass over ``batch``: the MoE routers' targets (None: dense)."""
@@ -293,7 +293,7 @@ class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEng
         passes = [(0, rows, micro_batch_size)] if self.max_tokens_per_micro_batch is None else [
             (lo, hi, hi - lo) for lo, hi in micro_batch_bounds(batch["attention_mask"].sum(-1).tolist(),
                                                                micro_batch_size, self.max_tokens_per_micro_batch)]
-        self._routing_start()
+        self._routing_start(rows * self.dp)
         for lo, hi, size in passes:
             pipeline_forward_backward(
                 [self.model], batch["input_ids"][lo:hi], batch["attention_mask"][lo:hi], width, self.spec.vocab_size,

@@ -8,7 +8,8 @@ DP share of the batch (the all-to-all dispatcher moving unequal token counts):
 - the replayed log-probs equal a plain transformers forward of the same weights (one process, every expert) whose
   routers are forced to the same experts, within 1e-5; the GRPO gradients of a step under replay equal that
   forward's within float32 rounding (``fixtures/tolerances.py``), with and without activation recompute (the
-  backward's recomputed forward routes by the same target).
+  backward's recomputed forward routes by the same target);
+- the load-balancing loss (``moe_aux_loss_coeff``) moves every router's gradient, in proportion to its weight.
 
 megatron is imported once, in the fork server the ranks start from (``tests/fixtures/ranks.py``).
 """
@@ -25,13 +26,14 @@ import torch.nn.functional as F
 from fixtures.engine_batches import grpo_loss, rollout_batch, with_old_log_probs
 from fixtures.ranks import start_ranks
 from fixtures.tiny_models import tiny_moe
-from fixtures.tolerances import assert_grads_close, first_step_grads
+from fixtures.tolerances import assert_grads_close, first_step_grads, grad_tolerance
 
 pytestmark = pytest.mark.kernels  # cross-engine tolerances: run under the other ATen kernel set too (Makefile)
 
 TEMPERATURE = 0.7
 SHARES = ([0, 2], [1, 3])  # rank 0 keeps 2 left-padding columns, rank 1 none
 EXPERTS = 4
+AUX = (0.0, 0.01, 0.02)  # the load-balancing loss's weight
 
 
 def _rolled(routing: torch.Tensor) -> torch.Tensor:
@@ -74,6 +76,11 @@ def _rank(rank: int, tmp: str) -> None:
     out["step_batch"] = step
     out["step"] = _step(engine, step)
     out["step_recompute"] = _step(MegatronTrainingEngine(tiny_moe(), gradient_checkpointing=True, **args), step)
+    plain = step.exclude("routed_experts")  # the routers' own routing; AdamW's first moments give the gradients
+    for coeff in AUX:
+        engine = MegatronTrainingEngine(tiny_moe(), ep=2, lr=1e-3, grad_clip=1e9, temperature=TEMPERATURE,
+                                        moe_aux_loss_coeff=coeff)
+        out[f"aux{coeff}"] = _step(engine, plain)["grads"]
     torch.save(out, Path(tmp) / f"rank{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()
@@ -174,6 +181,22 @@ def test_replayed_log_probs_and_grpo_gradients_equal_a_forced_transformers_forwa
             assert torch.equal(out[run]["used"], out["rolled_used"]), run  # the update routed as replayed
             assert out[run]["metrics"]["moe/routing_mismatch"] == pytest.approx(_mismatch(ranks, "rolled_own", "rolled_used"), abs=1e-12)
             assert_grads_close(out[run]["grads"], grads)
+
+
+def test_the_load_balancing_loss_moves_the_routers_gradients_in_proportion_to_its_weight(ranks):
+    """With weight 0 (the default) nothing changes; with c > 0 the loss reaches the weights through the routers'
+    scores only: every router's gradient moves, by twice as much at 2c, and layer 1's experts (downstream of every
+    router) keep their gradient bit for bit."""
+    for out in ranks:
+        base, once, twice = (out[f"aux{c}"] for c in AUX)
+        tol = grad_tolerance(base)
+        for name in base:
+            delta = once[name] - base[name]
+            if ".mlp.gate." in name:
+                assert float(delta.abs().max()) > 100 * tol, name
+            if "layers.1.mlp.experts" in name or name == "model.norm.weight":
+                assert torch.equal(once[name], base[name]), name
+            torch.testing.assert_close(twice[name] - base[name], 2 * delta, rtol=0, atol=tol, msg=name)
 
 
 def test_replay_on_a_dense_model_ends_in_one_line():
