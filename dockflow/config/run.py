@@ -203,8 +203,11 @@ class Config(Section):
         if tc.engine != "megatron" and (tc.tp > 1 or tc.pp > 1):
             raise ValueError(f"train.tp={tc.tp} / train.pp={tc.pp} split the model with megatron: set "
                              "train.engine=megatron (fsdp parallelises by train.dp only)")
+        tiny = self.model.tiny if self.model.path is None else None
+        if tc.moe_aux_loss_coeff > 0 and (tc.engine != "megatron" or (tiny is not None and tiny.architecture != "qwen3_moe")):
+            raise ValueError(f"train.moe_aux_loss_coeff={tc.moe_aux_loss_coeff} weighs megatron's load-balancing loss "
+                             "of a mixture of experts: set train.engine=megatron and a qwen3_moe model, or 0")
         if tc.ep > 1:
-            tiny = self.model.tiny if self.model.path is None else None
             if tc.engine != "megatron" or (tc.dp * tc.tp) % tc.ep:
                 raise ValueError(f"train.ep={tc.ep} splits the experts over megatron's data-parallel ranks: set "
                                  f"train.engine=megatron and a train.dp x train.tp ({tc.dp} x {tc.tp}) it divides")

@@ -203,6 +203,8 @@ class TrainConfig(Section):
     pp: int = Field(1, ge=1, description="train.engine=megatron: pipeline-parallel stages of the policy (and of PPO's critic).")
     ep: int = Field(1, ge=1, description="train.engine=megatron, a mixture-of-experts policy: expert-parallel ranks, each "
                     "holding experts/ep of every MoE layer; they are data-parallel ranks (ep divides train.dp x train.tp).")
+    moe_aux_loss_coeff: float = Field(0.0, ge=0.0, description="train.engine=megatron, a mixture-of-experts policy: "
+                                      "weight of megatron's load-balancing loss (aux_loss) in the update; 0 = none.")
     max_staleness: int = Field(
         0,
         ge=0,

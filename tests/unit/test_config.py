@@ -123,6 +123,11 @@ def test_data_parallel_constraints_name_the_keys(overrides, message):
          r"train.ep=2 splits a mixture of experts, but model.tiny.architecture=qwen2 is dense: set it to qwen3_moe"),
         (["train.engine=megatron", "train.ep=3", "train.tp=3",
           "model.tiny.architecture=qwen3_moe"], r"train.ep=3 must divide the model's experts \(model.tiny.num_experts=8\)"),
+        (["train.moe_aux_loss_coeff=0.01", "model.tiny.architecture=qwen3_moe"],
+         r"train.moe_aux_loss_coeff=0.01 weighs megatron's load-balancing loss of a mixture of experts: set "
+         r"train.engine=megatron"),
+        (["train.moe_aux_loss_coeff=0.01", "train.engine=megatron"], r"train.moe_aux_loss_coeff=0.01 weighs"),
+        (["train.moe_aux_loss_coeff=-1"], "invalid value for 'train.moe_aux_loss_coeff'"),
     ],
 )
 def test_megatron_layout_constraints_name_the_keys(overrides, message):
@@ -135,6 +140,8 @@ def test_megatron_layout_constraints_name_the_keys(overrides, message):
     assert load_config(EXAMPLE, []).train.engine == "fsdp"
     cfg = load_config(EXAMPLE, ["train.engine=megatron", "train.ep=2", "train.dp=2", "model.tiny.architecture=qwen3_moe"])
     assert cfg.train.ep == 2 and cfg.train.actor_ranks == 2  # EP ranks are DP ranks
+    cfg = load_config(EXAMPLE, ["train.engine=megatron", "train.moe_aux_loss_coeff=0.01", "model.tiny.architecture=qwen3_moe"])
+    assert cfg.train.moe_aux_loss_coeff == 0.01
 
 
 @pytest.mark.parametrize(
