@@ -48,6 +48,7 @@ def _step(engine, batch) -> dict:
 
 
 def _rank(rank: int, tmp: str) -> None:
+    from dockflow.engines.megatron.routing import routers
     from dockflow.engines.megatron.training import MegatronTrainingEngine
 
     torch.set_num_threads(1)
@@ -80,7 +81,10 @@ def _rank(rank: int, tmp: str) -> None:
     for coeff in AUX:
         engine = MegatronTrainingEngine(tiny_moe(), ep=2, lr=1e-3, grad_clip=1e9, temperature=TEMPERATURE,
                                         moe_aux_loss_coeff=coeff)
+        inputs: list[torch.Tensor] = []  # layer 1's router inputs [s, b, H], one per micro-batch
+        routers(engine.model)[1].register_forward_hook(lambda m, args, _, kept=inputs: kept.append(args[0].detach().clone()))
         out[f"aux{coeff}"] = _step(engine, plain)["grads"]
+        out[f"aux{coeff}_inputs"] = inputs
     torch.save(out, Path(tmp) / f"rank{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()
@@ -184,9 +188,9 @@ def test_replayed_log_probs_and_grpo_gradients_equal_a_forced_transformers_forwa
 
 
 def test_the_load_balancing_loss_moves_the_routers_gradients_in_proportion_to_its_weight(ranks):
-    """With weight 0 (the default) nothing changes; with c > 0 the loss reaches the weights through the routers'
-    scores only: every router's gradient moves, by twice as much at 2c, and layer 1's experts (downstream of every
-    router) keep their gradient bit for bit."""
+    """With c > 0 the loss reaches the weights through the routers' scores only: every router's gradient moves, by
+    twice as much at 2c, layer 1's experts (downstream of every router) keep their gradient bit for bit, and layer 1's
+    router moves by c times the gradient of megatron's switch loss, averaged over the micro-batches and DP ranks."""
     for out in ranks:
         base, once, twice = (out[f"aux{c}"] for c in AUX)
         tol = grad_tolerance(base)
@@ -197,6 +201,23 @@ def test_the_load_balancing_loss_moves_the_routers_gradients_in_proportion_to_it
             if "layers.1.mlp.experts" in name or name == "model.norm.weight":
                 assert torch.equal(once[name], base[name]), name
             torch.testing.assert_close(twice[name] - base[name], 2 * delta, rtol=0, atol=tol, msg=name)
+    # Layer 1's router: the change is c times the gradient of megatron's switch loss (E / (K T^2) sum_i n_i sum_t
+    # P_ti per micro-batch of T tokens, n_i its tokens routed to i), averaged over each rank's rows and the 2 ranks
+    name, coeff = "model.layers.1.mlp.gate.weight", AUX[1]
+    weight = tiny_moe().state_dict()[name].requires_grad_()
+    total = torch.zeros(())
+    for out in ranks:
+        for hidden in out[f"aux{coeff}_inputs"]:
+            seq, rows, _ = hidden.shape
+            probs = torch.softmax(hidden.reshape(seq * rows, -1) @ weight.T, dim=-1)
+            counts = torch.zeros(EXPERTS).scatter_add_(0, probs.topk(2).indices.flatten(), torch.ones(2 * seq * rows))
+            switch = EXPERTS / (2 * (seq * rows) ** 2) * (probs.sum(0) * counts).sum()
+            total = total + switch * rows / (2 * len(SHARES[0]))
+    total.backward()
+    for out in ranks:
+        assert len(out[f"aux{coeff}_inputs"]) == 2  # micro-batches of 1 row
+        torch.testing.assert_close(out[f"aux{coeff}"][name] - out["aux0.0"][name], coeff * weight.grad, rtol=0,
+                                   atol=grad_tolerance(out["aux0.0"]))
 
 
 def test_replay_on_a_dense_model_ends_in_one_line():
