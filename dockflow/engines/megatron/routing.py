@@ -80,6 +80,7 @@ class ModelRouting:
         self.aux_rows: float | None = None
         self.layers: list[LayerRouting] = []
         self._passes: list[BatchRouting] = []
+        self._counts = torch.zeros(2, dtype=torch.float64)  # mismatch counts of this rank since ``take_counts``
         for router in routers(model):
             if router.router_replay is not None:  # megatron's own (moe_enable_routing_replay): ours replaces it
                 RouterReplay.global_router_replay_instances.remove(router.router_replay)
@@ -105,8 +106,15 @@ class ModelRouting:
         counts = [mismatch_counts(own, p.routed, p.mask) for p, (own, _) in zip(self._passes, done, strict=True)
                   if p.routed is not None]
         self._passes = []
-        return (torch.cat([own for own, _ in done]), torch.cat([used for _, used in done]),
-                torch.stack(counts).sum(0) if counts else None)
+        total = torch.stack(counts).sum(0) if counts else None
+        if total is not None:
+            self._counts += total
+        return torch.cat([own for own, _ in done]), torch.cat([used for _, used in done]), total
+
+    def take_counts(self) -> tuple[int, int]:
+        """(mismatched, recorded) entries of this rank's calls since the last take."""
+        counts, self._counts = self._counts, torch.zeros(2, dtype=torch.float64)
+        return int(counts[0]), int(counts[1])
 
     def _check(self, routed: torch.Tensor, attention_mask: torch.Tensor) -> None:
         expected = (*attention_mask.shape, len(self.layers), self.topk)

@@ -236,6 +236,10 @@ class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEng
         routed = batch.get(ROUTED_EXPERTS, None)
         return self.routing.batch(None if routed is None else routed.cpu(), batch["attention_mask"].cpu(), width).micro
 
+    def routing_counts(self) -> tuple[int, int]:
+        """(mismatched, recorded) (real token, layer) entries of this rank's batches since the last call."""
+        return self.routing.take_counts() if self.routing is not None else (0, 0)
+
     def _routing_finish(self) -> dict[str, float]:
         """Keeps the call's routing (``last_routing``); ``moe/routing_mismatch`` over the DP ranks' entries when the
         batch has the rollout's routing: the share of (real token, layer) whose own top-k set differs from it."""

@@ -66,6 +66,7 @@ def _rank(rank: int, tmp: str) -> None:
         out[f"{name}_logp"] = engine.infer(replayed)
         out[f"{name}_own"], out[f"{name}_used"] = engine.last_routing
         out[f"{name}_metrics"] = dict(engine.routing_metrics)
+        out[f"{name}_counts"] = engine.routing_counts()
     partial = _rolled(own)
     partial[:, ::2] = -1  # every other token position: not recorded
     replayed = batch.clone()
@@ -137,6 +138,7 @@ def test_replaying_the_engines_own_routing_changes_nothing(ranks):
         assert torch.equal(out["recorded_logp"], out["own_logp"])
         assert torch.equal(out["recorded_used"], out["own"])
         assert out["recorded_metrics"] == {"moe/routing_mismatch": 0.0}
+        assert out["recorded_counts"][0] == 0
         assert (out["own"] >= 0).sum() > 0
 
 
@@ -160,10 +162,13 @@ def test_a_replayed_routing_is_the_one_the_routers_use_and_moves_the_log_probs(r
         # the routers' own choice is still measured: layer 0's as before, layer 1's on layer 0's replayed output
         assert torch.equal(out["rolled_own"][:, :, 0], out["own"][:, :, 0])
         assert out["rolled_metrics"]["moe/routing_mismatch"] == pytest.approx(mismatch, abs=1e-12)
+        mismatched, recorded = out["rolled_counts"]  # this rank's own share, for the actor to merge
+        assert recorded == int(out["attention_mask"].sum()) * 2 and 0 < mismatched <= recorded
         assert float(((out["rolled_logp"] - out["own_logp"]) * mask[SHARES[rank]]).abs().max()) > 1e-3
         unrecorded = (out["partial"] < 0).any(-1, keepdim=True)  # -1: the router's own top-k there
         assert torch.equal(out["partial_used"], torch.where(unrecorded, out["partial_own"], out["partial"]))
         assert unrecorded.any() and (~unrecorded).any()
+    assert sum(o["rolled_counts"][0] for o in ranks) / sum(o["rolled_counts"][1] for o in ranks) == mismatch
 
 
 def test_replayed_log_probs_and_grpo_gradients_equal_a_forced_transformers_forward(ranks):
