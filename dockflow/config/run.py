@@ -32,6 +32,7 @@ from dockflow.config.algorithm import (
 from dockflow.config.base import Section, flatten_dict, renamed_key
 from dockflow.config.data import ArithmeticConfig, DataConfig
 from dockflow.config.engine import CostModelConfig, EngineConfig, VLLMConfig
+from dockflow.config.moe import check_moe
 from dockflow.config.reward import RewardConfig, RewardFunctionConfig, RewardModelConfig
 from dockflow.config.sections import (
     CheckpointConfig,
@@ -195,7 +196,7 @@ class Config(Section):
                              "rollout.prompts_per_iter must be >= it")
 
     def _check_megatron(self) -> None:
-        """train.tp / train.pp only with the megatron engine."""
+        """train.tp / train.pp only with the megatron engine; train.ep and the MoE settings (``moe.py``)."""
         tc = self.train
         if tc.max_tokens_per_micro_batch is not None and self.offline:
             raise ValueError(f"train.max_tokens_per_micro_batch is not supported with algorithm.name="
@@ -203,20 +204,7 @@ class Config(Section):
         if tc.engine != "megatron" and (tc.tp > 1 or tc.pp > 1):
             raise ValueError(f"train.tp={tc.tp} / train.pp={tc.pp} split the model with megatron: set "
                              "train.engine=megatron (fsdp parallelises by train.dp only)")
-        tiny = self.model.tiny if self.model.path is None else None
-        if tc.moe_aux_loss_coeff > 0 and (tc.engine != "megatron" or (tiny is not None and tiny.architecture != "qwen3_moe")):
-            raise ValueError(f"train.moe_aux_loss_coeff={tc.moe_aux_loss_coeff} weighs megatron's load-balancing loss "
-                             "of a mixture of experts: set train.engine=megatron and a qwen3_moe model, or 0")
-        if tc.ep > 1:
-            if tc.engine != "megatron" or (tc.dp * tc.tp) % tc.ep:
-                raise ValueError(f"train.ep={tc.ep} splits the experts over megatron's data-parallel ranks: set "
-                                 f"train.engine=megatron and a train.dp x train.tp ({tc.dp} x {tc.tp}) it divides")
-            if tiny is not None and tiny.architecture != "qwen3_moe":
-                raise ValueError(f"train.ep={tc.ep} splits a mixture of experts, but model.tiny.architecture="
-                                 f"{tiny.architecture} is dense: set it to qwen3_moe, or train.ep=1")
-            if tiny is not None and tiny.num_experts % tc.ep:
-                raise ValueError(f"train.ep={tc.ep} must divide the model's experts (model.tiny.num_experts="
-                                 f"{tiny.num_experts}); pick an ep that divides it")
+        check_moe(self)
 
     def _check_lora(self) -> None:
         """Where LoRA runs: the torch and FSDP2 engines, HF and vLLM generation (vLLM takes the adapter alone at each
