@@ -214,13 +214,13 @@ def _mib(n: float | None) -> str:
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
-    header = (f"{'model':<15}{'update':<12}{'method':<16}{'params':>8}{'gen peak':>10}{'upd state':>10}{'redundant':>10}"
+    header = (f"{'model':<17}{'update':<12}{'gen':<12}{'method':<16}{'params':>8}{'gen peak':>10}{'upd state':>10}{'redundant':>10}"
               f"{'Eq.(3)':>9}{'temp peak':>10}{'bucket':>8}{'reshard s':>10}{'swap s':>8}{'back s':>8}")
     print("MiB per rank except redundant / Eq.(3) (sum over the 4 ranks); params in millions")
     print(header)
     print("-" * len(header))
     for r in results:
-        print(f"{r['model']:<15}{r['update_layout']:<12}{r['method']:<16}{r['params'] / 1e6:>8.1f}{_mib(r['gen_peak_bytes']):>10}"
+        print(f"{r['model']:<17}{r['update_layout']:<12}{r['gen_layout']:<12}{r['method']:<16}{r['params'] / 1e6:>8.1f}{_mib(r['gen_peak_bytes']):>10}"
               f"{_mib(r['update_state_bytes_in_gen']):>10}{_mib(r['redundant_bytes']):>10}"
               f"{_mib(r['predicted_redundant_bytes']):>9}{_mib(r['temp_peak_bytes']):>10}{_mib(r['bucket_bytes']):>8}"
               f"{r['reshard_s']:>10.3f}{r['swap_s']:>8.3f}{r['swap_back_s']:>8.3f}")
