@@ -33,6 +33,7 @@ from dockflow.config.base import Section, flatten_dict, renamed_key
 from dockflow.config.data import ArithmeticConfig, DataConfig
 from dockflow.config.engine import CostModelConfig, EngineConfig, VLLMConfig
 from dockflow.config.reward import RewardConfig, RewardFunctionConfig, RewardModelConfig
+from dockflow.config.router_replay import check_router_replay
 from dockflow.config.sections import (
     CheckpointConfig,
     DockConfig,
@@ -121,6 +122,7 @@ class Config(Section):
         self._check_engine()
         self._check_tools()
         self._check_lora()
+        check_router_replay(self)
         if self.data.source == "file" and not self.data.train_path:
             raise ValueError("data.source is 'file' but data.train_path is not set: give a JSONL or Parquet path")
         return self
