@@ -70,15 +70,15 @@ class HFGenerationEngine(GenerationEngine):
         """Continue left-padded rows by up to ``max_new_tokens`` sampled tokens: (tokens, their log-probs), both
         [B, max_new_tokens]; tokens after a row's EOS are padding. Log-probs are of the raw logits divided by
         the temperature (1 when greedy), as ``dockflow.engines.logprobs`` computes them."""
-        return self._sample(input_ids, attention_mask, max_new_tokens, params, seed)[:2]
+        return self._sample(input_ids, attention_mask, max_new_tokens, params, seed, record=False)[:2]
 
     @torch.no_grad()
     def _sample(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int, params: SamplingParams,
-        seed: int,
+        seed: int, *, record: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """:meth:`sample`, and for an MoE policy each position's recorded experts [B, width + max_new_tokens, L, K]
-        (-1 past the last position fed to the model)."""
+        """:meth:`sample`, and with ``record`` for an MoE policy each position's recorded experts [B, width +
+        max_new_tokens, L, K] (-1 past the last position fed to the model)."""
         from dockflow.engines.kv_cache import prefill_shared_prompts, reserved_cache  # imports transformers
 
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
@@ -89,7 +89,7 @@ class HFGenerationEngine(GenerationEngine):
         was_training = self.model.training
         self.model.eval()
         model = causal_lm(self.model)  # what generate() runs: a LoRA model's HF module (its adapters on)
-        routers = moe_routers(model)
+        routers = moe_routers(model) if record else []
         routed = None if not routers else torch.full(
             (input_ids.shape[0], input_ids.shape[1] + max_new_tokens, len(routers), routers[0].top_k), NOT_RECORDED,
             dtype=torch.int16)
