@@ -138,9 +138,12 @@ class TorchTrainingEngine(TrainingEngine):
         for lo, hi in self._micro_batches(batch, micro_batch_size):
             if lo == hi:  # another DP rank has more micro-batches: a forward and backward that add nothing
                 micro = batch[:1].to(self.device)
+                counted = self.routing_stats()  # a row that adds nothing counts no routing mismatch either
                 with routed(self.router):
                     loss, _ = loss_fn(self._forward(micro)[0].values, micro, tokens)
                     self._backward(loss * 0.0)
+                if self.router is not None:
+                    self.router.stats = counted
                 continue
             micro = batch[lo:hi].to(self.device)  # the loss reads its columns next to logp
             with routed(self.router):  # the fed routing stays for the backward's recomputed layers
