@@ -28,7 +28,7 @@ def check_router_replay(cfg: Config) -> None:
     if cfg.train.router_replay != "replay":
         return
     refused = {
-        f"model.tiny.architecture={cfg.model.tiny.architecture} is dense (no router to replay; use qwen3_moe)":
+        f"model.tiny.architecture={cfg.model.tiny.architecture} is dense (no router to replay; set it to qwen3_moe, or train.router_replay: off)":
             moe_policy(cfg) is False,
         f"algorithm.name={cfg.algorithm.name} trains on offline pairs (nothing generated, no routing recorded)":
             cfg.offline,
