@@ -25,6 +25,7 @@ from pydantic import Field
 
 from dockflow.algos.plan import RunPlan, Sampling, plan_roles
 from dockflow.config.algorithm import AlgorithmSection, CriticSection, PreferenceSection
+from dockflow.config.router_replay import records_routing
 
 if TYPE_CHECKING:
     import torch
@@ -172,4 +173,10 @@ def policy_gradient_columns(cfg: Config, recipe: Algorithm) -> dict[str, list[st
     if cfg.train.rollout_correction.mode is not None:
         update.append("rollout_log_prob")
     out["actor_update"] = update
+    if records_routing(cfg):  # an MoE policy's recorded experts: replayed, and the mismatch measured where
+        replay = cfg.train.router_replay == "replay"  # the actor's first pass over the rollout runs
+        wanted = {"actor_infer": True, "ref_infer": replay, "actor_update": replay or "actor_infer" not in out}
+        for state, reads in wanted.items():
+            if reads and state in out:
+                out[state].append("routed_experts")
     return out

@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from dockflow.config.router_replay import records_routing
+
 if TYPE_CHECKING:
     import torch
 
@@ -103,6 +105,8 @@ class RunPlan:
     # model.lora: the reference policy is the actor's own base model (its adapter off), so the actor ranks write
     # ref_log_prob and there is no reference worker, nor a copy of its weights
     reference_in_actor: bool = False
+    # generation records each token's experts (routed_experts: an MoE policy on the HF engine, single-turn)
+    records_routing: bool = False
 
     def has(self, name: str) -> bool:
         return name in self.roles
@@ -160,6 +164,8 @@ def plan_roles(cfg: Config, recipe: Algorithm) -> RunPlan:
         generated.append("old_log_prob")
     if cfg.tools.enabled:  # each trajectory's conversation and environment, for the reward functions
         generated.append("tool_record")
+    if records_routing(cfg):  # an MoE policy's experts per token, for routing replay and moe/routing_mismatch
+        generated.append("routed_experts")
 
     def owned(*names: str) -> dict[str, tuple[str, ...]]:
         return {n: tuple(states[n]) for n in names if n in states}
@@ -194,4 +200,5 @@ def plan_roles(cfg: Config, recipe: Algorithm) -> RunPlan:
         extra[SNAPSHOT_CONSUMER] = tuple(generated)
     return RunPlan(roles=planned, sampling=recipe.sampling(cfg), global_batch=cfg.global_batch,
                    train_batch=recipe.train_batch(cfg), extra_consumers=extra, recipe=recipe,
-                   max_staleness=cfg.train.max_staleness, reference_in_actor=in_actor)
+                   max_staleness=cfg.train.max_staleness, reference_in_actor=in_actor,
+                   records_routing="routed_experts" in generated)

@@ -34,6 +34,7 @@ from dockflow.config.data import ArithmeticConfig, DataConfig
 from dockflow.config.engine import CostModelConfig, EngineConfig, VLLMConfig
 from dockflow.config.moe import check_moe
 from dockflow.config.reward import RewardConfig, RewardFunctionConfig, RewardModelConfig
+from dockflow.config.router_replay import check_router_replay
 from dockflow.config.sections import (
     CheckpointConfig,
     DockConfig,
@@ -122,6 +123,7 @@ class Config(Section):
         self._check_engine()
         self._check_tools()
         self._check_lora()
+        check_router_replay(self)
         if self.data.source == "file" and not self.data.train_path:
             raise ValueError("data.source is 'file' but data.train_path is not set: give a JSONL or Parquet path")
         return self

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from dockflow.config.base import Section
 from dockflow.config.correction import RolloutCorrectionConfig
@@ -227,6 +227,19 @@ class TrainConfig(Section):
         "micro-batch pads only to lengths like its own. false = shares and micro-batches in index order.",
     )
     rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig)
+    router_replay: Literal["off", "replay"] = Field(
+        "off",
+        description="Mixture-of-experts policies: 'replay' = the trainer's forward passes (old log-probs, reference, "
+        "update) use the experts the generating engine's router chose for each token (recorded as routed_experts) "
+        "instead of their own top-k; the gate weights are still the trainer's (verl's R3). 'off' = the trainer routes "
+        "itself. Either way moe/routing_mismatch is logged (docs/engines.md).",
+    )
+
+    @field_validator("router_replay", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: object) -> object:
+        """YAML reads a bare ``off`` as false."""
+        return "off" if value is False else value
 
     @property
     def actor_ranks(self) -> int:

@@ -69,6 +69,7 @@ def create_engines(
                   temperature=inputs.rollout.temperature, device=device,
                   gradient_checkpointing=tc.gradient_checkpointing)
     budget = dict(max_tokens_per_micro_batch=tc.max_tokens_per_micro_batch)
+    replay = tc.router_replay == "replay"  # an MoE policy's recorded experts in its forward (engines/routing.py)
     if tc.engine == "megatron":  # DP x TP x PP ranks of megatron-core; generation on the HF copy of the gathered weights
         from dockflow.engines.megatron.training import MegatronTrainingEngine
 
@@ -79,10 +80,10 @@ def create_engines(
         from dockflow.engines.fsdp_training import FSDPTrainingEngine
 
         train: TrainingEngine = FSDPTrainingEngine(model, bucket_bytes=int(tc.reshard_bucket_mb * 2**20), **common,
-                                                   **budget)
+                                                   **budget, router_replay=replay)
         gen_model = train.generation_model
     else:
-        train = TorchTrainingEngine(model, **common, **budget)
+        train = TorchTrainingEngine(model, **common, **budget, router_replay=replay)
         gen_model = model
     if ec.backend == "vllm":
         from dockflow.engines.vllm_generation import ColocatedTraining, VLLMGenerationEngine

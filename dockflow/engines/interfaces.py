@@ -13,6 +13,11 @@ Rollout layout (B sequences, prompt width P, response width R = max_new_tokens):
     response_length [B]      long   real response tokens (incl. EOS)
     rollout_log_prob [B, R]  float  the generating engine's log-prob of each response token (logits divided by
                                     the sampling temperature, as ``dockflow.engines.logprobs``), 0 past the mask
+    routed_experts [B, P+R, L, K] int16  mixture-of-experts policies only: for each position of ``input_ids``, at each
+                                    of the L MoE layers (layer order), the K expert ids the generating engine's router
+                                    chose (torch.topk order; replay uses the set); -1 = not recorded (padding, and the
+                                    last sampled token, never fed back): the trainer routes those itself
+                                    (``dockflow.engines.routing``)
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from tensordict import TensorDict
 
 from dockflow.config.engine import EngineConfig
 from dockflow.config.sections import LoraConfig, RolloutConfig, TrainConfig
+from dockflow.engines.routing import RoutingStats
 from dockflow.engines.sync_check import SyncProbe
 
 
@@ -165,3 +171,8 @@ class TrainingEngine(ABC):
     def memory_metrics(self) -> dict[str, float]:
         """Memory ledger metrics since the last call (``memory/...`` bytes; none where nothing is measured)."""
         return {}
+
+    def routing_stats(self) -> RoutingStats:
+        """An MoE policy's routing mismatch with the batches' ``routed_experts`` counted since the last call
+        (``moe/routing_mismatch``); nothing counted for a dense model or batches without them."""
+        return RoutingStats()

@@ -95,8 +95,9 @@ def reserved_cache(model: nn.Module, capacity: int) -> DynamicCache:
 @torch.no_grad()
 def prefill_shared_prompts(
     model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: DynamicCache
-) -> None:
-    """Put every position of the left-padded rows but the last into ``cache``, computing each distinct row once.
+) -> torch.Tensor | None:
+    """Put every position of the left-padded rows but the last into ``cache``, computing each distinct row once;
+    returns each row's distinct row (None: nothing prefilled), which a routing recorder applies as the cache does.
 
     ``generate`` called next with the same rows and this cache computes only the last position (whose logits
     give the first sampled token) and continues from there. Rows of one width and nothing to share still work:
@@ -104,8 +105,9 @@ def prefill_shared_prompts(
     """
     width = input_ids.shape[1]
     if width < 2:
-        return
+        return None
     ids, mask, copies = distinct_rows(input_ids[:, :-1], attention_mask[:, :-1])
     model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), past_key_values=cache,
           use_cache=True, logits_to_keep=1)
     cache.batch_select_indices(copies)
+    return copies

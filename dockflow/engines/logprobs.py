@@ -17,6 +17,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from dockflow.engines.packing import PackingCost, packed_outputs, packing_pays
+from dockflow.engines.routing import RouterReplay, Routing, batch_routing
 from dockflow.engines.token_head import DEFAULT_CHUNK, chunked_log_probs, output_head
 
 
@@ -50,13 +51,22 @@ def _trimmed(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_wid
     return input_ids[:, first:end], attention_mask[:, first:end], keep_r
 
 
-def distinct_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _trimmed_routing(routing: Routing | None, attention_mask: torch.Tensor, response_width: int) -> Routing | None:
+    """``routing`` cut to the columns :func:`_trimmed` keeps."""
+    if routing is None:
+        return None
+    first, keep_r = trim_columns(attention_mask, response_width)
+    return routing.cut(columns=slice(first, attention_mask.shape[1] - response_width + keep_r))
+
+
+def distinct_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                  key: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(ids, mask) of the distinct rows, and for every row the index of its distinct row: a group's N samples of
-    one prompt share one."""
+    one prompt share one. ``key`` [B, ...]: what else rows must share to be one (their recorded routing)."""
     width = input_ids.shape[1]
-    rows = torch.cat([input_ids, attention_mask.to(input_ids.dtype)], dim=1)
+    rows = torch.cat([input_ids, attention_mask.to(input_ids.dtype), *(() if key is None else (key,))], dim=1)
     distinct, copies = torch.unique(rows, dim=0, return_inverse=True)
-    return distinct[:, :width], distinct[:, width:].to(attention_mask.dtype), copies
+    return distinct[:, :width], distinct[:, width : 2 * width].to(attention_mask.dtype), copies
 
 
 def model_logits(model: nn.Module, **inputs: Any) -> torch.Tensor:
@@ -78,7 +88,7 @@ def last_hidden(model: nn.Module, **inputs: Any) -> torch.Tensor:
 
 
 def response_outputs(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, keep_r: int,
-                     run: Callable[..., torch.Tensor] = model_logits) -> torch.Tensor:
+                     run: Callable[..., torch.Tensor] = model_logits, *, routing: Routing | None = None) -> torch.Tensor:
     """``run``'s outputs (:func:`model_logits` or :func:`last_hidden`) at the positions that precede each of the
     last ``keep_r`` columns of the (trimmed) rows, [B, keep_r, ...]: the ones that predict, or value the state
     before, each response token.
@@ -86,18 +96,26 @@ def response_outputs(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, ke
     Each distinct prompt goes through the model once (GRPO's N samples of a prompt share it, as their generation
     did), its keys and values are copied to its rows, and the responses then attend to them: the same causal
     attention as one pass over prompt and response, with the prompt's share of the compute divided by N,
-    gradients included.
+    gradients included. With ``routing`` (replayed experts), rows share a prompt pass only where their recorded
+    prompt routing is the same too.
     """
     from transformers.cache_utils import DynamicCache  # here: importing dockflow.engines stays light
 
     width = ids.shape[1] - keep_r
-    prompt_ids, prompt_mask, copies = distinct_rows(ids[:, :width], mask[:, :width])
+    key = None if routing is None else routing.experts[:, :width].reshape(len(ids), -1).to(ids.dtype)
+    prompt_ids, prompt_mask, copies = distinct_rows(ids[:, :width], mask[:, :width], key)
+    if routing is not None:  # a row of each distinct prompt: its recorded prompt routing
+        first = torch.empty(len(prompt_ids), dtype=torch.long, device=copies.device)
+        first.scatter_(0, copies, torch.arange(len(copies), device=copies.device))
+        routing.cut(rows=first, columns=slice(None, width)).feed()
     cache = DynamicCache(config=model.config)
     last_prompt = run(
         model, input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids_from_mask(prompt_mask),
         past_key_values=cache, use_cache=True,
     )[:, -1:]
     cache.batch_select_indices(copies)
+    if routing is not None:
+        routing.cut(columns=slice(width, None)).feed()
     responses = run(
         model, input_ids=ids[:, width:], attention_mask=mask, position_ids=position_ids_from_mask(mask)[:, width:],
         past_key_values=cache, use_cache=True,
@@ -124,11 +142,11 @@ def packs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tenso
 
 
 def _layout_outputs(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, keep_r: int, pack: bool,
-                    run: Callable[..., torch.Tensor]) -> torch.Tensor:
+                    run: Callable[..., torch.Tensor], routing: Routing | None = None) -> torch.Tensor:
     """``run``'s outputs before each response token [B, keep_r, ...], packed or through the shared-prompt pass:
-    the same values either way."""
+    the same values either way (``routing``: the trimmed rows' recorded experts, replayed in both)."""
     layout = packed_outputs if pack else response_outputs
-    return layout(model, ids, mask, keep_r, run=run)
+    return layout(model, ids, mask, keep_r, run=run, routing=routing)
 
 
 def forward_load(batch: TensorDict, pack: bool) -> tuple[float, float]:
@@ -148,17 +166,20 @@ def response_log_probs(
     temperature: float = 1.0,
     chunk: int = DEFAULT_CHUNK,
     pack: bool | None = None,
+    *,
+    routing: Routing | None = None,
 ) -> TokenOutputs:
     """Log-prob of each response token and the policy's entropy there ([B, R] each), at the sampling temperature.
 
     The logits are never whole: the lm_head is applied ``chunk`` tokens at a time from the last hidden state
     (``dockflow.engines.token_head``), in the backward pass too, and on the real response tokens only. Padding
     positions get 0 (they are masked out anyway). ``pack``: through one packed pass or the shared-prompt pass (None:
-    :func:`packs` decides).
+    :func:`packs` decides). ``routing``: the rows' recorded experts (``engines/routing.py``), fed to the routers.
     """
     pack = packs(model, input_ids, attention_mask, response_width) if pack is None else pack
     ids, mask, keep_r = _trimmed(input_ids, attention_mask, response_width)
-    hidden = _layout_outputs(model, ids, mask, keep_r, pack, run=last_hidden)
+    routing = _trimmed_routing(routing, attention_mask, response_width)
+    hidden = _layout_outputs(model, ids, mask, keep_r, pack, run=last_hidden, routing=routing)
     head = output_head(model)
     real = mask[:, -keep_r:].bool()  # the head runs on real response tokens only: padding costs it nothing
     token_logp, token_entropy = chunked_log_probs(hidden[real], head.weight, head.bias, ids[:, -keep_r:][real],
@@ -185,30 +206,33 @@ def response_values(
 
 ResponseFn = Callable[..., TokenOutputs]
 """(model, input_ids, attention_mask, response width, pack=None) -> one value per response token [B, R] (and
-entropy): :func:`response_log_probs` or :func:`response_values`."""
+entropy): :func:`response_log_probs` or :func:`response_values`; a policy's also takes ``routing=``."""
 
 
 @torch.no_grad()
-def batched_response_outputs(model: nn.Module, batch: TensorDict, chunk: int, fn: ResponseFn) -> torch.Tensor:
-    """``fn`` over ``batch`` in chunks, in eval mode, on the model's device."""
+def batched_response_outputs(model: nn.Module, batch: TensorDict, chunk: int, fn: ResponseFn,
+                             replay: RouterReplay | None = None) -> torch.Tensor:
+    """``fn`` over ``batch`` in chunks, in eval mode, on the model's device; with ``replay`` and the batch's
+    ``routed_experts``, each chunk's routing goes with it."""
     device = next(model.parameters()).device
     was_training = model.training
+    routing = batch_routing(replay, batch)
     model.eval()
     try:
-        parts = [
-            fn(
-                model,
-                batch["input_ids"][i : i + chunk].to(device),
-                batch["attention_mask"][i : i + chunk].to(device),
-                batch["responses"].shape[1],
-            ).values.cpu()
-            for i in range(0, batch.batch_size[0], chunk)
-        ]
+        parts = []
+        for i in range(0, batch.batch_size[0], chunk):
+            rows = slice(i, i + chunk)
+            extra = {} if routing is None else {"routing": routing.cut(rows=rows)}
+            ids, mask = batch["input_ids"][rows].to(device), batch["attention_mask"][rows].to(device)
+            parts.append(fn(model, ids, mask, batch["responses"].shape[1], **extra).values.cpu())
     finally:
         model.train(was_training)
+        if replay is not None:
+            replay.clear()
     return torch.cat(parts)
 
 
-def batched_log_probs(model: nn.Module, batch: TensorDict, chunk: int, temperature: float = 1.0) -> torch.Tensor:
-    """:func:`response_log_probs` over ``batch`` in chunks, without gradients."""
-    return batched_response_outputs(model, batch, chunk, partial(response_log_probs, temperature=temperature))
+def batched_log_probs(model: nn.Module, batch: TensorDict, chunk: int, temperature: float = 1.0,
+                      replay: RouterReplay | None = None) -> torch.Tensor:
+    """:func:`response_log_probs` over ``batch`` in chunks, without gradients (``replay``: its recorded experts)."""
+    return batched_response_outputs(model, batch, chunk, partial(response_log_probs, temperature=temperature), replay)

@@ -17,10 +17,13 @@ pays against the shared-prompt pass is :func:`packing_pays` (docs/engines.md has
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from dockflow.engines.routing import Routing
 
 PAIRS_PER_POSITION_PER_HIDDEN = 3
 """One position's share of a decoder layer's linear work costs about as much as ``3 x hidden_size`` attended pairs
@@ -40,11 +43,13 @@ def packed_rows(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def packed_outputs(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, keep_r: int,
-                   run: Callable[..., torch.Tensor]) -> torch.Tensor:
+                   run: Callable[..., torch.Tensor], *, routing: Routing | None = None) -> torch.Tensor:
     """``run``'s outputs at the positions that precede each of the last ``keep_r`` columns of the (trimmed) rows,
     [B, keep_r, ...], from one packed pass: the same values as ``logprobs.response_outputs``. Response columns that
-    are padding get zeros (they are masked out downstream)."""
+    are padding get zeros (they are masked out downstream). ``routing``: the rows' recorded experts, packed alike."""
     index, positions = packed_rows(mask)
+    if routing is not None:
+        routing.packed(index).feed()
     packed = run(model, input_ids=ids.reshape(-1)[index].unsqueeze(0), position_ids=positions.unsqueeze(0),
                  attention_mask=None, use_cache=False)[0]
     rows, width = ids.shape

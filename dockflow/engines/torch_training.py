@@ -26,6 +26,7 @@ from dockflow.engines.logprobs import (
 )
 from dockflow.engines.lora import adapter_off, is_lora, load_adapters, trainable_names, trainable_state
 from dockflow.engines.micro_batches import micro_batch_bounds
+from dockflow.engines.routing import RouterReplay, Routing, RoutingStats, batch_routing, routed
 
 
 class TorchTrainingEngine(TrainingEngine):
@@ -44,7 +45,10 @@ class TorchTrainingEngine(TrainingEngine):
         response_fn: ResponseFn | None = None,
         max_tokens_per_micro_batch: int | None = None,
         gradient_checkpointing: bool = False,
+        router_replay: bool = False,
     ):
+        """``router_replay``: an MoE policy's forward uses the batches' recorded experts (``routed_experts``,
+        ``engines/routing.py``); either way its routers count how often their own top-k differs from them."""
         self.device = torch.device(device)
         if gradient_checkpointing:  # before sharding: FSDP2 wraps the checkpointed layers
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -59,6 +63,7 @@ class TorchTrainingEngine(TrainingEngine):
         self.optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay)
         self.lora = is_lora(model)  # then checkpoints hold the adapters only
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch  # None: micro-batches of micro_batch_size rows
+        self.router = RouterReplay.attach(self.model, router_replay)  # None: a dense model
 
     def policy_module(self) -> nn.Module:
         return self.model
@@ -93,23 +98,29 @@ class TorchTrainingEngine(TrainingEngine):
         """The layout every DP rank uses for this forward (they must call the model alike); one process: its own."""
         return pack
 
-    def _packed_response(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor,
-                         width: int) -> tuple[TokenOutputs, bool]:
+    def _packed_response(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, width: int,
+                         routing: Routing | None = None) -> tuple[TokenOutputs, bool]:
         """``response_fn`` packed or through the shared-prompt pass, whichever costs less (``logprobs.packs``; the
-        DP ranks agree), and whether it packed."""
+        DP ranks agree), and whether it packed; ``routing``: the rows' recorded experts (both layouts replay)."""
         pack = self._agree(packs(model, ids, mask, width))
-        return self.response_fn(model, ids, mask, width, pack=pack), pack
+        extra = {} if routing is None else {"routing": routing}
+        return self.response_fn(model, ids, mask, width, pack=pack, **extra), pack
 
-    def _response(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, width: int) -> TokenOutputs:
-        return self._packed_response(model, ids, mask, width)[0]
+    def _response(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, width: int,
+                  routing: Routing | None = None) -> TokenOutputs:
+        return self._packed_response(model, ids, mask, width, routing)[0]
 
     def _forward(self, batch: TensorDict) -> tuple[TokenOutputs, bool]:
         """The micro-batch's outputs, and whether it went through packed."""
         ids, mask = batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
-        return self._packed_response(self.model, ids, mask, batch["responses"].shape[1])
+        return self._packed_response(self.model, ids, mask, batch["responses"].shape[1],
+                                     batch_routing(self.router, batch))
 
     def infer(self, batch: TensorDict) -> torch.Tensor:
-        return batched_response_outputs(self.model, batch, self.infer_batch_size, self._response)
+        return batched_response_outputs(self.model, batch, self.infer_batch_size, self._response, self.router)
+
+    def routing_stats(self) -> RoutingStats:
+        return self.router.take_stats() if self.router is not None else RoutingStats()
 
     def infer_reference(self, batch: TensorDict) -> torch.Tensor:
         """LoRA: the base model's outputs (the adapter off), the reference policy of a LoRA run."""
@@ -127,15 +138,20 @@ class TorchTrainingEngine(TrainingEngine):
         for lo, hi in self._micro_batches(batch, micro_batch_size):
             if lo == hi:  # another DP rank has more micro-batches: a forward and backward that add nothing
                 micro = batch[:1].to(self.device)
-                loss, _ = loss_fn(self._forward(micro)[0].values, micro, tokens)
-                (loss * 0.0).backward()
+                counted = self.routing_stats()  # a row that adds nothing counts no routing mismatch either
+                with routed(self.router):
+                    loss, _ = loss_fn(self._forward(micro)[0].values, micro, tokens)
+                    self._backward(loss * 0.0)
+                if self.router is not None:
+                    self.router.stats = counted
                 continue
             micro = batch[lo:hi].to(self.device)  # the loss reads its columns next to logp
-            outputs, pack = self._forward(micro)
+            with routed(self.router):  # the fed routing stays for the backward's recomputed layers
+                outputs, pack = self._forward(micro)
+                loss, metrics = loss_fn(outputs.values, micro, tokens)
+                self._backward(loss)
             micro_positions, micro_real = forward_load(micro, pack)
             positions, real = positions + micro_positions, real + micro_real
-            loss, metrics = loss_fn(outputs.values, micro, tokens)
-            loss.backward()
             mask = micro["response_mask"]
             share = float(mask.sum()) / tokens  # metrics are token means of the micro-batch
             if outputs.entropy is not None:  # the policy's entropy (a critic has none)
@@ -150,6 +166,16 @@ class TorchTrainingEngine(TrainingEngine):
         self.optimizer.zero_grad(set_to_none=True)
         out["grad_norm"] = float(grad_norm)
         return out
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``; checkpointed layers that run again in it count no routing mismatch twice."""
+        if self.router is not None:
+            self.router.counting = False
+        try:
+            loss.backward()
+        finally:
+            if self.router is not None:
+                self.router.counting = True
 
     def state_dict(self) -> dict[str, Any]:
         """Model (LoRA: the adapters only; the base is the run's initial model) and optimizer state."""

@@ -45,6 +45,7 @@ from dockflow.config.engine import kv_cache_gb, sleep_level
 from dockflow.engines.devices import empty_device_cache
 from dockflow.engines.interfaces import EngineInputs, GenerationEngine, LossFn, SamplingParams, TrainingEngine
 from dockflow.engines.lora import causal_lm
+from dockflow.engines.routing import RoutingStats
 from dockflow.engines.sync_check import WeightSyncError
 from dockflow.engines.token_layout import decode_responses, left_pad_prompts, rollout_batch
 from dockflow.engines.vllm_convert import (
@@ -361,3 +362,6 @@ class ColocatedTraining(TrainingEngine):
 
     def memory_metrics(self) -> dict[str, float]:
         return self.inner.memory_metrics()
+
+    def routing_stats(self) -> RoutingStats:
+        return self.inner.routing_stats()

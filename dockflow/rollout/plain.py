@@ -10,6 +10,7 @@ import torch
 from tensordict import TensorDict
 
 from dockflow.config import Config
+from dockflow.config.router_replay import records_routing
 from dockflow.dock import TransferDock
 from dockflow.engines import GenerationEngine, SamplingParams
 from dockflow.rollout.prompts import PromptTable
@@ -25,13 +26,16 @@ def dock_columns(cfg: Config, out: TensorDict) -> TensorDict:
     """What generation puts into the dock: the rollout and the engine's log-probs as ``rollout_log_prob`` (the
     rollout correction and the rollout-vs-trainer drift metric read them), also as ``old_log_prob`` when
     ``train.old_log_prob: rollout`` (then no actor pass recomputes them); with tools, each trajectory's
-    ``tool_record`` (its conversation and environment, for the reward functions)."""
+    ``tool_record`` (its conversation and environment, for the reward functions); an MoE policy's
+    ``routed_experts`` where the run plan has them (``records_routing``)."""
     cols = out.select("input_ids", "attention_mask", "responses", "response_mask")
     cols["rollout_log_prob"] = out["rollout_log_prob"]
     if cfg.train.old_log_prob == "rollout":
         cols["old_log_prob"] = out["rollout_log_prob"]
     if "tool_record" in out.keys():
         cols["tool_record"] = out["tool_record"]
+    if records_routing(cfg):
+        cols["routed_experts"] = out["routed_experts"]
     return cols
 
 

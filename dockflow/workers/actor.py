@@ -34,6 +34,7 @@ from dockflow.dock import DockBatch, DockRequest, TransferDock
 from dockflow.engines import EngineInputs, create_engines
 from dockflow.engines.devices import process_group_backend
 from dockflow.engines.lora import adapter_tensors, is_lora, merged_weights, save_lora_model
+from dockflow.engines.routing import RoutingStats, check_recording
 from dockflow.engines.sync_check import SYNC_CHECK, LogProbDrift, SyncChecker
 from dockflow.eval import EvalInputs, evaluate_policy
 from dockflow.eval.fingerprint import EvalIdentity, eval_identity
@@ -87,6 +88,7 @@ class ActorWorker(ModelWorker):
         self.train_engine, self.gen_engine = create_engines(inputs, model, self.tokenizer,
                                                             cpus=plan.role("actor").cpus)  # this rank's share
         self.engine = self.train_engine  # the checkpointed one
+        check_recording("routed_experts" in plan.role("actor").writes, self.gen_engine)
         self.task = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint)
         self.prompts = PromptTable(
             PromptFormat.of(cfg.data).render_all([ex.prompt for ex in self.task.train], self.tokenizer), self.gen_engine
@@ -134,6 +136,7 @@ class ActorWorker(ModelWorker):
         cols = self.columns["actor_infer"]
         waited = WaitClock()
         drift = LogProbDrift()  # rollout engine vs trainer, on the samples generated with the weights held now
+        self.train_engine.routing_stats()  # counted from here: this pass over the rollout
 
         def old_log_prob(batch: DockBatch) -> torch.Tensor:
             logp = self.train_engine.infer(batch.data)
@@ -147,7 +150,13 @@ class ActorWorker(ModelWorker):
         seconds = fill_column(self.dock, self._shared(batches), "old_log_prob", old_log_prob, writes=self.reads_dock)
         drift = LogProbDrift.merged(from_readers(drift, self.replica))  # every replica's share
         out = {"timing/old_log_prob_s": seconds, "timing/old_log_prob_wait_s": waited.seconds}
-        return self._report({**out, **drift.metrics()})
+        return self._report({**out, **drift.metrics(), **self._routing_metrics()})
+
+    def _routing_metrics(self) -> dict[str, float]:
+        """``moe/routing_mismatch`` of the passes since the last count, over every replica's share (collective with
+        several replicas); none for a dense policy or without recorded routing."""
+        stats = self.train_engine.routing_stats() if self.reads_dock else None
+        return RoutingStats.merged(from_readers(stats, self.replica)).metrics()
 
     def compute_ref_log_prob(self, iteration: int) -> dict[str, float]:
         """With ``model.lora`` (``RunPlan.reference_in_actor``): the reference policy's log-probs, from this rank's
@@ -174,6 +183,8 @@ class ActorWorker(ModelWorker):
                               whole_groups=paired, window=self.plan.dock_window(iteration),
                               dp_share=(self.replica.index, self.dp) if balance and self.dp > 1 else None)
         staleness = StalenessCounter(self.policy_version, staleness_bound(self.cfg))
+        measured = "actor_infer" not in self.columns  # old_log_prob: rollout: the update's is the first pass
+        self.train_engine.routing_stats()
         mini_batches = None
         if self.reads_dock:
             batches = consume(self.dock, request, self.plan.train_batch // self.dp, clock=waited)
@@ -188,6 +199,8 @@ class ActorWorker(ModelWorker):
         out = train_epochs(self.train_engine, self._shared(mini_batches), loss_fn, tc.epochs, tc.micro_batch_size)
         # the replicas' readers counted their own shares; their peers saw no samples of their own
         out.update(StalenessCounter.merged(from_readers(staleness, self.replica)).metrics())
+        if measured:
+            out.update(self._routing_metrics())
         out.update(self.train_engine.memory_metrics())
         role = f"actor{self.rank}" if self.rank else "actor"
         out.update(peak_memory_metrics(role, torch.device(self.cfg.engine.device)))

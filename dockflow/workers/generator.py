@@ -17,6 +17,7 @@ from dockflow.data import PromptFormat, load_task
 from dockflow.data.length_policy import check_prompt_lengths
 from dockflow.dock import DockRequest, TransferDock
 from dockflow.engines import EngineInputs, create_generation_engine
+from dockflow.engines.routing import check_recording
 from dockflow.engines.sync_check import SYNC_CHECK
 from dockflow.models import load_model_and_tokenizer
 from dockflow.rollout.multi_turn import ToolTable, generate_tools_into_dock
@@ -42,6 +43,7 @@ class GeneratorWorker:
         # model.lora: vLLM takes the published adapter alone on this plain base model; HF engines the merged weights
         inputs = EngineInputs(cfg.engine, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed, cfg.model.lora)
         self.engine = create_generation_engine(inputs, self.model, tokenizer, cpus=cfg.placement.generator_cpus)
+        check_recording(plan.records_routing, self.engine)
         self.tokenizer = tokenizer
         train = load_task(cfg.data, cfg.run.seed, storage=cfg.checkpoint).train
         self.prompts = PromptTable(PromptFormat.of(cfg.data).render_all([ex.prompt for ex in train], tokenizer),

@@ -42,6 +42,7 @@ COLUMNS: dict[str, torch.dtype] = {
     "ref_log_prob": torch.float32,
     "rollout_log_prob": torch.float32,  # [B, R]: the generating engine's log-probs (the behaviour policy)
     "tool_record": torch.uint8,  # [B, tools.record_bytes]: a tool trajectory's conversation and environment
+    "routed_experts": torch.int16,  # [B, P+R, L, K]: an MoE policy's experts per token, -1 not recorded
 }
 
 ROLLOUT_COLUMNS = ("input_ids", "attention_mask", "responses", "response_mask")

@@ -18,6 +18,7 @@ from tensordict import TensorDict
 
 from dockflow.config import load_config
 from dockflow.dock import DockBatch
+from dockflow.engines.routing import RoutingStats
 from dockflow.workers.actor import ActorWorker
 from dockflow.workers.model_parallel import ModelReplica, model_group, shared_stream
 from dockflow.workers.resources import build_plan
@@ -97,6 +98,9 @@ class FakeEngine:
 
     def memory_metrics(self):
         return {f"memory/rank{self.rank}/update/grads_bytes": float(self.rank)}
+
+    def routing_stats(self):
+        return RoutingStats()
 
 
 def _actor_rank(rank: int, tmp: str) -> None:
