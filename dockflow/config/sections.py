@@ -101,7 +101,13 @@ class ModelConfig(Section):
 
 class SFTConfig(Section):
     enabled: bool = Field(True, description="Warm-start the policy with SFT on the labeled subset first.")
-    lr: float = Field(2e-3, ge=0.0, description="SFT peak learning rate (AdamW, no weight decay).")
+    lr: float = Field(2e-3, ge=0.0, description="SFT peak learning rate (AdamW).")
+    weight_decay: float = Field(
+        1.0, ge=0.0,
+        description="SFT AdamW weight decay. A tiny model trained from scratch on a few hundred labeled rows either "
+        "finds the task's rule or memorises the rows, depending on its init and batch order; decay 1.0 makes it find "
+        "the rule at every seed measured (docs/data_and_models.md, 'Over seeds'). 0: none.",
+    )
     warmup_steps: int = Field(100, ge=0, description="Optimizer steps of linear learning-rate warm-up.")
     batch_size: int = Field(64, ge=1, description="SFT batch size.")
     max_epochs: int = Field(150, ge=0, description="Upper bound on SFT epochs.")

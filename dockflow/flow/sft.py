@@ -221,7 +221,7 @@ def train_sft(
     """
     s, fmt, verifier = inputs.sft, PromptFormat.of(inputs.data), task_verifier(inputs.data)
     gen = torch.Generator().manual_seed(inputs.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
     # Warm-up matters here: without it the tiny model stalls at a few percent for dozens of epochs.
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / max(s.warmup_steps, 1)))
 
