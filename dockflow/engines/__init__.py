@@ -74,7 +74,8 @@ def create_engines(
         from dockflow.engines.megatron.training import MegatronTrainingEngine
 
         train = MegatronTrainingEngine(model, tp=tc.tp, pp=tc.pp, ep=tc.ep, seed=inputs.seed,
-                                       moe_aux_loss_coeff=tc.moe_aux_loss_coeff, **common, **budget)
+                                       moe_aux_loss_coeff=tc.moe_aux_loss_coeff, router_replay=replay, **common,
+                                       **budget)
         gen_model = train.generation_model
     elif tc.dp > 1:  # FSDP2 over the actor's DP group; generation on a plain copy filled by allgather-swap
         from dockflow.engines.fsdp_training import FSDPTrainingEngine

@@ -174,15 +174,13 @@ class BatchRouting:
         return self.own, self.used
 
 
-def check_routing(spec: Any, router_replay: str, aux_loss_coeff: float) -> None:
+def check_routing(spec: Any, router_replay: bool, aux_loss_coeff: float) -> None:
     """One line for routing settings the model cannot take."""
-    if router_replay not in ("off", "replay"):
-        raise ValueError(f"train.router_replay={router_replay!r} must be 'off' or 'replay'")
     if aux_loss_coeff < 0:
         raise ValueError(f"train.moe_aux_loss_coeff={aux_loss_coeff} must be >= 0")
     if spec.is_moe:
         return
-    if router_replay == "replay":
+    if router_replay:
         raise ValueError(f"train.router_replay=replay replays a mixture of experts' routing, but the model "
                          f"({spec.family}) has a dense MLP; set train.router_replay=off")
     if aux_loss_coeff > 0:

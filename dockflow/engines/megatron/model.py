@@ -119,8 +119,8 @@ def build_gpt_model(spec: DecoderSpec, tp: int = 1, pp: int = 1, vocab_divisible
     stage returns the final hidden states [S, B, H] (after the final norm), not the logits: the output layer's
     weight is applied by the caller, a chunk of tokens at a time (``vocab_parallel_head``), or the critic's head.
     ``recompute``: full activation recompute (``transformer_config``). ``ep``: expert-parallel ranks (MoE).
-    ``routing_replay``: megatron's ``moe_enable_routing_replay`` (a ``RouterReplay`` per router; ``routing.py``).
-    ``aux_loss_coeff``: the load-balancing loss's weight (``moe_config``; ``routing.py`` scales it per micro-batch)."""
+    ``routing_replay``: megatron's ``moe_enable_routing_replay`` (a ``RouterReplay`` per router; ``expert_routing.py``).
+    ``aux_loss_coeff``: the load-balancing loss's weight (``moe_config``; ``expert_routing.py`` scales it per micro-batch)."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec

@@ -38,7 +38,7 @@ from dockflow.engines.megatron.convert import DecoderSpec, hf_to_megatron, megat
 from dockflow.engines.megatron.cpu import prepare_megatron
 from dockflow.engines.megatron.experts import ExpertGroups, megatron_names, partition_rules, reshard_names
 from dockflow.engines.megatron.persist import MegatronPersistence
-from dockflow.engines.megatron.routing import ROUTED_EXPERTS, ModelRouting, check_routing
+from dockflow.engines.megatron.expert_routing import ROUTED_EXPERTS, ModelRouting, check_routing
 from dockflow.engines.megatron.schedule import (
     ResponseHead,
     finalize_grads,
@@ -47,6 +47,7 @@ from dockflow.engines.megatron.schedule import (
 )
 from dockflow.engines.megatron.shard import check_ep
 from dockflow.engines.micro_batches import micro_batch_bounds
+from dockflow.engines.routing import RoutingStats
 from dockflow.engines.swapped_generation import SwappedGeneration
 from dockflow.engines.torch_training import load_metrics
 from dockflow.reshard import (
@@ -75,7 +76,7 @@ def _groups() -> tuple[Any, Any, Any]:
 class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEngine):
     """This rank's TP / PP shard of the policy, its AdamW state, and the HF generation copy."""
 
-    routing: ModelRouting | None = None  # an MoE policy's routers (``routing.py``); a critic has none
+    routing: ModelRouting | None = None  # an MoE policy's routers (``expert_routing.py``); a critic has none
     last_routing: tuple[torch.Tensor, torch.Tensor] | None = None  # (own top-k, used) of the last call
 
     def __init__(
@@ -95,7 +96,7 @@ class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEng
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         gradient_checkpointing: bool = False,
         max_tokens_per_micro_batch: int | None = None,
-        router_replay: str = "off",
+        router_replay: bool = False,
         moe_aux_loss_coeff: float = 0.0,
     ):
         """``model``: the Hugging Face causal LM (Qwen2/Qwen2.5, Qwen3 or Llama) every rank starts from; it becomes
@@ -103,18 +104,17 @@ class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEng
         ``gradient_checkpointing``: megatron's full activation recompute, every layer (``model.transformer_config``).
         ``max_tokens_per_micro_batch``: micro-batches by tokens (``engines/micro_batches.py``), each its own pass
         through the schedule. ``ep``: expert-parallel ranks of a Qwen3-MoE policy, out of the DP ranks (``experts.py``).
-        ``router_replay``: "replay" routes every forward by the batch's ``routed_experts`` (``routing.py``);
+        ``router_replay``: route every forward by the batch's ``routed_experts`` (``expert_routing.py``);
         ``moe_aux_loss_coeff``: the weight of megatron's load-balancing loss in the update (0: none)."""
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
         self.spec: DecoderSpec = spec_from_hf(model.config)
         self._check_moe(tp, pp, ep)
         check_routing(self.spec, router_replay, moe_aux_loss_coeff)
         self._init_ranks(tp, pp, seed, device, ep)
-        replay = router_replay == "replay"
         self.model = mg.build_gpt_model(self.spec, tp=tp, pp=pp, recompute=gradient_checkpointing, ep=ep,
-                                        routing_replay=replay, aux_loss_coeff=moe_aux_loss_coeff).to(self.device)
+                                        routing_replay=router_replay, aux_loss_coeff=moe_aux_loss_coeff).to(self.device)
         if self.spec.is_moe:
-            self.routing = ModelRouting(self.model, self.spec.num_experts, self.spec.moe_topk, replay,
+            self.routing = ModelRouting(self.model, self.spec.num_experts, self.spec.moe_topk, router_replay,
                                         moe_aux_loss_coeff)
         self.routing_metrics: dict[str, float] = {}  # the last infer's ``moe/routing_mismatch``
         full = hf_to_megatron(model.state_dict(), self.spec)
@@ -239,6 +239,9 @@ class MegatronTrainingEngine(SwappedGeneration, MegatronPersistence, TrainingEng
     def routing_counts(self) -> tuple[int, int]:
         """(mismatched, recorded) (real token, layer) entries of this rank's batches since the last call."""
         return self.routing.take_counts() if self.routing is not None else (0, 0)
+
+    def routing_stats(self) -> RoutingStats:
+        return RoutingStats(*self.routing_counts())
 
     def _routing_finish(self) -> dict[str, float]:
         """Keeps the call's routing (``last_routing``); ``moe/routing_mismatch`` over the DP ranks' entries when the

@@ -1,4 +1,4 @@
-"""Routing replay on ``MegatronTrainingEngine`` (``engines/megatron/routing.py``) at EP=2 on two gloo ranks, each its
+"""Routing replay on ``MegatronTrainingEngine`` (``engines/megatron/expert_routing.py``) at EP=2 on two gloo ranks, each its
 DP share of the batch (the all-to-all dispatcher moving unequal token counts):
 
 - the routing the engine's routers chose (``last_routing``), fed back as the batch's ``routed_experts``, gives
@@ -48,13 +48,13 @@ def _step(engine, batch) -> dict:
 
 
 def _rank(rank: int, tmp: str) -> None:
-    from dockflow.engines.megatron.routing import routers
+    from dockflow.engines.megatron.expert_routing import routers
     from dockflow.engines.megatron.training import MegatronTrainingEngine
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(str(Path(tmp) / "store"), 2), rank=rank, world_size=2,
                             timeout=timedelta(seconds=60))
-    args = dict(ep=2, router_replay="replay", lr=1e-3, grad_clip=1e9, temperature=TEMPERATURE)
+    args = dict(ep=2, router_replay=True, lr=1e-3, grad_clip=1e9, temperature=TEMPERATURE)
     engine = MegatronTrainingEngine(tiny_moe(), **args)
     batch = rollout_batch()[SHARES[rank]]
     out = {"own_logp": engine.infer(batch), "attention_mask": batch["attention_mask"]}
@@ -232,4 +232,4 @@ def test_replay_on_a_dense_model_ends_in_one_line():
 
     with pytest.raises(ValueError, match=r"^train.router_replay=replay replays a mixture of experts' routing, but "
                                          r"the model \(qwen3\) has a dense MLP"):
-        MegatronTrainingEngine(tiny_decoder("qwen3"), lr=1e-3, router_replay="replay")
+        MegatronTrainingEngine(tiny_decoder("qwen3"), lr=1e-3, router_replay=True)
