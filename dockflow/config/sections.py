@@ -112,7 +112,7 @@ class SFTConfig(Section):
     batch_size: int = Field(64, ge=1, description="SFT batch size.")
     max_epochs: int = Field(150, ge=0, description="Upper bound on SFT epochs.")
     eval_every_epochs: int = Field(2, ge=1, description="Validate every this many epochs.")
-    patience: int = Field(6, ge=1, description="Stop after this many validations without a new best accuracy.")
+    patience: int = Field(20, ge=1, description="Stop after this many validations without a new best accuracy.")
     min_val_accuracy: float | None = Field(
         None, ge=0.0, le=1.0,
         description="A warm start whose best validation accuracy stays below this stops the run at start, in one "
