@@ -36,9 +36,9 @@ from dockflow.engines.logprobs import TokenOutputs, trim_columns
 from dockflow.engines.megatron import model as mg
 from dockflow.engines.megatron.convert import DecoderSpec, hf_to_megatron, megatron_to_hf, spec_from_hf
 from dockflow.engines.megatron.cpu import prepare_megatron
+from dockflow.engines.megatron.expert_routing import ROUTED_EXPERTS, ModelRouting, check_routing
 from dockflow.engines.megatron.experts import ExpertGroups, megatron_names, partition_rules, reshard_names
 from dockflow.engines.megatron.persist import MegatronPersistence
-from dockflow.engines.megatron.expert_routing import ROUTED_EXPERTS, ModelRouting, check_routing
 from dockflow.engines.megatron.schedule import (
     ResponseHead,
     finalize_grads,
