@@ -21,7 +21,7 @@ from fixtures.s3_server import s3_checkpoint_dir, s3_env, s3_server  # noqa: E40
 # The longest test files (minutes each, measured 2026-11-28): collected first, so that two pytest-xdist workers
 # (``--dist loadfile``) start them at once instead of ending on one of them.
 LONGEST_FIRST = ("tests/integration/test_pipeline_local.py", "tests/integration/test_algorithms.py",
-                 "tests/integration/test_outages.py", "tests/integration/test_fault_tolerance.py")
+                 "tests/integration/test_outages.py", "tests/integration/test_reward_functions_run.py")
 
 
 def _weight(item) -> int:

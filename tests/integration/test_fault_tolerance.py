@@ -81,15 +81,14 @@ def weights(summary: dict) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("victims", [
-    pytest.param(["dock"], id="dock"),  # in `make test`: the death that needed a fix (a dead dock restarts the run)
-    pytest.param(list(VICTIMS), id="each", marks=pytest.mark.chaos),  # 200 s: `make test-chaos`
-])
-def test_each_killed_process_restarts_the_run_bit_identically(ray_cluster, tiny_config, victims: list[str]):
-    """The ``victims`` die in turn, one iteration each (all of them: the generator, the reference, the reward worker
-    and the dock's node process); the run restarts once per victim and ends with the uninterrupted run's weights and
-    rewards. Over 30 s (and, with every victim, more than the default 600 s timeout on a loaded machine): two runs,
-    each restart starting every worker process again; one run for all victims saves a run start per victim."""
+@pytest.mark.chaos  # 200 s: `make test-chaos`. In `make test`: a dead dock counts as a death (test_restart_limits.py),
+# and a killed worker's restart ends bit-identical (test_outages.py: the actor killed inside a save)
+def test_each_killed_process_restarts_the_run_bit_identically(ray_cluster, tiny_config):
+    """Every victim dies in turn, one iteration each (the generator, the reference, the reward worker and the dock's
+    node process); the run restarts once per victim and ends with the uninterrupted run's weights and rewards. Over
+    30 s (more than the default 600 s timeout on a loaded machine): two runs, each restart starting every worker
+    process again; one run for all victims saves a run start per victim."""
+    victims = list(VICTIMS)
     iterations = len(victims) + 1
     uninterrupted = train(tiny_config("calm", iterations, **ROLES))
     cfg = tiny_config("chaos", iterations, fault_tolerance__restart=True, fault_tolerance__max_restarts=len(victims),
