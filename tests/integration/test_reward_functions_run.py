@@ -5,8 +5,10 @@ MLflow under TRL's key; a function that raises stops `dockflow train` with one l
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -73,12 +75,17 @@ def test_unscorable_samples_train_through_the_critic_path(tiny_config, user_modu
         assert math.isfinite(last(key)), key
 
 
-def test_a_raising_function_stops_the_cli_with_one_line(tiny_overrides, user_module: Path, capsys, caplog) -> None:
+def test_a_raising_function_stops_the_cli_with_one_line(
+    tiny_overrides, user_module: Path, capsys, caplog, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``dockflow train`` (``dockflow.cli.main`` in this process; the module is on the driver's ``sys.path`` only,
     so the run must ship it) returns 2 with one line that names the function, the sample and the stage."""
     overrides = tiny_overrides("broken_reward", 2, reward__functions="[{path: 'team_rewards:broken'}]",
                                dock__backend="centralized")  # one dock actor: the dock is not what this run tests
-    before = _reward_processes()
+    # The run's own Ray cluster, its workers and their reward children inherit this; the other pytest worker's
+    # runs (started at the same time, with their own RewardWorkers) do not.
+    tag = f"broken-reward-{os.getpid()}-{time.monotonic_ns()}"
+    monkeypatch.setenv("DOCKFLOW_TEST_RUN_TAG", tag)
     assert main(["train", "configs/grpo_arith.yaml", *overrides]) == 2
     err = capsys.readouterr().err  # the CLI's stderr and the workers' logs, which Ray prints there
     last = err.strip().splitlines()[-1]
@@ -87,12 +94,20 @@ def test_a_raising_function_stops_the_cli_with_one_line(tiny_overrides, user_mod
     assert "reward function 'broken' raised ValueError: the scoring service refused" in last
     assert "on sample 0" in last and "iteration 0: stage 'reward' failed: reward function 'broken'" in last
     assert "RewardError" not in last  # the worker's error reaches the user as its message, not its repr
-    assert not _reward_processes() - before, "a reward process or worker outlived the run"
+    assert not _reward_processes(tag), "a reward process or worker outlived the run"
 
 
-def _reward_processes() -> set[str]:
+def _reward_processes(tag: str) -> set[str]:
+    """This run's reward workers and reward children still alive: the ones whose environment holds ``tag``."""
     found = subprocess.run(["pgrep", "-f", "dockflow.rewards.runner|ray::RewardWorker"], capture_output=True, text=True)
-    return set(found.stdout.split())
+    return {pid for pid in found.stdout.split() if _has_tag(pid, tag)}
+
+
+def _has_tag(pid: str, tag: str) -> bool:
+    try:
+        return f"DOCKFLOW_TEST_RUN_TAG={tag}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:  # gone since pgrep saw it, or not ours to read
+        return False
 
 
 USER_TOOLS = textwrap.dedent('''
