@@ -17,7 +17,7 @@ Each variant's phases run in a fresh spawned process, so one process's memory is
   difference, and the seconds of one G x N generation (LoRA adds the adapter kernels).
 
     python -m benchmarks.lora --out benchmarks/results/lora.json [--rank 16] [--steps 4] [--syncs 3]
-        [--micro-batch 32] [--no-vllm]
+        [--micro-batch 32] [--no-vllm] [--gradient-checkpointing]
 
 Prints a table and writes ``{"machine": ..., "results": [one record per variant], "ratios": {...}}``, the ratios
 being LoRA / full with the goals (sync bytes <= 5% at rank 16, peak actor memory <= 0.6x).
@@ -43,13 +43,13 @@ VLLM = {"enforce_eager": True, "kv_cache_memory_gb": 0.5, "max_model_len": 256}
 GOAL_SYNC, GOAL_MEMORY = 0.05, 0.6
 
 
-def config(variant: str, rank: int) -> Any:
-    """The demo config with the larger setup; ``lora`` sets model.lora at ``rank`` (alpha 2 x rank, every
-    projection)."""
+def config(variant: str, rank: int, extra: tuple[str, ...] = ()) -> Any:
+    """The demo config with the larger setup and ``extra`` overrides; ``lora`` sets model.lora at ``rank`` (alpha
+    2 x rank, every projection)."""
     from dockflow.config import load_config
 
     lora = [f"model.lora={{rank: {rank}, alpha: {2.0 * rank}}}"] if variant == "lora" else []
-    return load_config("configs/grpo_arith.yaml", [*SETUP, *lora])
+    return load_config("configs/grpo_arith.yaml", [*SETUP, *lora, *extra])
 
 
 def larger_model(cfg: Any) -> tuple[Any, Any]:
@@ -66,9 +66,9 @@ def nbytes(tensors: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def train_phase(variant: str, rank: int, steps: int, micro: int) -> dict[str, Any]:
-    """One actor's memory, optimizer state and train steps (micro-batches of ``micro`` rows), then the HF generator
-    sync (a spawned process)."""
+def train_phase(variant: str, rank: int, steps: int, micro: int, extra: tuple[str, ...]) -> dict[str, Any]:
+    """One actor's memory, optimizer state and train steps (micro-batches of ``micro`` rows; ``extra`` overrides,
+    e.g. activation checkpointing), then the HF generator sync (a spawned process)."""
     import torch
 
     from benchmarks.engine_rounds import Engines
@@ -78,7 +78,7 @@ def train_phase(variant: str, rank: int, steps: int, micro: int) -> dict[str, An
     from dockflow.workers.peak_memory import host_peak_mb
 
     torch.set_num_threads(2)
-    cfg = config(variant, rank)
+    cfg = config(variant, rank, extra)
     base_rss = host_peak_mb() or 0.0
     model, tok = larger_model(cfg)
     params = sum(p.numel() for p in model.parameters())
@@ -175,13 +175,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--syncs", type=int, default=3)
     parser.add_argument("--micro-batch", type=int, default=32, help="rows per micro-batch of the train steps (of 32)")
     parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM phase")
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="both variants recompute activations (train.gradient_checkpointing=true)")
     args = parser.parse_args(argv)
+    extra = ("train.gradient_checkpointing=true",) if args.gradient_checkpointing else ()
     results = []
     for variant in ("full", "lora"):
-        record = in_process(train_phase, variant, args.rank, args.steps, args.micro_batch)
+        record = in_process(train_phase, variant, args.rank, args.steps, args.micro_batch, extra)
         if not args.no_vllm:
             record.update(in_process(vllm_phase, variant, args.rank, args.syncs))
         record["rank"] = args.rank if variant == "lora" else None
+        record["gradient_checkpointing"] = args.gradient_checkpointing
         results.append(record)
         print(f"{variant}: done", flush=True)
     full, lora = results

@@ -39,6 +39,7 @@ from dockflow.engines.sync_check import SYNC_CHECK, LogProbDrift, SyncChecker
 from dockflow.eval import EvalInputs, evaluate_policy
 from dockflow.eval.fingerprint import EvalIdentity, eval_identity
 from dockflow.models import load_model_and_tokenizer
+from dockflow.reshard.ledger import storage_bytes
 from dockflow.rollout.multi_turn import ToolTable, generate_tools_into_dock
 from dockflow.rollout.plain import generate_into_dock
 from dockflow.rollout.prompts import PromptTable
@@ -238,7 +239,9 @@ class ActorWorker(ModelWorker):
             weights = self.train_engine.named_weights()
         published = {"version": self.policy_version, "weights": dict(weights),
                      "probe": self.sync_checker.next_probe(self.policy, len(self.tokenizer))}
-        return {"policy_version": float(self.policy_version), "timing/publish_s": time.perf_counter() - start}, published
+        metrics = {"policy_version": float(self.policy_version), "timing/publish_s": time.perf_counter() - start,
+                   "reshard/publish_bytes": float(storage_bytes(published["weights"].values()))}
+        return metrics, published
 
     def reshard(self) -> dict[str, float]:
         """Hand the updated weights to the generation engine: dp = 1 the same tensors, nothing copied; dp >= 2

@@ -1,5 +1,5 @@
 """Whole runs with ``engine.backend=vllm engine.device=cpu`` (vLLM's CPU build): ``train`` with a colocated actor
-and ``train`` disaggregated (a generator worker takes the published weights and checks them), on one local Ray
+and ``train`` disaggregated with LoRA (a generator worker takes the published adapters and checks them), on one local Ray
 cluster, and ``dockflow train`` (in the test process), whose strict sync check stops the run with one line. The
 runs log the rollout-vs-trainer log-prob drift every iteration and the sync check's difference; both stay at
 numerical noise. The Kubeflow pipeline starts its workers through the same ``RunSession`` as ``train`` (nothing
@@ -84,12 +84,22 @@ def test_colocated_actor_syncs_vllm_every_iteration(ray_cluster, tiny_config):
 
 
 def test_disaggregated_generator_checks_the_published_weights(ray_cluster, tiny_config):
+    """With ``model.lora``: the actor publishes the adapters alone (the bytes of the final adapter in PEFT's
+    format, every version), the generator's vLLM loads each as a new adapter on its own base, and the sync check
+    and the drift prove the new adapter is what generates (verl #7495: an adapter that never reaches the engine
+    looks like staleness)."""
+    from safetensors.torch import load_file
+
     cfg = tiny_config("vllm-gen", 3, placement__mode="disaggregated", placement__generator_cpus=0,
-                      train__max_staleness=1, train__rollout_correction__mode="token_truncate", **VLLM)
+                      train__max_staleness=1, train__rollout_correction__mode="token_truncate",
+                      model__lora="{rank: 4, alpha: 8.0}", **VLLM)
     out = train(cfg)
     assert out["iterations"] == 3
     checks = _history(cfg, out["mlflow_run_id"], "reshard/sync_check_max_diff")
     assert checks and all(v < 1e-3 for v in checks.values()), checks
     drift = _history(cfg, out["mlflow_run_id"], "rollout/logprob_abs_diff_max")
     assert drift and all(v < 1e-3 for v in drift.values()), drift  # on-policy samples only
+    adapter = load_file(f"{out['final_model']}/adapter/adapter_model.safetensors")
+    published = _history(cfg, out["mlflow_run_id"], "reshard/publish_bytes")
+    assert published and set(published.values()) == {sum(t.nbytes for t in adapter.values())}, published
     _assert_corrected(cfg, out["mlflow_run_id"], "train/rollout_is_truncated_share")

@@ -20,6 +20,7 @@ from dockflow.engines import HFGenerationEngine, TorchTrainingEngine
 from dockflow.engines.lora import (
     LoraError,
     adapter_tensors,
+    causal_lm,
     check_targets,
     merge_adapters,
     merged_weights,
@@ -66,10 +67,14 @@ def torch_step(model: nn.Module, batch: TensorDict) -> None:
     optimizer.step()
 
 
-def test_a_grpo_update_trains_only_the_adapters_as_peft_and_torch_do():
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "activation_checkpointing"])
+def test_a_grpo_update_trains_only_the_adapters_as_peft_and_torch_do(checkpointing: bool):
+    """Also with activations recomputed (``train.gradient_checkpointing``, what makes LoRA's memory saving show
+    where activations dominate: ``benchmarks/lora.py --gradient-checkpointing``)."""
     model = lora_model()
     expected = copy.deepcopy(model)
-    engine = TorchTrainingEngine(model, lr=LR, grad_clip=CLIP)
+    engine = TorchTrainingEngine(model, lr=LR, grad_clip=CLIP, gradient_checkpointing=checkpointing)
+    assert causal_lm(model).is_gradient_checkpointing == checkpointing
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     batch = grpo_batch(engine)
     engine.train_mini_batch(batch, grpo_loss(), micro_batch_size=2)  # two micro-batches, one step
