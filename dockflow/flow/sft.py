@@ -2,7 +2,8 @@
 
 Teacher forcing on ``task.labeled`` (loss on the answer tokens and EOS only), greedy accuracy on
 ``task.val`` every ``sft.eval_every_epochs`` epochs, early stop after ``sft.patience`` validations
-without a new best (or at 100%), keep the best weights. With ``tools:`` the labeled rows' tool-use
+without a new best (or at 100%), keep the best weights. What is validated and kept is the moving average of the
+weights (``sft.ema_decay``; 0: the weights themselves). With ``tools:`` the labeled rows' tool-use
 demonstrations are trained on their model tokens and validated through the tool loop (``dockflow.flow.tool_sft``).
 The result is an HF model directory in ``sft.cache_dir/<key>``, where the key hashes everything the result depends
 on (model, data, template, SFT settings, seed, response length, file contents; the tools, their limits and the
@@ -157,11 +158,31 @@ def encode_sft_batch(
     return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
 
 
+class WeightAverage:
+    """The exponential moving average of ``model``'s weights after each optimizer step (``sft.ema_decay``), with
+    the usual warm-up of the decay, ``min(decay, (1 + t) / (10 + t))`` at step t, so a short run is not averaged
+    towards its initial weights. Decay 0 is the weights themselves (``model`` is not copied)."""
+
+    def __init__(self, model: PreTrainedModel, decay: float) -> None:
+        self.source, self.decay, self.steps = model, decay, 0
+        self.model = model if decay == 0 else copy.deepcopy(model)
+
+    def update(self) -> None:
+        self.steps += 1
+        if self.model is self.source:
+            return
+        decay = min(self.decay, (1 + self.steps) / (10 + self.steps))
+        with torch.no_grad():
+            for average, weight in zip(self.model.parameters(), self.source.parameters(), strict=True):
+                average.lerp_(weight.detach(), 1.0 - decay)
+
+
 def _train_epoch(
     model: PreTrainedModel,
     opt: torch.optim.Optimizer,
     sched: torch.optim.lr_scheduler.LRScheduler,
     batches: list[dict[str, torch.Tensor]],
+    average: WeightAverage,
 ) -> float:
     model.train()
     total = 0.0
@@ -172,6 +193,7 @@ def _train_epoch(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
+        average.update()
         total += loss.item()
     return total / max(len(batches), 1)
 
@@ -185,9 +207,8 @@ def _make_batches(
 
 
 def _tool_steps(
-    inputs: SFTInputs, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, demos: ToolDemonstrations,
-    val: list[Example],
-) -> tuple[Callable[[torch.Generator], list[dict[str, torch.Tensor]]], Callable[[], float]]:
+    inputs: SFTInputs, tokenizer: PreTrainedTokenizerBase, demos: ToolDemonstrations, val: list[Example],
+) -> tuple[Callable[[torch.Generator], list[dict[str, torch.Tensor]]], Callable[[PreTrainedModel], float]]:
     """(batches of an epoch, validation accuracy) of a tool run: the demonstrations' trajectories trained on their
     model tokens; accuracy through the tool loop with the real tools."""
     spec = tool_spec(inputs.tools, tokenizer)
@@ -199,7 +220,7 @@ def _tool_steps(
         chunks = [perm[i : i + bs] for i in range(0, len(perm), bs)]
         return [encode_trajectories([trajectories[j] for j in c], tokenizer.pad_token_id) for c in chunks]
 
-    def evaluate() -> float:
+    def evaluate(model: PreTrainedModel) -> float:
         return tool_scores(model, tokenizer, val, spec, fmt=fmt, verifier=verifier,
                            max_new_tokens=inputs.max_new_tokens, batch_size=inputs.eval_batch_size)["accuracy"]
 
@@ -214,8 +235,9 @@ def train_sft(
     val: list[Example],
     demos: ToolDemonstrations | None = None,
 ) -> tuple[float, list[dict[str, Any]]]:
-    """Train ``model`` in place with early stopping; leaves it holding the best weights. With tool-use ``demos``
-    it trains on them (``dockflow.flow.tool_sft``) and validates through the tool loop.
+    """Train ``model`` in place with early stopping; leaves it holding the best validated weights (of the moving
+    average, ``sft.ema_decay``). With tool-use ``demos`` it trains on them (``dockflow.flow.tool_sft``) and
+    validates through the tool loop.
 
     Returns (best validation accuracy, history of ``{epoch, loss, val_accuracy, seconds}`` per validation).
     """
@@ -228,30 +250,34 @@ def train_sft(
     def make_batches(g: torch.Generator) -> list[dict[str, torch.Tensor]]:
         return _make_batches(tokenizer, labeled, fmt, s.batch_size, g)
 
-    def evaluate() -> float:
+    def evaluate(candidate: PreTrainedModel) -> float:
         return greedy_accuracy(
-            model, tokenizer, val, inputs.eval_batch_size, inputs.max_new_tokens, fmt, verifier
+            candidate, tokenizer, val, inputs.eval_batch_size, inputs.max_new_tokens, fmt, verifier
         )
 
     if demos is not None:
-        make_batches, evaluate = _tool_steps(inputs, model, tokenizer, demos, val)
+        make_batches, evaluate = _tool_steps(inputs, tokenizer, demos, val)
 
     start = time.perf_counter()
-    best_acc, best_state, bad = evaluate(), copy.deepcopy(model.state_dict()), 0
+    # At a constant learning rate the weights' validation accuracy swings 10-20 points from one validation to the
+    # next, and a slow seed's weights keep memorising; their average climbs smoothly and generalises further
+    # (docs/data_and_models.md, 'Over seeds').
+    average = WeightAverage(model, s.ema_decay)
+    best_acc, best_state, bad = evaluate(average.model), copy.deepcopy(model.state_dict()), 0
     history: list[dict[str, Any]] = [{"epoch": 0, "loss": None, "val_accuracy": best_acc, "seconds": 0.0}]
     epochs = s.max_epochs if (s.enabled and labeled) else 0
     bar = tqdm(range(1, epochs + 1), desc="sft", unit="epoch", leave=False)
     for epoch in bar:
-        loss = _train_epoch(model, opt, sched, make_batches(gen))
+        loss = _train_epoch(model, opt, sched, make_batches(gen), average)
         bar.set_postfix(loss=f"{loss:.3f}", best=f"{best_acc:.3f}")
         if epoch % s.eval_every_epochs and epoch != epochs:
             continue
-        acc = evaluate()
+        acc = evaluate(average.model)
         history.append(
             {"epoch": epoch, "loss": loss, "val_accuracy": acc, "seconds": round(time.perf_counter() - start, 2)}
         )
         if acc > best_acc:
-            best_acc, best_state, bad = acc, copy.deepcopy(model.state_dict()), 0
+            best_acc, best_state, bad = acc, copy.deepcopy(average.model.state_dict()), 0
             if acc >= 1.0:  # nothing left to improve
                 break
         else:

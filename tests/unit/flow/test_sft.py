@@ -11,7 +11,14 @@ import torch
 from dockflow.config import Config, load_config
 from dockflow.data import Example, PromptFormat, apply_template
 from dockflow.eval.greedy import greedy_accuracy, greedy_responses
-from dockflow.flow.sft import SFTInputs, encode_sft_batch, sft_cache_key, sft_warm_start, train_sft
+from dockflow.flow.sft import (
+    SFTInputs,
+    WeightAverage,
+    encode_sft_batch,
+    sft_cache_key,
+    sft_warm_start,
+    train_sft,
+)
 from dockflow.models import build_tiny_model, load_model_and_tokenizer
 
 SMALL = [
@@ -67,6 +74,22 @@ def test_training_lowers_loss_and_reaches_full_train_accuracy(tmp_path: Path, mi
     batched = greedy_responses(model, char_tok, prompts, batch_size=4, max_new_tokens=4)
     assert batched == [greedy_responses(model, char_tok, [p], 1, 4)[0] for p in prompts]
     assert batched == [e.answer for e in examples]
+
+
+def test_the_weight_average_follows_every_step_with_its_decay_warmed_up(micro_cfg, char_tok) -> None:
+    model = build_tiny_model(micro_cfg, char_tok, seed=0)
+    assert WeightAverage(model, 0.0).model is model  # decay 0: the weights themselves, no copy
+    average = WeightAverage(model, 0.9)
+    weight, averaged = next(model.parameters()), next(average.model.parameters())
+    expected = weight.detach().clone()
+    for step in range(1, 101):
+        with torch.no_grad():
+            weight.add_(1.0)  # an optimizer step
+        average.update()
+        decay = min(0.9, (1 + step) / (10 + step))  # 0.18 at the first step, 0.9 from the 80th
+        expected = decay * expected + (1 - decay) * weight.detach()
+    torch.testing.assert_close(averaged, expected, rtol=1e-6, atol=1e-5)
+    assert not torch.equal(averaged, weight)
 
 
 def test_early_stop_keeps_best_weights(tmp_path: Path, micro_cfg, char_tok) -> None:
