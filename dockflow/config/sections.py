@@ -109,16 +109,18 @@ class SFTConfig(Section):
         "the rule at every seed measured (docs/data_and_models.md, 'Over seeds'). 0: none.",
     )
     ema_decay: float = Field(
-        0.995, ge=0.0, lt=1.0,
-        description="Validate and keep the exponential moving average of the weights, with this decay per step "
-        "(warmed up: min(decay, (1+t)/(10+t))). At a constant lr it is smoother and generalises further than the "
-        "weights: the slow seeds' warm starts gain 12-15 points (docs/data_and_models.md). 0: the weights themselves.",
+        0.995, ge=0.0, lt=1.0, description="Validate and keep the moving average of the weights, this decay per step "
+        "(warmed up: min(decay, (1+t)/(10+t))): smoother than the weights, and it generalises further. 0: the weights.",
     )
     warmup_steps: int = Field(100, ge=0, description="Optimizer steps of linear learning-rate warm-up.")
     batch_size: int = Field(64, ge=1, description="SFT batch size.")
-    max_epochs: int = Field(150, ge=0, description="Upper bound on SFT epochs.")
+    max_epochs: int = Field(200, ge=0, description="Upper bound on SFT epochs.")
     eval_every_epochs: int = Field(2, ge=1, description="Validate every this many epochs.")
     patience: int = Field(20, ge=1, description="Stop after this many validations without a new best accuracy.")
+    target_val_accuracy: float | None = Field(
+        None, gt=0.0, le=1.0, description="Stop at the first validation this accurate: a warm start of a known "
+        "competence, whatever the seed (docs/data_and_models.md, 'Over seeds'). null: train to the plateau.",
+    )
     min_val_accuracy: float | None = Field(
         None, ge=0.0, le=1.0,
         description="A warm start whose best validation accuracy stays below this stops the run at start, in one "

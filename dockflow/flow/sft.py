@@ -2,7 +2,7 @@
 
 Teacher forcing on ``task.labeled`` (loss on the answer tokens and EOS only), greedy accuracy on
 ``task.val`` every ``sft.eval_every_epochs`` epochs, early stop after ``sft.patience`` validations
-without a new best (or at 100%), keep the best weights. What is validated and kept is the moving average of the
+without a new best (or at ``sft.target_val_accuracy``, else 100%), keep the best weights. What is validated and kept is the moving average of the
 weights (``sft.ema_decay``; 0: the weights themselves). With ``tools:`` the labeled rows' tool-use
 demonstrations are trained on their model tokens and validated through the tool loop (``dockflow.flow.tool_sft``).
 The result is an HF model directory in ``sft.cache_dir/<key>``, where the key hashes everything the result depends
@@ -278,7 +278,7 @@ def train_sft(
         )
         if acc > best_acc:
             best_acc, best_state, bad = acc, copy.deepcopy(average.model.state_dict()), 0
-            if acc >= 1.0:  # nothing left to improve
+            if acc >= (s.target_val_accuracy or 1.0):  # the competence asked for, or nothing left to improve
                 break
         else:
             bad += 1

@@ -20,6 +20,7 @@ TINY_RUN = {
     "sft.lr": 3e-3,
     "sft.weight_decay": 0.0,  # memorising is the point here (the demo's decay is against memorising its 900 rows)
     "sft.ema_decay": 0.0,  # 30 steps in all: the weights themselves
+    "sft.target_val_accuracy": "null",
     "sft.max_epochs": 30,
     "sft.eval_every_epochs": 10,
     "sft.patience": 3,
