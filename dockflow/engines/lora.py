@@ -62,17 +62,22 @@ def check_targets(model: nn.Module, lora: LoraConfig) -> None:
 
 def with_lora(model: nn.Module, lora: LoraConfig, seed: int) -> nn.Module:
     """``model`` wrapped in PEFT's LoRA (a ``PeftModel``): the base frozen, the adapters in the model's dtype,
-    their initial values drawn from ``seed`` alone (every DP rank, and a resumed run, starts from the same)."""
+    their initial values drawn from ``seed`` alone (every DP rank, and a resumed run, starts from the same); each
+    adapted linear layer adds its adapter's output in place (``lora_inplace.py``)."""
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
     check_targets(model, lora)
     config = PeftLoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                             target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM")
+    from dockflow.engines.lora_inplace import swap_in_place_forward
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         # autocast off: FSDP2 gathers a unit's parameters in one dtype, so the adapters keep the model's
-        return get_peft_model(model, config, autocast_adapter_dtype=False)
+        peft_model = get_peft_model(model, config, autocast_adapter_dtype=False)
+    swap_in_place_forward(peft_model)  # the same values with fewer temporaries (lora_inplace.py)
+    return peft_model
 
 
 def is_lora(model: nn.Module) -> bool:
