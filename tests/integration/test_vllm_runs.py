@@ -87,7 +87,7 @@ def test_disaggregated_generator_checks_the_published_weights(ray_cluster, tiny_
     """With ``model.lora``: the actor publishes the adapters alone (the bytes of the final adapter in PEFT's
     format, every version), the generator's vLLM loads each as a new adapter on its own base, and the sync check
     and the drift prove the new adapter is what generates (verl #7495: an adapter that never reaches the engine
-    looks like staleness)."""
+    looks like staleness). About 30-40 s: vLLM's CPU engine starts in the generator worker, beside the actor."""
     from safetensors.torch import load_file
 
     cfg = tiny_config("vllm-gen", 3, placement__mode="disaggregated", placement__generator_cpus=0,
