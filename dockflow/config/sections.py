@@ -109,8 +109,8 @@ class SFTConfig(Section):
         "the rule at every seed measured (docs/data_and_models.md, 'Over seeds'). 0: none.",
     )
     ema_decay: float = Field(
-        0.995, ge=0.0, lt=1.0, description="Validate and keep the moving average of the weights, this decay per step "
-        "(warmed up: min(decay, (1+t)/(10+t))): smoother than the weights, and it generalises further. 0: the weights.",
+        0.995, ge=0.0, lt=1.0, description="Validate and keep the moving average of the weights (one more copy of "
+        "the model during SFT), this decay per step, warmed up: min(decay, (1+t)/(10+t)). 0: the weights, no copy.",
     )
     warmup_steps: int = Field(100, ge=0, description="Optimizer steps of linear learning-rate warm-up.")
     batch_size: int = Field(64, ge=1, description="SFT batch size.")

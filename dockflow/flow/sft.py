@@ -2,8 +2,9 @@
 
 Teacher forcing on ``task.labeled`` (loss on the answer tokens and EOS only), greedy accuracy on
 ``task.val`` every ``sft.eval_every_epochs`` epochs, early stop after ``sft.patience`` validations
-without a new best (or at ``sft.target_val_accuracy``, else 100%), keep the best weights. What is validated and kept is the moving average of the
-weights (``sft.ema_decay``; 0: the weights themselves). With ``tools:`` the labeled rows' tool-use
+without a new best (or at ``sft.target_val_accuracy``, else 100%), keep the best weights. What is
+validated and kept is the moving average of the weights (``sft.ema_decay``, one more copy of the model
+while SFT runs; 0: the weights themselves, no copy). With ``tools:`` the labeled rows' tool-use
 demonstrations are trained on their model tokens and validated through the tool loop (``dockflow.flow.tool_sft``).
 The result is an HF model directory in ``sft.cache_dir/<key>``, where the key hashes everything the result depends
 on (model, data, template, SFT settings, seed, response length, file contents; the tools, their limits and the
