@@ -11,17 +11,16 @@ that fetch the same model at once, one downloads and the others wait, then reuse
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import logging
 import os
 import re
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
+from dockflow.file_lock import exclusive_lock
 from dockflow.storage.manifest import CheckpointError
 from dockflow.storage.write_errors import no_room
 
@@ -41,25 +40,6 @@ def entry_name(label: str, *keys: str) -> str:
     """A readable, file-system-safe entry name: ``label`` (sanitized, at most 40 chars) and the given keys."""
     safe = _UNSAFE.sub("_", label).strip("._")[:40] or "x"
     return "-".join([safe, *keys])
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[bool]:
-    """Hold an exclusive ``flock`` on ``path`` (created if missing; never deleted, so nobody locks a stale
-    inode); yields whether the lock is held. Where the file system has no locks, go on without: the rename
-    below still keeps entries whole."""
-    with open(path, "a+b") as f:
-        held = True
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        except OSError as exc:
-            held = False
-            log.warning("no lock on %s (%s): concurrent fetches on this node may download twice", path, exc)
-        try:
-            yield held
-        finally:
-            with contextlib.suppress(OSError):
-                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def _remove(path: Path) -> None:
@@ -83,7 +63,7 @@ def cached_entry(
         return final
     try:
         root.mkdir(parents=True, exist_ok=True)
-        with _locked(root / f".{name}.lock") as held:
+        with exclusive_lock(root / f".{name}.lock", "concurrent fetches on this node may download twice") as held:
             if final.is_dir():
                 if is_complete(final):  # another process built it while we waited
                     return final

@@ -12,6 +12,7 @@ can live in one process and Ray workers are unaffected. Metric names follow ``tr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -28,6 +29,7 @@ from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH,
 
 from dockflow.config.base import flatten_dict
 from dockflow.config.sections import TrackingConfig
+from dockflow.file_lock import exclusive_lock
 from dockflow.redact import redact_value
 from dockflow.tracking.store import (
     TrackingError,
@@ -123,9 +125,15 @@ def _reopen(client: MlflowClient, run_id: str) -> None:
 
 
 def _open_client(uri: str) -> MlflowClient:
+    """The client of ``uri``. A SQLite store is opened under a lock beside it: MLflow creates and migrates a new
+    store's tables on first use, and two runs doing that at once fail (``table _alembic_tmp_... already exists``)."""
     apply_http_env_defaults()
+    db = Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+    turns = (exclusive_lock(db.with_name(f".{db.name}.lock"), "runs that create this store at once may fail")
+             if db is not None and db.parent.is_dir() else contextlib.nullcontext())
     try:
-        return MlflowClient(tracking_uri=uri)
+        with turns:
+            return MlflowClient(tracking_uri=uri)
     except Exception as exc:
         raise TrackingError(
             f"tracking.uri '{uri}' cannot be used ({str(exc).strip().splitlines()[0][:300]}): use "

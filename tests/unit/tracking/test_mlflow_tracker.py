@@ -218,3 +218,30 @@ def test_params_and_tags_show_no_password(default_run: tuple[Path, Tracker]) -> 
     assert shown["tracking.uri"] == "https://ann:***@mlflow.example:5000"
     assert shown["final_model"] == "https://ann:***@mlflow.example:5000/final"
     assert not [k for k, v in shown.items() if secret in v]
+
+
+OPEN_AT = """
+import sys, time
+from pathlib import Path
+from dockflow.config import TrackingConfig
+from dockflow.tracking import Tracker
+time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
+Tracker.start(TrackingConfig(), Path(sys.argv[1]), sys.argv[3]).end()
+"""
+
+
+def test_two_runs_that_create_one_store_at_once_both_start(tmp_path: Path) -> None:
+    """Two processes (threads do not race: MLflow caches a store per URI) create the default store at the same
+    moment. Unlocked, MLflow's migrations of the new tables collide in one or both
+    (``table _alembic_tmp_params already exists``); the lock beside the file makes them take turns."""
+    import subprocess
+    import sys
+
+    start_at = str(time.time() + 4.0)  # both past their imports (about 2 s each on 2 busy cores)
+    runs = [subprocess.Popen([sys.executable, "-c", OPEN_AT, str(tmp_path), start_at, f"run{i}"],
+                             stderr=subprocess.PIPE, text=True) for i in range(2)]
+    errors = [err.strip().splitlines()[-1:] for p in runs if (err := p.communicate(timeout=120)[1]) and p.returncode]
+    assert errors == []
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    names = {r.info.run_name for r in client.search_runs([client.get_experiment_by_name("dockflow").experiment_id])}
+    assert names == {"run0", "run1"}
