@@ -255,12 +255,13 @@ def test_missing_things_and_bad_credentials(s3_checkpoint_dir: str, s3_env, tmp_
 
 
 def test_cache_without_locks_keeps_entries_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dockflow import file_lock
     from dockflow.storage import cache
 
     def no_locks(*_args: object) -> None:
         raise OSError(errno.ENOLCK, "No locks available")  # what flock says on a file system without locks
 
-    monkeypatch.setattr(cache.fcntl, "flock", no_locks)
+    monkeypatch.setattr(file_lock.fcntl, "flock", no_locks)
     first_building, second_building, first_done = threading.Event(), threading.Event(), threading.Event()
 
     def build(tmp: Path) -> None:
