@@ -1,5 +1,6 @@
 """LoRA (``model.lora``, rank 16) against full fine-tuning, side by side in one run, on the 25M-parameter Qwen2 of
-benchmarks/vs_trl.py's ``larger`` setup (hidden 512, 8 layers, the task tokenizer).
+benchmarks/vs_trl.py's ``larger`` setup (hidden 512, 8 layers, the task tokenizer), or with ``--model 135m`` on a
+135M one (hidden 1024, 12 layers), where the weights' training state outweighs the activations.
 
 Each variant's phases run in a fresh spawned process, so one process's memory is one model worker's:
 
@@ -17,7 +18,7 @@ Each variant's phases run in a fresh spawned process, so one process's memory is
   difference, and the seconds of one G x N generation (LoRA adds the adapter kernels).
 
     python -m benchmarks.lora --out benchmarks/results/lora.json [--rank 16] [--steps 4] [--syncs 3]
-        [--micro-batch 32] [--no-vllm] [--gradient-checkpointing]
+        [--micro-batch 32] [--no-vllm] [--gradient-checkpointing] [--model 25m|135m]
 
 Prints a table and writes ``{"machine": ..., "results": [one record per variant], "ratios": {...}}``, the ratios
 being LoRA / full with the goals (sync bytes <= 5% at rank 16, peak actor memory <= 0.6x).
@@ -41,6 +42,10 @@ SETUP = ("sft.enabled=false", "rollout.prompts_per_iter=8", "rollout.group_size=
          "train.lr=1e-5", "train.old_log_prob=rollout", "ray.torch_threads=2")
 VLLM = {"enforce_eager": True, "kv_cache_memory_gb": 0.5, "max_model_len": 256}
 GOAL_SYNC, GOAL_MEMORY = 0.05, 0.6
+# --model: vs_trl's 25M Qwen2 (its LARGER_MODEL), or 135M parameters (hidden 1024, 12 layers, GQA 16/4), where the
+# weights' training state (16 bytes a parameter with AdamW in fp32) outweighs the activations, as in a real model
+MODELS = {"25m": {}, "135m": {"hidden_size": 1024, "num_layers": 12, "num_heads": 16, "num_kv_heads": 4,
+                              "intermediate_size": 2816, "max_position_embeddings": 512}}
 
 
 def config(variant: str, rank: int, extra: tuple[str, ...] = ()) -> Any:
@@ -52,21 +57,23 @@ def config(variant: str, rank: int, extra: tuple[str, ...] = ()) -> Any:
     return load_config("configs/grpo_arith.yaml", [*SETUP, *lora, *extra])
 
 
-def larger_model(cfg: Any) -> tuple[Any, Any]:
-    """vs_trl's 25M Qwen2 (fresh weights) and the task tokenizer."""
+def larger_model(cfg: Any, size: str) -> tuple[Any, Any]:
+    """The ``size`` Qwen2 of ``MODELS`` (fresh weights) and the task tokenizer."""
     from benchmarks.vs_trl import LARGER_MODEL
+    from dockflow.config import TinyModelConfig
     from dockflow.models import build_tiny_model
     from dockflow.models.tokenizer import build_task_tokenizer
 
+    shape = LARGER_MODEL if size == "25m" else TinyModelConfig(**MODELS[size])
     tokenizer = build_task_tokenizer(cfg.data, cfg.run.seed, cfg.model.tiny.tokenizer_merges, cfg.checkpoint)
-    return build_tiny_model(LARGER_MODEL, tokenizer, seed=cfg.run.seed), tokenizer
+    return build_tiny_model(shape, tokenizer, seed=cfg.run.seed), tokenizer
 
 
 def nbytes(tensors: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def train_phase(variant: str, rank: int, steps: int, micro: int, extra: tuple[str, ...]) -> dict[str, Any]:
+def train_phase(variant: str, rank: int, steps: int, micro: int, extra: tuple[str, ...], size: str) -> dict[str, Any]:
     """One actor's memory, optimizer state and train steps (micro-batches of ``micro`` rows; ``extra`` overrides,
     e.g. activation checkpointing), then the HF generator sync (a spawned process)."""
     import torch
@@ -80,7 +87,7 @@ def train_phase(variant: str, rank: int, steps: int, micro: int, extra: tuple[st
     torch.set_num_threads(2)
     cfg = config(variant, rank, extra)
     base_rss = host_peak_mb() or 0.0
-    model, tok = larger_model(cfg)
+    model, tok = larger_model(cfg, size)
     params = sum(p.numel() for p in model.parameters())
     rounds = Engines(cfg, model, tok, threads=2)  # create_engines, with model.lora when set
     start = time.perf_counter()
@@ -104,7 +111,7 @@ def train_phase(variant: str, rank: int, steps: int, micro: int, extra: tuple[st
     state = nbytes(t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t))
     policy = rounds.train.policy_module()
     trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
-    generator = HFGenerationEngine(larger_model(cfg)[0], tok)  # a disaggregated generator's plain model
+    generator = HFGenerationEngine(larger_model(cfg, size)[0], tok)  # a disaggregated generator's plain model
     start = time.perf_counter()
     synced = dict(merged_weights(policy) if is_lora(policy) else rounds.train.named_weights())
     generator.load_weights(iter(synced.items()))
@@ -119,7 +126,7 @@ def train_phase(variant: str, rank: int, steps: int, micro: int, extra: tuple[st
             "hf_generate_s": gen_s, "hf_sync_bytes": nbytes(synced.values()), "hf_sync_s": hf_sync_s}
 
 
-def vllm_phase(variant: str, rank: int, syncs: int) -> dict[str, Any]:
+def vllm_phase(variant: str, rank: int, syncs: int, size: str) -> dict[str, Any]:
     """vLLM's syncs and one generation on the variant's policy (a spawned process)."""
     import torch
 
@@ -132,7 +139,7 @@ def vllm_phase(variant: str, rank: int, syncs: int) -> dict[str, Any]:
     cfg = config(variant, rank)
     vllm_cfg = load_config("configs/grpo_arith.yaml", [*SETUP, "engine.backend=vllm"]).engine
     vllm_cfg.vllm = vllm_cfg.vllm.model_copy(update=VLLM)
-    model, tok = larger_model(cfg)
+    model, tok = larger_model(cfg, size)
     policy = with_lora(model, cfg.model.lora, seed=0) if cfg.model.lora else model
     inputs = EngineInputs(vllm_cfg, cfg.train, cfg.rollout, cfg.model.dtype, cfg.run.seed, cfg.model.lora)
     start = time.perf_counter()
@@ -175,17 +182,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--syncs", type=int, default=3)
     parser.add_argument("--micro-batch", type=int, default=32, help="rows per micro-batch of the train steps (of 32)")
     parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM phase")
+    parser.add_argument("--model", choices=sorted(MODELS), default="25m", help="the policy's size (MODELS)")
     parser.add_argument("--gradient-checkpointing", action="store_true",
                         help="both variants recompute activations (train.gradient_checkpointing=true)")
     args = parser.parse_args(argv)
     extra = ("train.gradient_checkpointing=true",) if args.gradient_checkpointing else ()
     results = []
     for variant in ("full", "lora"):
-        record = in_process(train_phase, variant, args.rank, args.steps, args.micro_batch, extra)
+        record = in_process(train_phase, variant, args.rank, args.steps, args.micro_batch, extra, args.model)
         if not args.no_vllm:
-            record.update(in_process(vllm_phase, variant, args.rank, args.syncs))
+            record.update(in_process(vllm_phase, variant, args.rank, args.syncs, args.model))
         record["rank"] = args.rank if variant == "lora" else None
         record["gradient_checkpointing"] = args.gradient_checkpointing
+        record["model"] = args.model
         results.append(record)
         print(f"{variant}: done", flush=True)
     full, lora = results
