@@ -8,8 +8,7 @@ accuracy. Two setups:
 - ``tiny``: the demo (configs/grpo_arith.yaml): the SFT-warm-started tiny Qwen2 (1.0M parameters),
   2-digit arithmetic, the verifier reward; G=32, N=8, SL=8.
 - ``larger``: a 25M-parameter Qwen2 built locally from a transformers ``Qwen2Config`` (hidden 512, 8 layers),
-  fresh weights, G=8, N=4, SL=256. Its saved tokenizer's EOS is an id outside the model's vocabulary, so in
-  both systems every response runs to 256 tokens (the "ignore EOS" of throughput benchmarks).
+  fresh weights, G=8, N=4, SL=256 at most: the task tokenizer's EOS ends a response (``build_larger_model``).
 
 DockFlow runs through ``dockflow.flow.trainer.train`` (Ray, transfer dock, workers) under each schedule of
 ``--modes`` (``benchmarks/modes.py``: ``sync`` colocated on 2 CPUs; ``async`` a generator and the actor on 1 CPU
@@ -73,7 +72,6 @@ ASYNC_STALENESS = 1
 LARGER_MODEL = TinyModelConfig(
     hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, intermediate_size=1536, max_position_embeddings=512
 )
-NO_EOS = "<no-eos>"  # the larger model's EOS: an id past its vocabulary, never generated
 
 
 @dataclass(frozen=True)
@@ -128,16 +126,15 @@ def setup_config(setup: Setup, iterations: int, runs_dir: str, extra: list[str],
 
 
 def build_larger_model(cfg: Config) -> tuple[str, int]:
-    """The larger setup's initial policy at ``model.path``: a fresh 25M Qwen2 with the task tokenizer, whose EOS
-    is moved past the vocabulary so that responses always run to ``rollout.max_new_tokens``. Returns the
-    directory and the parameter count."""
+    """The larger setup's initial policy at ``model.path``: a fresh 25M Qwen2 with the task tokenizer and its EOS
+    (random weights: about one sampled token in the vocabulary's 128 ends a response, in both systems alike; an
+    EOS past the vocabulary, which kept every response at ``rollout.max_new_tokens`` until 2026-11-27, is refused
+    at start since: the tokenizer would not fit the model). Returns the directory and the parameter count."""
     from dockflow.models import build_tiny_model, save_pretrained_dir
     from dockflow.models.tokenizer import build_task_tokenizer
 
     tokenizer = build_task_tokenizer(cfg.data, cfg.run.seed, cfg.model.tiny.tokenizer_merges, cfg.checkpoint)
     model = build_tiny_model(LARGER_MODEL, tokenizer, seed=cfg.run.seed)  # vocabulary = the tokenizer's
-    tokenizer.add_special_tokens({"eos_token": NO_EOS})  # a new id, outside the model's vocabulary
-    model.config.eos_token_id = model.generation_config.eos_token_id = tokenizer.eos_token_id
     path = save_pretrained_dir(model, tokenizer, cfg.model.path)
     return str(path), sum(p.numel() for p in model.parameters())
 
