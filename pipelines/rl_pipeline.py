@@ -32,7 +32,7 @@ class PipelineOptions:
     """What the compiled pipeline's pods get, and the defaults its Create-run form shows."""
 
     config: str = field(default="configs/grpo_arith.yaml", metadata={"help": "config path in the image"})
-    iterations: int = field(default=500, metadata={"help": "default of the iterations parameter"})
+    iterations: int = field(default=600, metadata={"help": "default of the iterations parameter"})
     max_staleness: int = field(default=0, metadata={"help": "default of the max_staleness parameter"})
     eval_every: int = field(default=100, metadata={"help": "default of the eval_every parameter"})
     checkpoint_every: int = field(default=PIPELINE_CHECKPOINT_EVERY, metadata={"help": "default checkpoint cadence"})

@@ -173,7 +173,7 @@ class RolloutConfig(Section):
 
 
 class TrainConfig(Section):
-    iterations: int = Field(500, ge=0, description="RL iterations.")
+    iterations: int = Field(600, ge=0, description="RL iterations.")
     lr: float = Field(2e-4, gt=0.0, description="Policy learning rate (AdamW).")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
     epochs: int = Field(1, ge=1, description="Update epochs over each iteration's batch.")

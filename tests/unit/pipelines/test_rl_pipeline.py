@@ -48,7 +48,7 @@ def test_one_small_pipeline_serves_every_run_length(tmp_path):
     assert len(text.encode()) < 200_000 and seconds < 15
     params = spec["root"]["inputDefinitions"]["parameters"]
     assert {"iterations", "max_staleness", "eval_every", "checkpoint_every", "continue_from", "run_name"} <= set(params)
-    assert params["iterations"]["parameterType"] == "NUMBER_INTEGER" and params["iterations"]["defaultValue"] == 500
+    assert params["iterations"]["parameterType"] == "NUMBER_INTEGER" and params["iterations"]["defaultValue"] == 600
     assert params["continue_from"]["defaultValue"] == "base" and params["run_name"]["defaultValue"] == ""
     big = compiled(tmp_path, iterations=100_000)[2]
     assert abs(len(big) - len(text)) < 16  # only the default differs
