@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,19 +18,31 @@ log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def exclusive_lock(path: Path, without: str) -> Iterator[bool]:
+def exclusive_lock(path: Path, without: str, timeout_s: float | None = None,
+                   held_by: str = "another process") -> Iterator[bool]:
     """Hold an exclusive ``flock`` on ``path`` (created if missing; never deleted, so nobody locks a stale inode);
     yields whether the lock is held. Where the file system has no locks, go on without it, warning ``without``
-    (what may then go wrong)."""
+    (what may then go wrong). With ``timeout_s``, a lock still held after that long raises ``TimeoutError`` naming
+    ``path`` and ``held_by``; without, wait as long as the holder lives (the kernel drops a dead holder's lock)."""
     with open(path, "a+b") as f:
-        held = True
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        except OSError as exc:
-            held = False
-            log.warning("no lock on %s (%s): %s", path, exc, without)
+        held = _take(f.fileno(), path, without, timeout_s, held_by)
         try:
             yield held
         finally:
             with contextlib.suppress(OSError):
                 fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _take(fd: int, path: Path, without: str, timeout_s: float | None, held_by: str) -> bool:
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if deadline is None else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:  # LOCK_NB: someone holds it
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"waited {timeout_s:g} s for the lock {path}: {held_by} still holds it") from None
+            time.sleep(0.05)
+        except OSError as exc:
+            log.warning("no lock on %s (%s): %s", path, exc, without)
+            return False

@@ -39,6 +39,7 @@ from dockflow.tracking.store import (
     require_existing_store,
     resolve_tracking_uri,
     run_link_redacted,
+    sqlite_path,
 )
 from dockflow.tracking.system_metrics import start_system_metrics
 
@@ -124,12 +125,16 @@ def _reopen(client: MlflowClient, run_id: str) -> None:
     client.update_run(run_id, status="RUNNING")
 
 
+STORE_LOCK_TIMEOUT_S = 300.0  # creating a new store took 11-38 s on 2 loaded cores (docs/storage_and_tracking.md)
+
+
 def _open_client(uri: str) -> MlflowClient:
     """The client of ``uri``. A SQLite store is opened under a lock beside it: MLflow creates and migrates a new
     store's tables on first use, and two runs doing that at once fail (``table _alembic_tmp_... already exists``)."""
     apply_http_env_defaults()
-    db = Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
-    turns = (exclusive_lock(db.with_name(f".{db.name}.lock"), "runs that create this store at once may fail")
+    db = sqlite_path(uri)
+    turns = (exclusive_lock(db.with_name(f".{db.name}.lock"), "runs that create this store at once may fail",
+                            timeout_s=STORE_LOCK_TIMEOUT_S, held_by="another process opening this MLflow store")
              if db is not None and db.parent.is_dir() else contextlib.nullcontext())
     try:
         with turns:

@@ -56,11 +56,16 @@ def resolve_tracking_uri(uri: str | None, store_dir: str | Path) -> str:
     return f"sqlite:///{store_dir / 'mlflow.db'}"
 
 
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI (None for any other store)."""
+    return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
+
+
 def require_existing_store(uri: str) -> None:
     """Raise TrackingError when ``uri`` is a local store (sqlite or file) that does not exist; MLflow would
     create an empty one silently."""
-    if uri.startswith("sqlite:///"):
-        path, what = Path(uri[len("sqlite:///") :]), "database file"
+    if (db := sqlite_path(uri)) is not None:
+        path, what = db, "database file"
     elif uri.startswith("file:"):
         path, what = Path(urlparse(uri).path), "directory"
     elif "://" not in uri:
@@ -76,10 +81,8 @@ def require_existing_store(uri: str) -> None:
 
 def default_artifact_location(uri: str) -> str | None:
     """For a SQLite store, artifacts live beside the database; other stores choose their own."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    db = Path(uri[len("sqlite:///") :])
-    return (db.parent / "mlartifacts").absolute().as_uri()
+    db = sqlite_path(uri)
+    return None if db is None else (db.parent / "mlartifacts").absolute().as_uri()
 
 
 def is_tracking_server(uri: str) -> bool:
