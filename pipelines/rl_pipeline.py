@@ -77,6 +77,8 @@ def _platform(task: dsl.PipelineTask, opts: PipelineOptions, image, retry: bool)
 def build_pipeline(opts: PipelineOptions):
     """The pipeline function for ``opts``: compile it, or call it under ``kfp.local``."""
 
+    # The run-time parameters of the Create-run form. They stay positional: KFP calls a pipeline function with
+    # them positionally (kfp/dsl/pipeline_context.py, graph_component.py: pipeline_func(*args_list)).
     @dsl.pipeline(name=PIPELINE_NAME, description="DockFlow RL post-training over a Ray transfer dock.")
     def rl_pipeline(
         config: str = opts.config,
