@@ -16,25 +16,19 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoModelForTokenClassification,
-    AutoTokenizer,
-    PretrainedConfig,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-    PreTrainedTokenizerFast,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-    Qwen3MoeConfig,
-    Qwen3MoeForCausalLM,
-)
+from transformers import PreTrainedTokenizerFast
 
 from dockflow.config import TinyModelConfig
 from dockflow.dtypes import torch_dtype
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+# The model classes and AutoTokenizer are imported where they are used: importing them costs a process about 3 s
+# of CPU, and the reward worker, which only decodes with a saved tokenizer, never needs them.
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
@@ -63,6 +57,8 @@ def tiny_model_config(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerBase) 
         moe_intermediate_size=cfg.moe_intermediate_size,
         norm_topk_prob=True,
     )
+    from transformers import Qwen2Config, Qwen3MoeConfig
+
     config_class = Qwen3MoeConfig if cfg.architecture == "qwen3_moe" else Qwen2Config
     return config_class(
         **(moe if cfg.architecture == "qwen3_moe" else {}),
@@ -87,6 +83,8 @@ def build_tiny_model(
     """A freshly initialised tiny Qwen2 (or Qwen3-MoE) causal LM; the init depends only on ``seed`` (global RNG
     untouched)."""
     config = tiny_model_config(cfg, tokenizer)
+    from transformers import Qwen2ForCausalLM, Qwen3MoeForCausalLM
+
     model_class = Qwen3MoeForCausalLM if cfg.architecture == "qwen3_moe" else Qwen2ForCausalLM
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -161,6 +159,8 @@ def _tokenizer_from_dir(p: Path) -> PreTrainedTokenizerBase:
     cls = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
     if cls in _GENERIC_TOKENIZER_CLASSES and (p / "tokenizer.json").is_file():
         return PreTrainedTokenizerFast.from_pretrained(p, local_files_only=True)
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(p, local_files_only=True)
 
 
@@ -203,6 +203,8 @@ def load_model_and_tokenizer(
     p = Path(path)
     check_model_dir(p)
     tokenizer = load_tokenizer(p)
+    from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_pretrained(p, local_files_only=True, dtype=torch_dtype(dtype))
     from dockflow.models.tokenizer_fit import TokenizerFitError, tokenizer_fit_problem
 
@@ -221,6 +223,8 @@ def load_critic(path: str | Path, dtype: str | torch.dtype = "float32") -> PreTr
     """
     p = Path(path)
     check_model_dir(p)
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
     config = AutoConfig.from_pretrained(p, local_files_only=True, num_labels=1)
     config.classifier_dropout = 0.0
     critic = AutoModelForTokenClassification.from_pretrained(p, config=config, local_files_only=True, dtype=torch_dtype(dtype))

@@ -29,7 +29,7 @@ from dockflow.background import run_in_background
 from dockflow.config import Config
 from dockflow.data import Example, columns_of, load_task
 from dockflow.dock import DockBatch, DockRequest, TransferDock
-from dockflow.engines import decode_responses, response_ids
+from dockflow.engines.token_layout import decode_responses, response_ids
 from dockflow.models import load_tokenizer
 from dockflow.rewards.functions import combine, completion_text, function_path, trl_completions
 from dockflow.rewards.runner import RewardBatch, RewardRunner, RunState
