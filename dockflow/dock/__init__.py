@@ -9,8 +9,9 @@ do not pay for torch and tensordict.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from dockflow.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from dockflow.dock.api import (
@@ -43,10 +44,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'dockflow.dock' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 
 def create_dock(spec: DockSpec, link: LinkSpec | None = None) -> TransferDock:

@@ -13,8 +13,9 @@ responses) does not pay for the backends and their imports.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from dockflow.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from dockflow.engines.create import create_critic_engine, create_engines, create_generation_engine
@@ -54,10 +55,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'dockflow.engines' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 
 __all__ = [
