@@ -92,3 +92,24 @@ def test_importing_the_engines_does_not_import_transformers() -> None:
     probe = "import sys, dockflow.engines; print('transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_the_reward_worker_imports_no_engine_backend_or_model_class() -> None:
+    """The reward worker only decodes: it imports the token layout, not the HF engine, the trainer, the model
+    classes or ``AutoTokenizer`` (about 1 s of each run's start-up here); a name neither package exports is an
+    ``AttributeError`` that names the package."""
+    code = (
+        "import sys, dockflow.workers.reward, dockflow.engines as e\n"
+        "heavy = {'dockflow.engines.hf_generation', 'dockflow.engines.torch_training', 'dockflow.engines.create',\n"
+        "         'transformers.models.qwen2.modeling_qwen2', 'transformers.models.auto.tokenization_auto'}\n"
+        "assert not heavy & set(sys.modules), sorted(heavy & set(sys.modules))\n"
+        "try:\n"
+        "    e.no_such_name\n"
+        "except AttributeError as exc:\n"
+        "    assert \"module 'dockflow.engines' has no attribute 'no_such_name'\" == str(exc), exc\n"
+        "else:\n"
+        "    raise AssertionError('no AttributeError')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
